@@ -1,0 +1,59 @@
+"""Errors that leakjax raises for bad user input.
+
+Every error a user can cause (a wrong path, a checkpoint that does not fit the
+model, a tokenizer whose vocabulary differs from the model's, NaN weights, an
+empty corpus, ...) is a :class:`LeakjaxError` whose message is one line naming
+the problem and the fix. The experiment entry points catch it, print the line
+to stderr and exit with status 2 before writing any output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class LeakjaxError(ValueError):
+  """A problem with the user's input; the message says what and how to fix."""
+
+  def __init__(self, problem: str, fix: str | None = None):
+    message = problem if fix is None else f'{problem}; {fix}'
+    super().__init__(' '.join(message.split()))  # always one line
+
+
+def check_finite(tree, what: str) -> None:
+  """Raises LeakjaxError if any leaf of `tree` holds NaN or inf."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    arr = np.asarray(leaf)
+    if arr.dtype.kind == 'f' and not np.isfinite(arr).all():
+      bad = int((~np.isfinite(arr)).sum())
+      raise LeakjaxError(
+          f'{what} has {bad} NaN/inf values in '
+          f'{jax.tree_util.keystr(path)}',
+          'the checkpoint or gradient is corrupt; re-export it or lower the'
+          ' learning rate',
+      )
+
+
+def check_token_ids(ids, vocab_size: int, what: str = 'token ids') -> None:
+  """Raises LeakjaxError if concrete `ids` fall outside [0, vocab_size)."""
+  arr = np.asarray(ids)
+  if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+    raise LeakjaxError(
+        f'{what} out of range: min {arr.min()}, max {arr.max()} for a'
+        f' vocabulary of {vocab_size}',
+        'use the tokenizer that belongs to this model',
+    )
+
+
+def check_length(length: int, max_length: int | None, what: str) -> None:
+  """Raises LeakjaxError if a sequence does not fit the model's context."""
+  if max_length is not None and length > max_length:
+    raise LeakjaxError(
+        f'{what} has {length} tokens but the model context is {max_length}',
+        'truncate the text or use a model with a longer context',
+    )
+
+
+__all__ = ['LeakjaxError', 'check_finite', 'check_token_ids', 'check_length']

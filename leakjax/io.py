@@ -1,0 +1,144 @@
+"""Atomic file writing and the experiment output contract.
+
+Every experiment writes, under its `--workdir`:
+
+* `config.json` -- the frozen config, once;
+* `results.jsonl` -- one JSON object per attacked batch / case;
+* `summary.json` -- a flat dict of headline metrics keyed
+  `metric@param=value,param=value` (parameters in alphabetical order);
+* `summary.md` -- tables and links to PNG plots.
+
+All writes go to a temp file in the same folder followed by `os.replace`, so
+an interrupted run never leaves a truncated file, and a re-run with the same
+workdir resumes from the rows already in `results.jsonl`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from leakjax.errors import LeakjaxError
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+  """Writes `data` to `path` via a temp file + rename."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+  atomic_write_bytes(path, text.encode('utf-8'))
+
+
+def _jsonable(x: Any) -> Any:
+  if dataclasses.is_dataclass(x) and not isinstance(x, type):
+    return {k: _jsonable(v) for k, v in dataclasses.asdict(x).items()}
+  if isinstance(x, Mapping):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  if hasattr(x, 'tolist'):  # numpy / jax scalars and arrays
+    return _jsonable(x.tolist())
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  if isinstance(x, Path):
+    return str(x)
+  return x
+
+
+def summary_key(metric: str, **params: Any) -> str:
+  """`summary_key('rougeL', b=16)` -> `'rougeL@b=16'` (params sorted)."""
+  if not params:
+    return metric
+  inner = ','.join(f'{k}={params[k]}' for k in sorted(params))
+  return f'{metric}@{inner}'
+
+
+class ExperimentWriter:
+  """The one writer of an experiment's workdir (see module docstring)."""
+
+  def __init__(self, workdir: str | os.PathLike, config: Any):
+    self.workdir = Path(workdir)
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    cfg = _jsonable(config)
+    cfg_path = self.workdir / 'config.json'
+    if cfg_path.exists():
+      old = json.loads(cfg_path.read_text())
+      if old != cfg:
+        changed = sorted(k for k in set(old) | set(cfg)
+                         if old.get(k) != cfg.get(k))
+        raise LeakjaxError(
+            f'{self.workdir} holds a run with a different config (changed:'
+            f' {", ".join(changed)})',
+            'use a new --workdir or delete the old one',
+        )
+    else:
+      atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
+    self._results_path = self.workdir / 'results.jsonl'
+    self.results: list[dict[str, Any]] = []
+    if self._results_path.exists():
+      for line in self._results_path.read_text().splitlines():
+        if line.strip():
+          self.results.append(json.loads(line))
+
+  def done(self, **match: Any) -> dict[str, Any] | None:
+    """The first earlier result whose fields equal `match`, for resuming."""
+    for r in self.results:
+      if all(r.get(k) == v for k, v in match.items()):
+        return r
+    return None
+
+  def add_result(self, row: Mapping[str, Any]) -> None:
+    """Appends one row to results.jsonl (rewritten atomically)."""
+    self.results.append(_jsonable(dict(row)))
+    text = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in self.results)
+    atomic_write_text(self._results_path, text)
+
+  def write_summary(self, summary: Mapping[str, float], markdown: str) -> None:
+    bad = {k: v for k, v in summary.items()
+           if not isinstance(v, (int, float)) or isinstance(v, bool)}
+    if bad:
+      raise TypeError(f'summary values must be numbers: {bad}')
+    atomic_write_text(self.workdir / 'summary.json',
+                      json.dumps(_jsonable(dict(summary)), indent=2,
+                                 sort_keys=True))
+    atomic_write_text(self.workdir / 'summary.md', markdown)
+
+  def save_figure(self, fig, name: str) -> str:
+    """Saves a matplotlib figure as PNG atomically; returns the file name."""
+    import io as _io  # pylint: disable=g-import-not-at-top
+    buf = _io.BytesIO()
+    fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
+    atomic_write_bytes(self.workdir / name, buf.getvalue())
+    return name
+
+
+def markdown_table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
+  """A GitHub markdown table; floats get 3 decimals."""
+  def fmt(v):
+    if isinstance(v, float):
+      return 'nan' if math.isnan(v) else f'{v:.3f}'
+    return str(v)
+  header = list(header)
+  lines = ['| ' + ' | '.join(header) + ' |',
+           '|' + '|'.join('---' for _ in header) + '|']
+  for r in rows:
+    lines.append('| ' + ' | '.join(fmt(v) for v in r) + ' |')
+  return '\n'.join(lines) + '\n'
