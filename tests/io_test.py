@@ -1,0 +1,83 @@
+"""Tests for leakjax.io and leakjax.errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from leakjax import LeakjaxError, errors
+from leakjax import io
+
+
+def test_summary_key_sorted():
+  assert io.summary_key('rougeL', b=16) == 'rougeL@b=16'
+  assert io.summary_key('f1', n_k=16, E=1) == 'f1@E=1,n_k=16'
+  assert io.summary_key('x') == 'x'
+
+
+def test_writer_writes_and_resumes(tmp_path):
+  w = io.ExperimentWriter(tmp_path, {'b': 4, 'name': 'x'})
+  w.add_result({'batch': 0, 'rougeL': np.float32(0.5)})
+  w.add_result({'batch': 1, 'rougeL': 0.25, 'bad': float('nan')})
+  w.write_summary({'rougeL@b=4': 0.375}, '# hi\n')
+  rows = [json.loads(l) for l in (tmp_path / 'results.jsonl').open()]
+  assert rows[0]['rougeL'] == 0.5 and rows[1]['bad'] is None
+  assert json.loads((tmp_path / 'summary.json').read_text()) == {
+      'rougeL@b=4': 0.375}
+  again = io.ExperimentWriter(tmp_path, {'b': 4, 'name': 'x'})
+  assert again.done(batch=1)['rougeL'] == 0.25
+  assert again.done(batch=2) is None
+  # No temp files are left behind.
+  assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')]
+
+
+def test_writer_refuses_other_config(tmp_path):
+  io.ExperimentWriter(tmp_path, {'b': 4})
+  with pytest.raises(LeakjaxError, match='changed: b'):
+    io.ExperimentWriter(tmp_path, {'b': 8})
+
+
+def test_summary_values_must_be_numbers(tmp_path):
+  w = io.ExperimentWriter(tmp_path, {})
+  with pytest.raises(TypeError):
+    w.write_summary({'a': 'x'}, '')
+  assert not (tmp_path / 'summary.json').exists()
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
+  path = tmp_path / 'f.txt'
+  io.atomic_write_text(path, 'old')
+
+  def boom(*a, **k):
+    raise OSError('disk full')
+
+  monkeypatch.setattr(io.os, 'replace', boom)
+  with pytest.raises(OSError):
+    io.atomic_write_text(path, 'new')
+  assert path.read_text() == 'old'
+  assert [p.name for p in tmp_path.iterdir()] == ['f.txt']
+
+
+def test_markdown_table():
+  t = io.markdown_table(['a', 'b'], [[1, 0.12345], ['x', float('nan')]])
+  assert t.splitlines() == ['| a | b |', '|---|---|', '| 1 | 0.123 |',
+                            '| x | nan |']
+
+
+def test_errors_are_one_line():
+  e = LeakjaxError('bad\nthing', 'fix\n it')
+  assert str(e) == 'bad thing; fix it'
+
+
+def test_check_finite():
+  errors.check_finite({'a': np.ones(3)}, 'weights')
+  with pytest.raises(LeakjaxError, match=r"1 NaN/inf values in \['b'\]"):
+    errors.check_finite({'b': np.array([1.0, np.inf])}, 'weights')
+
+
+def test_check_token_ids_and_length():
+  errors.check_token_ids(np.array([[0, 9]]), 10)
+  with pytest.raises(LeakjaxError, match='out of range'):
+    errors.check_token_ids(np.array([[0, 10]]), 10)
+  with pytest.raises(LeakjaxError, match='context is 4'):
+    errors.check_length(5, 4, 'the text')
