@@ -148,8 +148,12 @@ def pad_batch(
   return ids, mask
 
 
-def gpt2_tokenizer() -> Tokenizer:
-  """OpenAI's GPT-2 BPE from the vendored files; works offline.
+def gpt2_tokenizer(vocab_dir: str | os.PathLike | None = None) -> Tokenizer:
+  """GPT-2 byte-level BPE; by default OpenAI's vendored files (offline).
+
+  Args:
+    vocab_dir: a folder with `vocab.json` and `merges.txt`; default the
+      vendored `third_party/gpt2`.
 
   >>> gpt2_tokenizer().encode('Hello world')
   [15496, 995]
@@ -157,19 +161,36 @@ def gpt2_tokenizer() -> Tokenizer:
   from tokenizers import Tokenizer as HFTokenizer  # pylint: disable=g-import-not-at-top
   from tokenizers import decoders, models, pre_tokenizers
 
-  vocab_dir = _gpt2_vocab_dir()
+  vocab_dir = Path(vocab_dir) if vocab_dir is not None else _gpt2_vocab_dir()
+  for f in _GPT2_FILES:
+    if not (vocab_dir / f).is_file():
+      raise LeakjaxError(f'{vocab_dir} has no {f}',
+                         'point at a folder with vocab.json and merges.txt')
   # NB: build the BPE model from the files directly. transformers 5's
   # GPT2TokenizerFast(vocab_file=..., merges_file=...) silently builds an
   # empty tokenizer.
-  bpe = models.BPE.from_file(
-      str(vocab_dir / 'vocab.json'), str(vocab_dir / 'merges.txt')
-  )
+  try:
+    bpe = models.BPE.from_file(
+        str(vocab_dir / 'vocab.json'), str(vocab_dir / 'merges.txt')
+    )
+  except Exception as e:  # tokenizers raises a bare Exception
+    raise LeakjaxError(f'cannot read the BPE files in {vocab_dir}: {e}',
+                       'replace vocab.json/merges.txt') from None
   tok = HFTokenizer(bpe)
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
   eos = tok.token_to_id('<|endoftext|>')
-  tok.add_special_tokens(['<|endoftext|>'])
-  return Tokenizer(tok, bos_id=eos, eos_id=eos, pad_id=eos, name='gpt2')
+  if eos is not None:
+    tok.add_special_tokens(['<|endoftext|>'])
+  name = 'gpt2' if vocab_dir == _default_dir_or_none() else vocab_dir.name
+  return Tokenizer(tok, bos_id=eos, eos_id=eos, pad_id=eos, name=name)
+
+
+def _default_dir_or_none() -> Path | None:
+  try:
+    return _gpt2_vocab_dir()
+  except LeakjaxError:
+    return None
 
 
 def tokenizer_from_file(path: str | os.PathLike) -> Tokenizer:

@@ -23,6 +23,9 @@ is `jax.tree.map(lambda x: x[idx], cache)`:
 >>> logits, cache = model.decode(model.params, ids[:, 3:4], cache)  # +SKIP
 
 `decode` on the whole sequence equals `logits` (tested for every family).
+Rows may sit at different positions (`index` is per row): prefill prompts of
+different lengths separately and select rows. Writing past `max_length` is
+caught eagerly; under `jit` it is the caller's job to size the cache.
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ class ParamPaths:
   Attributes:
     word_embeddings: the input token embedding matrix, `[vocab, dim]`.
     position_embeddings: learned position embeddings `[max_len, dim]` (GPT-2).
-    lm_head: the output projection `[dim, vocab]` or `[vocab, dim]` when it is
-      untied; None when tied to `word_embeddings`.
+    lm_head: the untied output projection, always laid out `[dim, vocab]`
+      (a Dense kernel); None when tied to `word_embeddings`.
     output_bias: the output bias `[vocab]` (CIFG-LSTM), None otherwise.
   """
 
@@ -87,7 +90,7 @@ class Model:
       `max_length` (context length, None for LSTMs) and `tie_word_embeddings`.
     module: the Flax linen module (`module.apply({'params': p}, ...)`).
     params: the parameters, the contents of `variables['params']`.
-    tokenizer: a :class:`leakjax.tokenizers.Tokenizer`, or None.
+    tokenizer: a :class:`leakjax.tokenization.Tokenizer`, or None.
     paths: where the leaking parameters sit, see :class:`ParamPaths`.
   """
 
@@ -124,7 +127,7 @@ class Model:
     return self._hidden_fn(params, ids, mask)
 
   def lm_head(self, params, hidden) -> jax.Array:
-    """Final norm (if the family has one) + LM head: `[..., dim] -> [..., vocab]`."""
+    """Final norm (if any) + LM head: `[..., dim] -> [..., vocab]`."""
     return self._head_fn(params, hidden)
 
   def init_cache(self, batch_size: int, max_length: int) -> PyTree:
