@@ -21,8 +21,7 @@ from absl import flags
 
 from experiments import common
 from leakjax import data as data_lib
-from leakjax import io
-from leakjax import models
+from leakjax import io, models
 
 flags.DEFINE_string('model', models.SMOLLM2_ALIAS,
                     'Checkpoint dir, .gguf file, or smollm2-135m.')

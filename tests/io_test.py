@@ -5,8 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from leakjax import LeakjaxError, errors
-from leakjax import io
+from leakjax import LeakjaxError, errors, io
 
 
 def test_summary_key_sorted():

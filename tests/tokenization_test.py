@@ -5,8 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from leakjax import LeakjaxError
-from leakjax import tokenization
+from leakjax import LeakjaxError, tokenization
 
 
 @pytest.fixture(scope='module')
