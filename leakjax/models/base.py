@@ -54,7 +54,8 @@ class ParamPaths:
     position_embeddings: learned position embeddings `[max_len, dim]` (GPT-2).
     lm_head: the untied output projection, always laid out `[dim, vocab]`
       (a Dense kernel); None when tied to `word_embeddings`.
-    output_bias: the output bias `[vocab]` (CIFG-LSTM), None otherwise.
+    output_bias: the output bias `[vocab]` of the LSTM families (CIFG and
+      word-level), None for the transformers (they have none).
   """
 
   word_embeddings: ParamPath
