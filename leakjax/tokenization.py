@@ -107,8 +107,12 @@ class Tokenizer:
       truncate: bool = False,
   ) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded `(ids, mask)`, both int32 `[len(texts), T]`."""
+    if add_bos and self.bos_id is None:
+      raise LeakjaxError(f'tokenizer {self.name} has no BOS token')
+    encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)
+    bos = [self.bos_id] if add_bos else []
     return pad_batch(
-        [self.encode(t, add_bos=add_bos) for t in texts],
+        [bos + e.ids for e in encoded],
         pad_id=self.pad_id,
         max_length=max_length,
         truncate=truncate,

@@ -8,7 +8,7 @@ ask which family they got. All compute methods are pure functions of
 `jax.vmap` them:
 
 >>> logits = jax.jit(model.logits)(model.params, ids)          # doctest: +SKIP
->>> grads = jax.grad(lambda p: model.loss(p, ids, mask))(model.params)  # +SKIP
+>>> grads = jax.grad(lambda p: model.loss(p, ids, mask))(model.params)  # doctest: +SKIP
 
 Shapes: `ids` is int32 `[batch, time]`; `mask` is `[batch, time]` with 1 for
 real tokens and 0 for padding (right padding). Padding positions never
@@ -19,8 +19,8 @@ whose every leaf has the batch as its leading axis, so that reordering beams
 is `jax.tree.map(lambda x: x[idx], cache)`:
 
 >>> cache = model.init_cache(batch_size=8, max_length=40)      # doctest: +SKIP
->>> logits, cache = model.decode(model.params, ids[:, :3], cache)  # +SKIP
->>> logits, cache = model.decode(model.params, ids[:, 3:4], cache)  # +SKIP
+>>> logits, cache = model.decode(model.params, ids[:, :3], cache)  # doctest: +SKIP
+>>> logits, cache = model.decode(model.params, ids[:, 3:4], cache)  # doctest: +SKIP
 
 `decode` on the whole sequence equals `logits` (tested for every family).
 Rows may sit at different positions (`index` is per row): prefill prompts of
