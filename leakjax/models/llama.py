@@ -1,0 +1,609 @@
+"""Llama-architecture decoder (Llama 2/3, SmolLM2, Mistral without windows).
+
+Pre-norm blocks of grouped-query attention with rotary position embeddings
+(Hugging Face's `rotate_half` layout) and a SwiGLU MLP, RMSNorm everywhere,
+and a tied or untied LM head. Numerics follow transformers'
+`LlamaForCausalLM` (fp32 logits agree to about 2e-6).
+
+>>> config = LlamaConfig(vocab_size=200, hidden_size=64,
+...                      intermediate_size=128, num_hidden_layers=2,
+...                      num_attention_heads=4, num_key_value_heads=2)
+>>> model = init_model(config, key=jax.random.key(0))
+>>> model.logits(model.params, jnp.zeros((1, 5), jnp.int32)).shape
+(1, 5, 200)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from leakjax.errors import LeakjaxError, check_length, check_token_ids
+from leakjax.models import hf_checkpoint
+from leakjax.models.base import Model, ParamPaths, require_family
+from leakjax.models.hf_checkpoint import TensorSpec
+
+FAMILY = 'llama'
+_HF_MODEL_TYPES = ('llama', 'mistral', 'qwen2_no_bias')
+
+
+# ------------------------------------------------------------------ config
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+  """Hyperparameters of a Llama-architecture model (HF field names).
+
+  Attributes:
+    vocab_size: rows of the embedding matrix.
+    hidden_size: model width D.
+    intermediate_size: width of the SwiGLU MLP.
+    num_hidden_layers: number of transformer blocks.
+    num_attention_heads: query heads H.
+    num_key_value_heads: key/value heads (H for multi-head attention); must
+      divide H.
+    head_dim: per-head width; default `hidden_size // num_attention_heads`.
+    rms_norm_eps: epsilon of every RMSNorm.
+    rope_theta: RoPE base frequency.
+    max_position_embeddings: context length (longest sequence accepted).
+    tie_word_embeddings: whether the LM head is the embedding matrix.
+    bos_token_id / eos_token_id: special ids, or None.
+  """
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_hidden_layers: int
+  num_attention_heads: int
+  num_key_value_heads: int | None = None
+  head_dim: int | None = None
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  max_position_embeddings: int = 2048
+  tie_word_embeddings: bool = False
+  bos_token_id: int | None = 1
+  eos_token_id: int | None = 2
+
+  def __post_init__(self):
+    if self.num_key_value_heads is None:
+      object.__setattr__(self, 'num_key_value_heads', self.num_attention_heads)
+    if self.head_dim is None:
+      if self.hidden_size % self.num_attention_heads:
+        raise LeakjaxError(
+            f'hidden_size={self.hidden_size} is not a multiple of'
+            f' num_attention_heads={self.num_attention_heads}',
+            'set head_dim explicitly')
+      object.__setattr__(self, 'head_dim',
+                         self.hidden_size // self.num_attention_heads)
+    if self.num_attention_heads % self.num_key_value_heads:
+      raise LeakjaxError(
+          f'num_attention_heads={self.num_attention_heads} is not a multiple'
+          f' of num_key_value_heads={self.num_key_value_heads}',
+          'fix the model config')
+    if self.head_dim % 2:
+      raise LeakjaxError(f'head_dim={self.head_dim} is odd; RoPE needs an'
+                         ' even head_dim', 'fix the model config')
+
+  @property
+  def num_layers(self) -> int:
+    return self.num_hidden_layers
+
+  @property
+  def max_length(self) -> int:
+    return self.max_position_embeddings
+
+  @property
+  def num_groups(self) -> int:
+    """Query heads per key/value head."""
+    return self.num_attention_heads // self.num_key_value_heads
+
+  @classmethod
+  def from_hf_dict(cls, d: Mapping[str, Any]) -> LlamaConfig:
+    """Reads an HF `config.json` dict, rejecting features we do not model.
+
+    Accepts transformers 4.x (`rope_theta`, `rope_scaling`) and 5.x
+    (`rope_parameters`) spellings.
+    """
+    model_type = d.get('model_type', 'llama')
+    if model_type not in _HF_MODEL_TYPES:
+      raise LeakjaxError(f'config model_type={model_type!r} is not a Llama'
+                         ' model', 'load it with its own family')
+    act = d.get('hidden_act', 'silu')
+    if act not in ('silu', 'swish'):
+      raise LeakjaxError(f'hidden_act={act!r} is not supported (only silu)')
+    for flag in ('attention_bias', 'mlp_bias'):
+      if d.get(flag):
+        raise LeakjaxError(f'{flag}=true is not supported by leakjax Llama',
+                           'use a checkpoint without biases')
+    rope_theta = d.get('rope_theta')
+    for key in ('rope_scaling', 'rope_parameters'):
+      rope = d.get(key)
+      if rope is None:
+        continue
+      if not isinstance(rope, Mapping):
+        raise LeakjaxError(f'{key}={rope!r} is not understood')
+      kind = rope.get('rope_type', rope.get('type', 'default'))
+      if kind != 'default':
+        raise LeakjaxError(
+            f'{key} of type {kind!r} is not supported (only plain RoPE)',
+            'use a model without RoPE scaling')
+      rope_theta = rope.get('rope_theta', rope_theta)
+    missing = [k for k in ('vocab_size', 'hidden_size', 'intermediate_size',
+                           'num_hidden_layers', 'num_attention_heads')
+               if k not in d]
+    if missing:
+      raise LeakjaxError(f'config.json lacks {", ".join(missing)}',
+                         'use a complete Hugging Face config.json')
+    max_pos = int(d.get('max_position_embeddings', 2048))
+    if d.get('sliding_window') and d.get('use_sliding_window', True):
+      # Within one window, sliding-window attention is plain causal attention.
+      max_pos = min(max_pos, int(d['sliding_window']))
+    return cls(
+        vocab_size=int(d['vocab_size']),
+        hidden_size=int(d['hidden_size']),
+        intermediate_size=int(d['intermediate_size']),
+        num_hidden_layers=int(d['num_hidden_layers']),
+        num_attention_heads=int(d['num_attention_heads']),
+        num_key_value_heads=d.get('num_key_value_heads'),
+        head_dim=d.get('head_dim'),
+        rms_norm_eps=float(d.get('rms_norm_eps', 1e-6)),
+        rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=bool(d.get('tie_word_embeddings', False)),
+        bos_token_id=_first_id(d.get('bos_token_id')),
+        eos_token_id=_first_id(d.get('eos_token_id')),
+    )
+
+  def to_hf_dict(self) -> dict[str, Any]:
+    """An HF `config.json` dict that transformers 4.x and 5.x both read."""
+    return {
+        'architectures': ['LlamaForCausalLM'],
+        'model_type': 'llama',
+        'vocab_size': self.vocab_size,
+        'hidden_size': self.hidden_size,
+        'intermediate_size': self.intermediate_size,
+        'num_hidden_layers': self.num_hidden_layers,
+        'num_attention_heads': self.num_attention_heads,
+        'num_key_value_heads': self.num_key_value_heads,
+        'head_dim': self.head_dim,
+        'hidden_act': 'silu',
+        'rms_norm_eps': self.rms_norm_eps,
+        'rope_theta': self.rope_theta,
+        'rope_parameters': {'rope_type': 'default',
+                            'rope_theta': self.rope_theta},
+        'rope_scaling': None,
+        'max_position_embeddings': self.max_position_embeddings,
+        'tie_word_embeddings': self.tie_word_embeddings,
+        'attention_bias': False,
+        'mlp_bias': False,
+        'bos_token_id': self.bos_token_id,
+        'eos_token_id': self.eos_token_id,
+        'torch_dtype': 'float32',
+    }
+
+
+def _first_id(value) -> int | None:
+  if isinstance(value, (list, tuple)):
+    value = value[0] if value else None
+  return None if value is None else int(value)
+
+
+# ------------------------------------------------------------------ cache
+@flax.struct.dataclass
+class LlamaCache:
+  """Keys/values of the tokens decoded so far; every leaf is batch-leading.
+
+  A query at position p attends to slots 0..p only, so after prefilling a
+  right-padded batch, `cache.replace(index=lengths)` makes each row continue
+  after its last real token (the padding slots are overwritten before any
+  query can see them).
+
+  Attributes:
+    keys: per layer, float `[batch, max_len, kv_heads, head_dim]`, with RoPE
+      already applied.
+    values: per layer, float `[batch, max_len, kv_heads, head_dim]`.
+    index: int32 `[batch]`, the position the next token is written to.
+  """
+
+  keys: tuple[jax.Array, ...]
+  values: tuple[jax.Array, ...]
+  index: jax.Array
+
+
+# ----------------------------------------------------------------- layers
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding, HF `rotate_half` layout.
+
+  Args:
+    x: `[batch, time, heads, head_dim]`.
+    positions: int `[batch, time]`.
+    theta: RoPE base.
+
+  Returns:
+    `x` rotated, same shape and dtype.
+  """
+  half = x.shape[-1] // 2
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) / half))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, t, half]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  cos = jnp.cos(angles).astype(x.dtype)
+  sin = jnp.sin(angles).astype(x.dtype)
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return x * cos + rotated * sin
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm as in HF Llama: normalise in float32, scale in `dtype`."""
+
+  eps: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = self.param('scale', nn.initializers.ones, (x.shape[-1],),
+                       self.dtype)
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True)
+                              + self.eps)
+    return scale * x32.astype(self.dtype)
+
+
+def _dense(features: int, dtype, name: str) -> nn.Dense:
+  return nn.Dense(features, use_bias=False, dtype=dtype, param_dtype=dtype,
+                  kernel_init=nn.initializers.normal(0.02), name=name)
+
+
+def _write_rows(cache: jax.Array, new: jax.Array, index: jax.Array):
+  """Writes `new [b, t, ...]` into `cache [b, S, ...]` at row `index [b]`."""
+  def one(c, n, i):
+    return jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), i, 0)
+  return jax.vmap(one)(cache, new, index)
+
+
+class Attention(nn.Module):
+  """Grouped-query self-attention with RoPE."""
+
+  config: LlamaConfig
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    c = self.config
+    self.q_proj = _dense(c.num_attention_heads * c.head_dim, self.dtype,
+                         'q_proj')
+    self.k_proj = _dense(c.num_key_value_heads * c.head_dim, self.dtype,
+                         'k_proj')
+    self.v_proj = _dense(c.num_key_value_heads * c.head_dim, self.dtype,
+                         'v_proj')
+    self.o_proj = _dense(c.hidden_size, self.dtype, 'o_proj')
+
+  def __call__(self, x, positions, allowed, kv=None, index=None):
+    """Attention of `x [b, t, D]`.
+
+    Args:
+      x: block input `[b, t, D]`.
+      positions: int `[b, t]` RoPE positions of `x`.
+      allowed: bool `[b, t, s]`, which keys each query may see (s = t
+        without a cache, the cache length with one).
+      kv: optional `(keys, values)` cache of this layer, `[b, s, kv, hd]`.
+      index: int32 `[b]` write position in `kv`.
+
+    Returns:
+      `(output [b, t, D], new kv or None)`.
+    """
+    c = self.config
+    b, t, _ = x.shape
+    q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)
+    k = self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
+    v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
+    q = rope(q, positions, c.rope_theta)
+    k = rope(k, positions, c.rope_theta)
+    new_kv = None
+    if kv is not None:
+      k = _write_rows(kv[0], k, index)
+      v = _write_rows(kv[1], v, index)
+      new_kv = (k, v)
+    # Query head h uses key/value head h // groups (HF `repeat_kv`).
+    # [b, t, H, hd] -> [b, t, kv, groups, hd]
+    q = q.reshape(b, t, c.num_key_value_heads, c.num_groups, c.head_dim)
+    scores = jnp.einsum('btkgd,bskd->bkgts', q, k).astype(jnp.float32)
+    scores = scores * (c.head_dim ** -0.5)
+    big_neg = jnp.finfo(jnp.float32).min
+    scores = jnp.where(allowed[:, None, None], scores, big_neg)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum('bkgts,bskd->btkgd', probs, v)
+    # [b, t, kv, groups, hd] -> [b, t, H * hd]
+    out = out.reshape(b, t, c.num_attention_heads * c.head_dim)
+    return self.o_proj(out), new_kv
+
+
+class MLP(nn.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  config: LlamaConfig
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    gate = _dense(c.intermediate_size, self.dtype, 'gate_proj')(x)
+    up = _dense(c.intermediate_size, self.dtype, 'up_proj')(x)
+    return _dense(c.hidden_size, self.dtype, 'down_proj')(nn.silu(gate) * up)
+
+
+class Block(nn.Module):
+  """Pre-norm transformer block."""
+
+  config: LlamaConfig
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    eps = self.config.rms_norm_eps
+    self.attn_norm = RMSNorm(eps, self.dtype)
+    self.attn = Attention(self.config, self.dtype)
+    self.mlp_norm = RMSNorm(eps, self.dtype)
+    self.mlp = MLP(self.config, self.dtype)
+
+  def __call__(self, x, positions, allowed, kv=None, index=None):
+    h, new_kv = self.attn(self.attn_norm(x), positions, allowed, kv, index)
+    x = x + h
+    return x + self.mlp(self.mlp_norm(x)), new_kv
+
+
+class Llama(nn.Module):
+  """The whole decoder. Params: `embed`, `layers_{i}`, `final_norm` and,
+  when untied, `lm_head`.
+  """
+
+  config: LlamaConfig
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    c = self.config
+    self.embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype,
+                          param_dtype=self.dtype,
+                          embedding_init=nn.initializers.normal(0.02))
+    self.layers = [Block(c, self.dtype) for _ in range(c.num_hidden_layers)]
+    self.final_norm = RMSNorm(c.rms_norm_eps, self.dtype)
+    if not c.tie_word_embeddings:
+      self.lm_head = _dense(c.vocab_size, self.dtype, 'lm_head')
+
+  def __call__(self, ids, mask=None):
+    """Logits float32 `[b, t, vocab]`."""
+    return self.head(self.hidden_states(ids, mask)[-1])
+
+  def hidden_states(self, ids, mask=None):
+    """`[L + 1, b, t, D]`: embeddings, then each block's output."""
+    b, t = ids.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    allowed = jnp.tril(jnp.ones((t, t), bool))[None]  # [1, t, t]
+    if mask is not None:
+      allowed = allowed & (mask[:, None, :] > 0)  # [b, t, t]
+    allowed = jnp.broadcast_to(allowed, (b, t, t))
+    x = self.embed(ids)
+    states = [x]
+    for layer in self.layers:
+      x, _ = layer(x, positions, allowed)
+      states.append(x)
+    return jnp.stack(states)
+
+  def head(self, h):
+    """Final RMSNorm + LM head: `[..., D] -> [..., vocab]` float32."""
+    h = self.final_norm(h)
+    if self.config.tie_word_embeddings:
+      return self.embed.attend(h).astype(jnp.float32)
+    return self.lm_head(h).astype(jnp.float32)
+
+  def decode(self, ids, cache: LlamaCache):
+    """Appends `ids [b, t]` at `cache.index`; returns (logits, cache)."""
+    b, t = ids.shape
+    max_len = cache.keys[0].shape[1]
+    positions = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)
+    # A query at position p sees cache slots 0..p (later slots are stale).
+    allowed = jnp.arange(max_len)[None, None, :] <= positions[:, :, None]
+    x = self.embed(ids)
+    keys, values = [], []
+    for i, layer in enumerate(self.layers):
+      x, (k, v) = layer(x, positions, allowed,
+                        (cache.keys[i], cache.values[i]), cache.index)
+      keys.append(k)
+      values.append(v)
+    new = LlamaCache(keys=tuple(keys), values=tuple(values),
+                     index=cache.index + t)
+    return self.head(x), new
+
+
+# ------------------------------------------------------------ Model glue
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def make_model(config: LlamaConfig, params, tokenizer=None) -> Model:
+  """Wraps Llama `params` (any dtype) as a :class:`Model`.
+
+  The compute dtype is the dtype of the embedding matrix; logits are float32.
+  """
+  params = jax.tree.map(jnp.asarray, params)
+  dtype = params['embed']['embedding'].dtype
+  module = Llama(config, dtype=dtype)
+
+  def check_ids(ids, what='input'):
+    check_length(ids.shape[-1], config.max_position_embeddings,
+                 f'the {what}')
+    if _is_concrete(ids):
+      check_token_ids(ids, config.vocab_size)
+
+  def logits_fn(p, ids, mask):
+    check_ids(ids)
+    return module.apply({'params': p}, ids, mask)
+
+  def hidden_fn(p, ids, mask):
+    check_ids(ids)
+    return module.apply({'params': p}, ids, mask,
+                        method=Llama.hidden_states)
+
+  def head_fn(p, h):
+    return module.apply({'params': p}, h, method=Llama.head)
+
+  def init_cache_fn(batch_size: int, max_length: int) -> LlamaCache:
+    check_length(max_length, config.max_position_embeddings,
+                 'the decoding cache')
+    shape = (batch_size, max_length, config.num_key_value_heads,
+             config.head_dim)
+    empty = tuple(jnp.zeros(shape, dtype)
+                  for _ in range(config.num_hidden_layers))
+    return LlamaCache(keys=empty, values=empty,
+                      index=jnp.zeros((batch_size,), jnp.int32))
+
+  def decode_fn(p, ids, cache: LlamaCache):
+    max_len = cache.keys[0].shape[1]
+    if _is_concrete(ids):
+      check_token_ids(ids, config.vocab_size)
+    # Under jit the index is unknown; writes past the end are then clamped.
+    start = (int(np.max(np.asarray(cache.index)))
+             if _is_concrete(cache.index) else 0)
+    if start + ids.shape[1] > max_len:
+      raise LeakjaxError(
+          f'the decoding cache holds {max_len} tokens; appending'
+          f' {ids.shape[1]} at position {start} overflows it',
+          'make a longer cache with init_cache(batch_size, max_length)')
+    return module.apply({'params': p}, ids, cache, method=Llama.decode)
+
+  paths = ParamPaths(
+      word_embeddings=('embed', 'embedding'),
+      lm_head=None if config.tie_word_embeddings else ('lm_head', 'kernel'),
+  )
+  return Model(family=FAMILY, config=config, module=module, params=params,
+               tokenizer=tokenizer, paths=paths, _logits_fn=logits_fn,
+               _hidden_fn=hidden_fn, _head_fn=head_fn,
+               _init_cache_fn=init_cache_fn, _decode_fn=decode_fn)
+
+
+def abstract_params(config: LlamaConfig, dtype=jnp.float32):
+  """Shapes/dtypes of the params, via `jax.eval_shape` (no compute)."""
+  module = Llama(config, dtype=dtype)
+  ids = jnp.zeros((1, 1), jnp.int32)
+  return jax.eval_shape(
+      lambda k: module.init(k, ids)['params'], jax.random.key(0))
+
+
+def init_model(config: LlamaConfig, *, key, tokenizer=None,
+               dtype=jnp.float32) -> Model:
+  """A randomly initialised model (normal(0.02) weights, unit norms)."""
+  module = Llama(config, dtype=dtype)
+  # One compiled init instead of one eager op per parameter.
+  init = jax.jit(lambda k: module.init(k, jnp.zeros((1, 1), jnp.int32)))
+  return make_model(config, init(key)['params'], tokenizer)
+
+
+# ----------------------------------------------------------- HF weights
+def hf_name_map(config: LlamaConfig) -> dict[str, TensorSpec]:
+  """HF tensor name -> our param path, one entry per parameter."""
+  t = hf_checkpoint.transpose()
+  specs = {'model.embed_tokens.weight': TensorSpec(('embed', 'embedding')),
+           'model.norm.weight': TensorSpec(('final_norm', 'scale'))}
+  for i in range(config.num_hidden_layers):
+    hf, ours = f'model.layers.{i}', f'layers_{i}'
+    specs[f'{hf}.input_layernorm.weight'] = TensorSpec(
+        (ours, 'attn_norm', 'scale'))
+    specs[f'{hf}.post_attention_layernorm.weight'] = TensorSpec(
+        (ours, 'mlp_norm', 'scale'))
+    for proj in ('q_proj', 'k_proj', 'v_proj', 'o_proj'):
+      specs[f'{hf}.self_attn.{proj}.weight'] = TensorSpec(
+          (ours, 'attn', proj, 'kernel'), **t)
+    for proj in ('gate_proj', 'up_proj', 'down_proj'):
+      specs[f'{hf}.mlp.{proj}.weight'] = TensorSpec(
+          (ours, 'mlp', proj, 'kernel'), **t)
+  if not config.tie_word_embeddings:
+    specs['lm_head.weight'] = TensorSpec(('lm_head', 'kernel'), **t)
+  return specs
+
+
+# Buffers some exports include and we recompute.
+_IGNORED_HF = (r'model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq',
+               r'model\.rotary_emb\.inv_freq')
+
+
+def params_from_hf_tensors(tensors: Mapping[str, np.ndarray],
+                           config: LlamaConfig, *, dtype=jnp.float32,
+                           source: str = 'checkpoint'):
+  """HF-named tensors -> our params, checking names and shapes."""
+  ignore = list(_IGNORED_HF)
+  if config.tie_word_embeddings:
+    ignore.append(r'lm_head\.weight')  # a copy of the embeddings, if saved
+  return hf_checkpoint.params_from_hf(
+      tensors, hf_name_map(config), abstract_params(config),
+      ignore=ignore, source=source, dtype=dtype)
+
+
+def from_hf_directory(path: str | os.PathLike, config_dict: Mapping[str, Any],
+                      *, dtype=jnp.float32) -> Model:
+  """Loads an HF Llama checkpoint directory (+ `tokenizer.json` if present).
+
+  Args:
+    path: folder with `config.json` and `model.safetensors` (or shards).
+    config_dict: the parsed `config.json`.
+    dtype: parameter dtype.
+
+  Returns:
+    A :class:`Model` of family 'llama'.
+  """
+  from leakjax import tokenization  # pylint: disable=g-import-not-at-top
+
+  path = Path(path)
+  config = LlamaConfig.from_hf_dict(config_dict)
+  params = params_from_hf_tensors(hf_checkpoint.read_tensors(path), config,
+                                  dtype=dtype, source=str(path))
+  tokenizer = None
+  if (path / 'tokenizer.json').is_file():
+    tokenizer = tokenization.tokenizer_from_file(path / 'tokenizer.json')
+    if tokenizer.bos_id is None:
+      tokenizer.bos_id = config.bos_token_id
+    if tokenizer.eos_id is None:
+      tokenizer.eos_id = config.eos_token_id
+    tokenization.check_vocab(tokenizer, config.vocab_size, str(path))
+  return make_model(config, params, tokenizer)
+
+
+def to_hf_directory(model: Model, directory: str | os.PathLike) -> None:
+  """Writes `model` so that transformers' `LlamaForCausalLM` loads it.
+
+  Writes `config.json`, `model.safetensors` and, when the model has a
+  subword tokenizer, `tokenizer.json` + `tokenizer_config.json`.
+  """
+  from leakjax.io import atomic_write_text  # pylint: disable=g-import-not-at-top
+
+  require_family(model, FAMILY)
+  directory = Path(directory)
+  config: LlamaConfig = model.config
+  tensors = hf_checkpoint.params_to_hf(model.params, hf_name_map(config))
+  hf_config = config.to_hf_dict()
+  tok = model.tokenizer
+  backend = getattr(tok, 'backend', None)
+  if tok is not None and getattr(tok, 'pad_id', None) is not None:
+    hf_config['pad_token_id'] = tok.pad_id
+  hf_checkpoint.write_checkpoint(directory, tensors, hf_config)
+  if backend is None:
+    return
+  atomic_write_text(directory / 'tokenizer.json', backend.to_str())
+  special = {}
+  for key in ('bos', 'eos', 'pad', 'unk'):
+    i = getattr(tok, f'{key}_id', None)
+    if i is not None:
+      special[f'{key}_token'] = tok.id_to_token(i)
+  atomic_write_text(
+      directory / 'tokenizer_config.json',
+      json.dumps({'tokenizer_class': 'PreTrainedTokenizerFast',
+                  'model_max_length': config.max_position_embeddings,
+                  **special}, indent=2))
+
+
+__all__ = ['LlamaConfig', 'LlamaCache', 'Llama', 'init_model', 'make_model',
+           'hf_name_map', 'from_hf_directory', 'to_hf_directory',
+           'params_from_hf_tensors', 'abstract_params']
