@@ -52,7 +52,8 @@ class SanityConfig:
 
 def perplexities(model, texts):
   """Per-text perplexity under `model`, as a numpy array."""
-  ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
+  # No BOS: instruct GGUFs mark chat turns with it. Token 1 is context only.
+  ids, mask = model.tokenizer.encode_batch(list(texts))
   logp = jax.jit(model.token_log_probs)(model.params, jnp.asarray(ids),
                                         jnp.asarray(mask))
   m = mask[:, 1:]
@@ -74,10 +75,11 @@ def main(argv):
                      seed=FLAGS.seed)
   texts = (data_lib.load_corpus(cfg.data, limit=cfg.limit) if cfg.data
            else list(SENTENCES[: cfg.limit]))
-  writer = io.ExperimentWriter(FLAGS.workdir, cfg)
   start = time.time()
   model = models.load(cfg.model)
   load_s = time.time() - start
+  # Only now, with all inputs valid, touch the workdir.
+  writer = io.ExperimentWriter(FLAGS.workdir, cfg)
   rng = np.random.default_rng(cfg.seed)
   shuffled = [shuffle_words(t, rng) for t in texts]
   ppl = perplexities(model, texts)
