@@ -29,12 +29,19 @@ def define_common_flags(default_workdir: str) -> None:
   flags.DEFINE_string('mesh', None,
                       'Device mesh for candidate scoring, e.g. "data:8";'
                       ' default: all local devices on one data axis.')
+  flags.DEFINE_bool('distributed', False,
+                    'Call jax.distributed.initialize() first (multi-host TPU'
+                    ' pod slices: run the same command on every host).')
 
 
 def run(main) -> None:
   """`app.run(main)` with LeakjaxError -> one stderr line, exit code 2."""
 
   def wrapped(argv):
+    if 'distributed' in FLAGS and FLAGS.distributed:
+      import jax  # pylint: disable=g-import-not-at-top
+      jax.distributed.initialize()
+      logging.info('process %d of %d', jax.process_index(), jax.process_count())
     try:
       return main(argv)
     except LeakjaxError as e:

@@ -74,8 +74,25 @@ def summary_key(metric: str, **params: Any) -> str:
 class ExperimentWriter:
   """The one writer of an experiment's workdir (see module docstring)."""
 
-  def __init__(self, workdir: str | os.PathLike, config: Any):
+  def __init__(self, workdir: str | os.PathLike, config: Any, *,
+               enabled: bool | None = None):
+    """Opens (or resumes) `workdir`.
+
+    Args:
+      workdir: the output folder.
+      config: the run's config (a dataclass or dict), written once.
+      enabled: whether this process writes; default: only JAX process 0, so
+        on a multi-host pod every host runs the same code and one writes.
+    """
+    if enabled is None:
+      import jax  # pylint: disable=g-import-not-at-top
+      enabled = jax.process_index() == 0
+    self.enabled = enabled
     self.workdir = Path(workdir)
+    self.results: list[dict[str, Any]] = []
+    self._results_path = self.workdir / 'results.jsonl'
+    if not enabled:
+      return
     self.workdir.mkdir(parents=True, exist_ok=True)
     cfg = _jsonable(config)
     cfg_path = self.workdir / 'config.json'
@@ -91,8 +108,6 @@ class ExperimentWriter:
         )
     else:
       atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
-    self._results_path = self.workdir / 'results.jsonl'
-    self.results: list[dict[str, Any]] = []
     if self._results_path.exists():
       for line in self._results_path.read_text().splitlines():
         if line.strip():
@@ -108,6 +123,8 @@ class ExperimentWriter:
   def add_result(self, row: Mapping[str, Any]) -> None:
     """Appends one row to results.jsonl (rewritten atomically)."""
     self.results.append(_jsonable(dict(row)))
+    if not self.enabled:
+      return
     text = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in self.results)
     atomic_write_text(self._results_path, text)
 
@@ -116,6 +133,8 @@ class ExperimentWriter:
            if not isinstance(v, (int, float)) or isinstance(v, bool)}
     if bad:
       raise TypeError(f'summary values must be numbers: {bad}')
+    if not self.enabled:
+      return
     atomic_write_text(self.workdir / 'summary.json',
                       json.dumps(_jsonable(dict(summary)), indent=2,
                                  sort_keys=True))
@@ -124,6 +143,8 @@ class ExperimentWriter:
   def save_figure(self, fig, name: str) -> str:
     """Saves a matplotlib figure as PNG atomically; returns the file name."""
     import io as _io  # pylint: disable=g-import-not-at-top
+    if not self.enabled:
+      return name
     buf = _io.BytesIO()
     fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
     atomic_write_bytes(self.workdir / name, buf.getvalue())

@@ -80,3 +80,11 @@ def test_check_token_ids_and_length():
     errors.check_token_ids(np.array([[0, 10]]), 10)
   with pytest.raises(LeakjaxError, match='context is 4'):
     errors.check_length(5, 4, 'the text')
+
+
+def test_writer_disabled_on_other_processes(tmp_path):
+  w = io.ExperimentWriter(tmp_path / 'w', {'b': 1}, enabled=False)
+  w.add_result({'x': 1})
+  w.write_summary({'a': 1.0}, '')
+  assert w.results == [{'x': 1}]
+  assert not (tmp_path / 'w').exists()
