@@ -1,0 +1,443 @@
+"""Tests of the GBoard next-word-prediction attack (leakjax.attacks.gboard)."""
+
+import functools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from leakjax import fl
+from leakjax.attacks import gboard
+from leakjax.errors import LeakjaxError
+from leakjax.models import lstm
+
+TINY = lstm.CIFGConfig(vocab_size=64, embed_dim=8, units=10, proj_dim=8)
+ETA = 1e-3
+
+
+# One jitted client update for every test (compiled once per shape/config).
+UPDATE = jax.jit(fl.client_update, static_argnums=(0, 4))
+# Many full-batch steps with a large η: θ1 memorises 3 sentences.
+MEMORISE = gboard.client_config(100, None, learning_rate=0.5)
+
+
+@functools.cache
+def _model(scale: float | None = None):
+  model = lstm.init_model(TINY, key=jax.random.key(0))
+  if scale is None:
+    return model
+  # O(1) random weights: a peaked, non-uniform next-word distribution.
+  leaves, tree = jax.tree.flatten(model.params)
+  keys = jax.random.split(jax.random.key(5), len(leaves))
+  leaves = [scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
+  return model.replace(params=jax.tree.unflatten(tree, leaves))
+
+
+def _sentences(n: int, length: int = 4, seed: int = 0) -> np.ndarray:
+  """`n` random sentences `<S> w1..wL` of word ids >= 2, int32 [n, L+1]."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(2, TINY.vocab_size, (n, length + 1)).astype(np.int32)
+  ids[:, 0] = 1
+  return ids
+
+
+# ----------------------------------------------------------- word recovery
+def test_fedsgd_word_recovery_is_exact():
+  model = _model()
+  ids = _sentences(4)
+  config = gboard.client_config(1, None, learning_rate=ETA,
+                                words_per_sentence=4)
+  result = UPDATE(model, model.params, jnp.asarray(ids), None, config,
+                  key=jax.random.key(0))
+  delta = gboard.bias_update(model, model.params, result.params)
+  # Sec. 3.1: the bias step is η Σ_t (y_t - p_t) per sentence, batch mean.
+  probs = jax.nn.softmax(model.logits(model.params, jnp.asarray(ids))[:, :-1])
+  onehot = jax.nn.one_hot(ids[:, 1:], TINY.vocab_size)
+  expected = ETA * (onehot - probs).sum(1).mean(0)
+  np.testing.assert_allclose(delta, expected, atol=1e-9, rtol=1e-5)
+  cand = gboard.candidate_mask(TINY.vocab_size)
+  for rule in gboard.THRESHOLD_RULES:
+    thr = gboard.choose_threshold(delta, rule, candidates=cand)
+    words = np.flatnonzero(gboard.recover_words(delta, thr, cand))
+    assert set(words) == set(ids[:, 1:].ravel()), rule
+
+
+def test_recover_words_under_jit_matches_eager():
+  delta = jnp.asarray(np.random.default_rng(0).normal(size=200), jnp.float32)
+  cand = gboard.candidate_mask(200)
+  f = lambda d: gboard.recover_words(
+      d, gboard.choose_threshold(d, 'fdr', candidates=cand), cand)
+  np.testing.assert_array_equal(f(delta), jax.jit(f)(delta))
+
+
+def _noisy_update(num_words=5000, num_typed=100, snr=6.0, seed=0):
+  rng = np.random.default_rng(seed)
+  sigma = 1e-3
+  delta = rng.normal(0, sigma, num_words)
+  delta -= np.abs(rng.normal(0, 0.2 * sigma, num_words))  # untyped drift
+  typed = rng.choice(np.arange(2, num_words), num_typed, replace=False)
+  delta[typed] = snr * sigma + rng.uniform(0, 3 * sigma, num_typed)
+  return jnp.asarray(delta, jnp.float32), set(typed.tolist()), sigma
+
+
+def test_noise_scale_and_threshold_rules():
+  delta, typed, sigma = _noisy_update()
+  cand = gboard.candidate_mask(delta.shape[0])
+  center, scale = gboard.robust_noise_scale(delta, cand)
+  assert abs(float(scale) / sigma - 1.0) < 0.1
+  assert abs(float(center)) < 0.3 * sigma
+  # Algorithm 2 (cut 0) keeps about half of the noise.
+  zero = set(np.flatnonzero(gboard.recover_words(delta, 0.0, cand)).tolist())
+  assert len(zero - typed) > 1500
+  for rule, max_false in (('fdr', 0.05 * len(typed) * 2), ('universal', 3)):
+    thr = gboard.choose_threshold(delta, rule, candidates=cand)
+    got = set(np.flatnonzero(gboard.recover_words(delta, thr, cand)).tolist())
+    assert got >= typed, rule
+    assert len(got - typed) <= max_false, rule
+  fdr = float(gboard.choose_threshold(delta, 'fdr', candidates=cand))
+  universal = float(gboard.choose_threshold(delta, 'universal',
+                                            candidates=cand))
+  assert 0 < fdr <= universal  # BH adapts to many signals: a lower cut
+  # The oracle threshold separates the two groups perfectly here.
+  words = [str(i) for i in range(delta.shape[0])]
+  thr, f1 = gboard.oracle_threshold(np.asarray(delta), words,
+                                    [str(i) for i in typed])
+  assert f1 == 1.0 and fdr <= thr + 3 * sigma
+
+
+def test_threshold_without_noise_stays_near_zero():
+  # Noise-free: untyped words drift down by η Σ p (tiny), typed go up.
+  rng = np.random.default_rng(1)
+  delta = -np.abs(rng.normal(0, 1e-8, 3000))
+  delta[10:40] = rng.uniform(1e-6, 1e-4, 30)
+  delta = jnp.asarray(delta, jnp.float32)
+  for rule in gboard.THRESHOLD_RULES:
+    got = np.flatnonzero(gboard.recover_words(
+        delta, gboard.choose_threshold(delta, rule)))
+    np.testing.assert_array_equal(got, np.arange(10, 40))
+
+
+def test_no_signal_recovers_nothing_with_fdr():
+  delta = jnp.asarray(np.random.default_rng(2).normal(0, 1, 9502),
+                      jnp.float32)
+  thr = gboard.choose_threshold(delta, 'fdr')
+  assert int(gboard.recover_words(delta, thr).sum()) <= 2
+
+
+def test_row_scores_find_rows_with_signal():
+  rng = np.random.default_rng(3)
+  rows = rng.normal(0, 1.0, (2000, 16))
+  rows[:20] += 3.0  # typed rows
+  z = np.asarray(gboard.row_update_scores(jnp.asarray(rows, jnp.float32)))
+  assert np.all(z[:20] > 8) and np.mean(z[20:] > 4) < 0.01
+  assert abs(np.median(z[20:])) < 0.3  # ~N(0, 1) under the null
+
+
+def _drift_update(seed=0):
+  """A noise-free-like update: frequent untyped words drift down along one
+  row direction ĥ; typed words rise; one typed word fell, its row differs."""
+  rng = np.random.default_rng(seed)
+  num, dim = 3000, 8
+  hbar = rng.normal(size=dim)
+  delta = -np.abs(rng.normal(0, 1e-9, num))  # rare untyped words
+  frequent = np.arange(2, 202)
+  delta[frequent] = -rng.uniform(1e-5, 1e-3, len(frequent))
+  rows = delta[:, None] * (hbar[None] + 0.05 * rng.normal(size=(num, dim)))
+  typed = np.arange(500, 530)
+  delta[typed] = rng.uniform(1e-5, 1e-3, len(typed))
+  rows[typed] = rng.normal(size=(len(typed), dim)) * 1e-3
+  hidden = 7  # typed, yet its bias fell: Algorithm 2 misses it
+  rows[hidden] += 3e-4 * np.linalg.norm(hbar) * rng.normal(size=dim)
+  return (jnp.asarray(delta, jnp.float32), jnp.asarray(rows, jnp.float32),
+          set(typed.tolist()) | {hidden}, hidden)
+
+
+def test_rescue_and_auto_without_noise():
+  delta, rows, typed, hidden = _drift_update()
+  cand = gboard.candidate_mask(delta.shape[0])
+  assert float(gboard.drift_to_noise(delta, cand)) > 1000
+  rescued = np.flatnonzero(gboard.rescued_words(delta, rows, cand))
+  np.testing.assert_array_equal(rescued, [hidden])
+  auto = gboard.recover_words_auto(delta, rows, cand)
+  assert set(np.flatnonzero(auto).tolist()) == typed
+  f = jax.jit(gboard.recover_words_auto)
+  np.testing.assert_array_equal(f(delta, rows, cand), auto)
+
+
+def test_auto_uses_rows_under_noise():
+  # Local DP noise: each typed word's bias is only ~2.5 noise scales up,
+  # but its D = 16 row entries are too; bias + rows finds what bias misses.
+  rng = np.random.default_rng(4)
+  num, dim, sigma = 4000, 16, 1e-3
+  delta = rng.normal(0, sigma, num)
+  rows = rng.normal(0, sigma, (num, dim))
+  typed = np.arange(100, 160)
+  delta[typed] += 2.5 * sigma
+  rows[typed] += 2.5 * sigma * rng.choice([-1, 1], (len(typed), dim))
+  delta, rows = jnp.asarray(delta), jnp.asarray(rows)
+  cand = gboard.candidate_mask(num)
+  assert float(gboard.drift_to_noise(delta, cand)) < 6
+  bias_only = gboard.recover_words(
+      delta, gboard.choose_threshold(delta, 'fdr', candidates=cand), cand)
+  auto = np.asarray(gboard.recover_words_auto(delta, rows, cand))
+  hits = auto[typed].sum()
+  assert hits >= 0.8 * len(typed) > int(bias_only[typed].sum())
+  assert auto.sum() - hits <= 0.1 * auto.sum()
+
+
+def test_bad_rule_raises():
+  with pytest.raises(LeakjaxError):
+    gboard.choose_threshold(jnp.zeros(4), 'magic')
+  with pytest.raises(LeakjaxError):
+    gboard.select_sentences(np.zeros((1, 3), int), np.zeros(1),
+                            np.ones(3, bool), rule='magic')
+
+
+# ----------------------------------------------------------- reconstruction
+def _reference(model, params0, params1, start, allowed, length, bos):
+  """Per-word Python loop: Sec. 3.2 greedy generation and its score."""
+  logits_fn = _jitted_logits(model)
+  ids = [bos, int(start)]
+  for _ in range(length - 1):
+    logits = logits_fn(params1, jnp.asarray([ids], jnp.int32))[0, -1]
+    probs = jax.nn.softmax(logits) * allowed
+    probs = probs / probs.sum()  # renormalised over the recovered words
+    ids.append(int(jnp.argmax(probs)))
+
+  def log_ppl(params):
+    logp = jax.nn.log_softmax(logits_fn(params, jnp.asarray([ids]))[0])
+    return -float(sum(logp[i - 1, ids[i]] for i in range(1, len(ids))))
+
+  pp0, pp1 = log_ppl(params0), log_ppl(params1)
+  return ids, (pp0 - pp1) / pp0
+
+
+@functools.cache
+def _jitted_logits(model):
+  return jax.jit(model.logits)
+
+
+@pytest.mark.parametrize('jit', [False, True])
+def test_batched_reconstruction_matches_reference(jit):
+  model = _model(scale=0.7)
+  params0 = model.params
+  ids = _sentences(3, seed=4)
+  result = UPDATE(model, params0, jnp.asarray(ids), None, MEMORISE,
+                  key=jax.random.key(1))
+  params1 = result.params
+  allowed = np.zeros(TINY.vocab_size, bool)
+  allowed[np.unique(ids[:, 1:])] = True
+  starts, valid = gboard.padded_indices(allowed, size=16)
+  fn = lambda p0, p1, s, v, a: gboard.reconstruct_sentences(
+      model, p0, p1, s, v, a, length=4, bos_id=1)
+  if jit:
+    fn = jax.jit(fn)
+  out = fn(params0, params1, jnp.asarray(starts), jnp.asarray(valid),
+           jnp.asarray(allowed))
+  assert out.tokens.shape == (16, 5)
+  for i in np.flatnonzero(valid):
+    tokens, score = _reference(model, params0, params1, starts[i],
+                               jnp.asarray(allowed), 4, 1)
+    np.testing.assert_array_equal(np.asarray(out.tokens[i]), tokens)
+    np.testing.assert_allclose(float(out.scores[i]), score, rtol=1e-4,
+                               atol=1e-6)
+    assert set(tokens[2:]) <= set(np.flatnonzero(allowed))
+  assert np.all(np.isneginf(np.asarray(out.scores)[~valid]))
+
+
+def test_reconstruction_recovers_memorised_sentences():
+  # θ1 trained hard on 3 sentences with distinct words: greedy decoding from
+  # each first word gives back the sentence, and those rank first.
+  model = _model(scale=0.5)
+  ids = np.array([[1, 2, 3, 4, 5], [1, 6, 7, 8, 9], [1, 10, 11, 12, 13]],
+                 np.int32)
+  result = UPDATE(model, model.params, jnp.asarray(ids), None, MEMORISE,
+                  key=jax.random.key(2))
+  delta = gboard.bias_update(model, model.params, result.params)
+  words = np.asarray(gboard.recover_words(delta, 0.0,
+                                          gboard.candidate_mask(64)))
+  np.testing.assert_array_equal(np.flatnonzero(words), np.arange(2, 14))
+  starts, valid = gboard.padded_indices(words)
+  out = gboard.reconstruct_sentences(
+      model, model.params, result.params, jnp.asarray(starts),
+      jnp.asarray(valid), jnp.asarray(words), length=4, bos_id=1)
+  tokens = np.asarray(out.tokens)
+  for row in ids:
+    np.testing.assert_array_equal(tokens[list(starts).index(row[1])], row)
+  kept = gboard.select_sentences(tokens, np.asarray(out.scores), words,
+                                 rule='cover')
+  assert sorted(tokens[kept, 1].tolist()) == [2, 6, 10]
+
+
+def test_scale_update_is_a_longer_fedsgd_step():
+  # FedSGD: θ1 = θ0 - η g, so θ1 + s (θ1 - θ0) = θ0 - η (1 + s) g.
+  rng = np.random.default_rng(0)
+  theta0 = {'a': rng.normal(size=(3, 2)), 'b': {'c': rng.normal(size=4)}}
+  grad = jax.tree.map(lambda x: rng.normal(size=x.shape), theta0)
+  theta1 = jax.tree.map(lambda t, g: t - ETA * g, theta0, grad)
+  scaled = gboard.scale_update(theta0, theta1, 10.0)
+  expected = jax.tree.map(lambda t, g: t - 11 * ETA * g, theta0, grad)
+  for a, b in zip(jax.tree.leaves(scaled), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
+
+
+def test_client_config_emulates_sentence_sum_loss():
+  config = gboard.client_config(3, 8, learning_rate=1e-3,
+                                words_per_sentence=4, step_noise=0.1,
+                                update_noise=0.01)
+  assert config.learning_rate == pytest.approx(4e-3)
+  # Algorithm 3's η N(0, σ): (η T) (σ / T) = η σ.
+  assert config.learning_rate * config.defense.step_noise_std == \
+      pytest.approx(1e-3 * 0.1)
+  assert config.defense.update_noise_std == 0.01
+
+
+# ------------------------------------------------------------------ keeping
+def test_select_sentences_rules():
+  # Candidates (best first): two true sentences, then junk reusing words.
+  tokens = np.array([[1, 2, 3, 4, 5], [1, 6, 7, 8, 9], [1, 3, 3, 3, 3],
+                     [1, 10, 2, 2, 2], [1, 4, 4, 4, 4]])
+  scores = np.array([0.9, 0.8, 0.1, 0.05, 0.11])
+  recovered = np.zeros(12, bool)
+  recovered[2:11] = True  # words 2..10
+  cover = gboard.select_sentences(tokens, scores, recovered, rule='cover')
+  np.testing.assert_array_equal(cover, [0, 1, 3])  # 4, 2 add no new word
+  words = gboard.select_sentences(tokens, scores, recovered, rule='words')
+  np.testing.assert_array_equal(words, [0, 1, 4])  # ceil(9 / 4) = 3
+  gap = gboard.select_sentences(tokens, scores, recovered, rule='gap')
+  np.testing.assert_array_equal(gap, [0, 1])
+  scores[4] = -np.inf  # padding is never kept
+  assert 4 not in gboard.select_sentences(tokens, scores, recovered,
+                                          rule='words')
+
+
+def test_padded_indices():
+  idx, valid = gboard.padded_indices(np.array([0, 1, 0, 1, 1], bool))
+  np.testing.assert_array_equal(idx, [1, 3, 4, 0])
+  np.testing.assert_array_equal(valid, [True, True, True, False])
+  with pytest.raises(LeakjaxError):
+    gboard.padded_indices(np.ones(5, bool), size=2)
+
+
+# ------------------------------------------------------------------ metrics
+@pytest.mark.parametrize('a,b,ratio', [
+    ('how are you doing', 'how are you', 600 / 7),  # LCS 3, 7 words
+    ('how are you', 'how are you', 100.0),
+    ('a b c d', 'e f g h', 0.0),
+    ('a b c d', 'a x c d', 75.0),  # one substitution = 2 edits of 8
+    ('a b c d', 'b c d e', 75.0),  # delete a, insert e
+    ('a b', 'b a', 50.0),
+    ('', '', 100.0),
+])
+def test_levenshtein_ratio_hand_computed(a, b, ratio):
+  assert gboard.levenshtein_ratio(a.split(), b.split()) == pytest.approx(
+      ratio)
+  assert gboard.levenshtein_ratio(b.split(), a.split()) == pytest.approx(
+      ratio)
+
+
+def test_levenshtein_distance_unit_costs():
+  a, b = 'the cat sat on the mat'.split(), 'a cat sat the mat today'.split()
+  # the->a (1), delete on (1), insert today (1).
+  assert gboard.levenshtein_distance(a, b, substitution_cost=1) == 3
+  assert gboard.levenshtein_distance(a, b) == 4  # the->a costs 2: 12 - 2 * 4
+
+
+def test_best_match_ratios():
+  refs = [('how', 'are', 'you', 'doing'), ('see', 'you', 'at', 'home')]
+  cands = [('how', 'are', 'you', 'doing'), ('see', 'you', 'at', 'work'),
+           ('x', 'y', 'z', 'w')]
+  np.testing.assert_allclose(gboard.best_match_ratios(cands, refs),
+                             [100.0, 75.0, 0.0])
+
+
+def test_word_metrics_hand_computed():
+  m = gboard.word_metrics(['a', 'b', 'd'], ['a', 'b', 'c', 'zz', 'a'],
+                          ['<UNK>', '<S>', 'a', 'b', 'c', 'd'])
+  assert m.precision == pytest.approx(2 / 3)
+  assert m.recall == pytest.approx(1 / 2)
+  assert m.f1 == pytest.approx(4 / 7)
+  assert m.coverage == pytest.approx(3 / 4)
+  assert m.f1_upper == pytest.approx(6 / 7)
+  assert (m.num_recovered, m.num_true) == (3, 4)
+  empty = gboard.word_metrics([], ['a'], ['a'])
+  assert empty.f1 == 0.0 and empty.f1_upper == 1.0
+
+
+# ------------------------------------------------------------ experiment
+def _write_corpora(tmp_path):
+  """Synthetic SMS file and public text; ~300 words, Zipf-like frequencies."""
+  rng = np.random.default_rng(0)
+  words = np.array([f'w{i}' for i in range(300)])
+  freq = 1.0 / np.arange(1, 301)
+  freq /= freq.sum()
+  draw = lambda n: list(rng.choice(words, n, p=freq))
+
+  def sentence(n):
+    w = draw(n)
+    return ' '.join([w[0].capitalize()] + w[1:]) + '.'
+
+  lines = ['Label\tSMS']
+  for _ in range(300):
+    text = ' '.join(sentence(int(rng.choice([3, 4, 4, 5])))
+                    for _ in range(rng.integers(1, 3)))
+    lines.append(f'{"spam" if rng.random() < 0.1 else "ham"}\t{text}')
+  sms = tmp_path / 'sms.tsv'
+  sms.write_text('\n'.join(lines) + '\n')
+  public = tmp_path / 'public.txt'
+  public.write_text('\n'.join(sentence(8) for _ in range(300)) + '\n')
+  return sms, public
+
+
+def test_experiment_smoke(tmp_path):
+  from experiments import gboard as experiment  # noqa: PLC0415
+  sms, public = _write_corpora(tmp_path)
+  cfg = experiment.Config(
+      sms=str(sms), public=(('extra', str(public)),), public_limit=100,
+      vocab_size=200, embed_dim=8, units=12, pretrain_steps=4,
+      pretrain_batch_size=16, pretrain_lr=3e-3, pretrain_max_length=8,
+      pretrain_eval=40, sentence_length=4, client_pool=24,
+      num_sentences=(16,), num_datasets=1, epochs=(1, 2),
+      batch_sizes=('full', '16'), max_sentence_epochs=10_000,
+      learning_rate=1e-3, loss='sentence_sum', dpsgd_sigmas=(0.1,),
+      dpsgd_runs=((16, '8', 1000),), single_sigmas=(1e-3,),
+      scales=(0.0, 10.0), threshold_rule='auto', fdr_q=0.05, keep_rule='cover',
+      seed=0)
+  workdir = tmp_path / 'run'
+  summary = experiment.run_experiment(cfg, workdir)
+  for name in ('config.json', 'results.jsonl', 'summary.json', 'summary.md',
+               'fig2_word_recovery.png', 'fig3_sentence_reconstruction.png',
+               'fig5_dpsgd_threshold.png', 'fig6_local_dp_words.png'):
+    assert (workdir / name).is_file(), name
+  assert json.loads((workdir / 'summary.json').read_text()) == summary
+  key = 'B=full,E=1,n_k=16,noise=none,sigma=0.0'
+  # Noise-free FedSGD on a barely trained model: Algorithm 2 and the bias
+  # rule are exact; the auto rule (bias + rows) is at least close.
+  assert summary[f'zero_f1@{key}'] == pytest.approx(
+      summary[f'f1_upper@{key}'])
+  assert summary[f'fdr_f1@{key}'] == pytest.approx(summary[f'f1_upper@{key}'])
+  assert summary[f'f1@{key}'] >= 0.9 * summary[f'f1_upper@{key}']
+  assert 0 < summary[f'f1_upper@{key}'] <= 1
+  assert 0 <= summary[f'levenshtein@{key}'] <= 100
+  assert f'levenshtein@{key.replace("sigma", "scale=10.0,sigma")}' in summary
+  for k in ('f1@B=8,E=2,n_k=16,noise=dpsgd,sigma=0.1',
+            'f1@B=full,E=2,n_k=16,noise=single,sigma=0.001',
+            # n_k <= B is full-batch training, run once, reported under both.
+            'levenshtein@B=16,E=2,n_k=16,noise=none,sigma=0.0'):
+    assert k in summary and math.isfinite(summary[k]), k
+  rows = [json.loads(x) for x in (workdir / 'results.jsonl').read_text()
+          .splitlines()]
+  assert {(r['B'], r['noise']) for r in rows} == {
+      ('full', 'none'), ('full', 'single'), ('8', 'dpsgd')}
+  # Client sentences never reach pre-training.
+  corpora = experiment.load_corpora(cfg)
+  pool = set(corpora.pool)
+  split = experiment._split  # pylint: disable=protected-access
+  assert not any(split(s) in pool
+                 for s in corpora.public_train + corpora.public_eval)
+  # A re-run resumes: nothing is recomputed, the summary is the same.
+  again = experiment.run_experiment(cfg, workdir)
+  assert again == summary
