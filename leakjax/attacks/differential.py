@@ -1,0 +1,555 @@
+"""Differential score and differential rank between two model snapshots.
+
+Zanella-Beguelin et al., "Analyzing Information Leakage of Updates to Natural
+Language Models", CCS 2020, Sec. 3. Given a model `M` trained on `D` and a
+snapshot `M'` trained on `D' ⊋ D`, the token sequences whose probability rose
+most from `M` to `M'` reveal the update `D' \\ D`.
+
+* :func:`differential_score` -- Definition 3.1 for a batch of sequences, on
+  both models in one pass::
+
+    DS(t_1..t_n)     = sum_i  M'(t_<i)(t_i) - M(t_<i)(t_i)
+    rel_DS(t_1..t_n) = sum_i [M'(t_<i)(t_i) - M(t_<i)(t_i)] / M(t_<i)(t_i)
+
+  with `M(t_<i)(t_i)` the probability of `t_i` given the context and prefix.
+* :func:`beam_search` -- Algorithm 1 (beam search for differential rank) with
+  the beam width halved at every step (Sec. 3.2, "Optimizing for Speed") and
+  group beam search (Sec. 3.2, "Optimizing for Diversity"). Each step decodes
+  the `k` beam sequences once on both models with the incremental cache; the
+  full-vocabulary probabilities then give the scores of all `k * |T|`
+  one-token extensions as one array, from which `lax.top_k` keeps the best.
+* :func:`differential_rank_lower_bound` -- Proposition 3.3: the number of
+  returned sequences whose DS exceeds that of a given sequence is a lower
+  bound on its differential rank `DR(s) = |{s' in T^n : DS(s') > DS(s)}|`.
+
+All functions are pure; the caller owns `jit`:
+
+>>> search = jax.jit(functools.partial(                        # doctest: +SKIP
+...     beam_search, model, model_prime,
+...     widths=halving_widths(10_000, length=5), length=5))
+>>> result = search(model.params, model_prime.params, jnp.array([bos]))
+
+Cost of one search step with `k` beam sequences, vocabulary `V` and hidden
+width `H` (word-level LSTM): `2 * 2 * k * H * V` FLOPs for the two output
+layers (plus the recurrent layers), `2 * k * V` exponentials (one per
+logit: the softmax is written out so that it also yields the
+log-partition), and a top-k selection over `k * |T|` candidates. The step
+runs over chunks of `chunk_rows` sequences (`lax.map`) so that memory stays
+at `O(chunk_rows * V)` whatever `k` and `|T|` are (|T| = 10,000 for the
+word-level LSTMs, 49,152 for SmolLM2, where step 2 of the halving schedule
+scores 2.4e9 candidates). Measured on the 2x200 LSTM with |T| = 10,000 and
+n = 5 (`benchmarks/dr_search.py`): 198 GFLOP, ~3.5 CPU-seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from leakjax.errors import LeakjaxError
+
+PyTree = Any
+SCORES = ('ds', 'rel_ds')
+# Default memory budget of one search chunk: candidate scores per chunk.
+DEFAULT_CHUNK_CANDIDATES = 1 << 22  # 4M floats = 16 MiB per array
+
+
+# -------------------------------------------------------------- DS (Def 3.1)
+@struct.dataclass
+class DifferentialScores:
+  """Differential scores of a batch of sequences (Definition 3.1)."""
+
+  ds: jax.Array  # float32 [batch]: sum of M'(t|prefix) - M(t|prefix)
+  rel_ds: jax.Array  # float32 [batch]: sum of (M' - M) / M
+  token_ds: jax.Array  # float32 [batch, time-1]: per target, 0 if unscored
+  token_rel_ds: jax.Array  # float32 [batch, time-1]: per target, 0 if unscored
+
+
+def token_differential_scores(
+    log_probs: jax.Array, log_probs_prime: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """Per-token DS and relative DS from log-probabilities of M and M'.
+
+  Args:
+    log_probs: `log M(t_<i)(t_i)`, any shape.
+    log_probs_prime: `log M'(t_<i)(t_i)`, the same shape.
+
+  Returns:
+    `(M' - M, (M' - M) / M)`, float32, the shape of the inputs. The relative
+    score is computed as `expm1(log M' - log M)`, exact also where `M` is
+    tiny.
+  """
+  log_probs = log_probs.astype(jnp.float32)
+  log_probs_prime = log_probs_prime.astype(jnp.float32)
+  ds = jnp.exp(log_probs_prime) - jnp.exp(log_probs)
+  rel_ds = jnp.expm1(log_probs_prime - log_probs)
+  return ds, rel_ds
+
+
+def differential_score(
+    model,
+    model_prime,
+    params: PyTree,
+    params_prime: PyTree,
+    ids: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    num_context: int = 1,
+) -> DifferentialScores:
+  """DS and relative DS (Definition 3.1) of many sequences on M and M'.
+
+  Both models score the whole batch in one call (one forward pass each; the
+  caller jits the function once for both). Position `j` of `ids` is scored
+  when `j >= num_context` and `mask[:, j] == 1`; the first `num_context`
+  tokens are the context the sequence is conditioned on (the BOS token, plus
+  a known prefix for the background-knowledge attack of Sec. 4.3, RQ3).
+
+  Args:
+    model: :class:`leakjax.models.Model` M (its pure functions are used).
+    model_prime: the updated snapshot M' (same tokenizer as M).
+    params: M's parameters.
+    params_prime: M''s parameters.
+    ids: int32 `[batch, time]` token ids, context first, right-padded.
+    mask: int `[batch, time]`, 1 for real tokens; None means all real.
+    num_context: leading tokens that are context, not scored (>= 1: the
+      first token has no prediction).
+
+  Returns:
+    :class:`DifferentialScores`.
+  """
+  if num_context < 1:
+    raise LeakjaxError(f'num_context must be >= 1, got {num_context}',
+                       'start every sequence with the BOS token')
+  ids = jnp.asarray(ids, jnp.int32)
+  if mask is None:
+    mask = jnp.ones_like(ids)
+  logp = model.token_log_probs(params, ids, mask)  # [B, T-1]
+  logp_prime = model_prime.token_log_probs(params_prime, ids, mask)
+  token_ds, token_rel = token_differential_scores(logp, logp_prime)
+  positions = jnp.arange(1, ids.shape[1])  # target index of column j
+  scored = (positions[None, :] >= num_context) & (mask[:, 1:] > 0)
+  token_ds = jnp.where(scored, token_ds, 0.0)
+  token_rel = jnp.where(scored, token_rel, 0.0)
+  return DifferentialScores(ds=token_ds.sum(-1), rel_ds=token_rel.sum(-1),
+                            token_ds=token_ds, token_rel_ds=token_rel)
+
+
+# ----------------------------------------------------- search (Algorithm 1)
+@struct.dataclass
+class BeamState:
+  """Search state after step `i` (`i` tokens chosen), per group.
+
+  `G` groups of `W` sequences. Caches are those of M and M' after reading
+  the context and all chosen tokens except the last one (which is `last`),
+  so the next step decodes exactly one token per sequence.
+  """
+
+  sequences: jax.Array  # int32 [G, W, i]: chosen token ids
+  ds: jax.Array  # float32 [G, W]: DS of each sequence so far
+  rel_ds: jax.Array  # float32 [G, W]: relative DS so far
+  last: jax.Array  # int32 [G, W]: the next token to feed to the models
+  cache: PyTree  # M's decode cache, leaves [G*W, ...]
+  cache_prime: PyTree  # M''s decode cache, leaves [G*W, ...]
+
+
+@struct.dataclass
+class SearchResult:
+  """What Algorithm 1 returns: sequences and their scores, per group."""
+
+  sequences: jax.Array  # int32 [G, W, n]: token ids, best first per group
+  ds: jax.Array  # float32 [G, W]: DS (Definition 3.1)
+  rel_ds: jax.Array  # float32 [G, W]: relative DS
+
+
+def halving_widths(
+    num_tokens: int,
+    length: int,
+    *,
+    min_width: int = 1,
+    num_groups: int = 1,
+) -> tuple[int, ...]:
+  """The paper's beam schedule: |T|, |T|/2, |T|/4, ... (Sec. 3.2).
+
+  Width `i` (0-based) is the number of sequences of length `i + 1` kept,
+  `max(num_tokens // 2**i, min_width)`, never more than there are
+  sequences of that length, rounded down to a multiple of `num_groups`
+  (and at least one sequence per group).
+
+  >>> halving_widths(10_000, 5)
+  (10000, 5000, 2500, 1250, 625)
+  >>> halving_widths(10_000, 5, min_width=1024)
+  (10000, 5000, 2500, 1250, 1024)
+  """
+  if num_tokens < 1 or length < 1:
+    raise LeakjaxError(
+        f'need num_tokens >= 1 and length >= 1, got {num_tokens}, {length}')
+  widths = []
+  for i in range(length):
+    available = num_tokens ** (i + 1)
+    w = min(max(num_tokens // 2**i, min_width), available)
+    w = max(w - w % num_groups, num_groups)  # at least one per group
+    if w > available or (i == 0 and w > num_tokens):
+      raise LeakjaxError(
+          f'{num_groups} groups need {w} sequences at step {i + 1}, but'
+          f' there are {num_tokens} tokens', 'use fewer groups')
+    widths.append(w)
+  return tuple(widths)
+
+
+def _check_widths(widths: Sequence[int], length: int, num_tokens: int,
+                  num_groups: int) -> tuple[int, ...]:
+  widths = tuple(int(w) for w in widths)
+  if len(widths) != length:
+    raise LeakjaxError(
+        f'{len(widths)} beam widths for a search of length {length}',
+        'give one width per step, e.g. halving_widths(|T|, length)')
+  if widths[0] > num_tokens:
+    raise LeakjaxError(
+        f'first beam width {widths[0]} exceeds |T| = {num_tokens}',
+        'the first step has only |T| one-token sequences')
+  for i, w in enumerate(widths):
+    if w < 1 or w % num_groups:
+      raise LeakjaxError(
+          f'beam width {w} at step {i + 1} is not a positive multiple of'
+          f' num_groups={num_groups}',
+          'use halving_widths(..., num_groups=G)')
+    if i and w > widths[i - 1] * num_tokens:
+      raise LeakjaxError(f'beam width {w} at step {i + 1} exceeds the'
+                         f' {widths[i - 1] * num_tokens} candidates')
+  return widths
+
+
+@struct.dataclass
+class _NextToken:
+  """One model's next-token distribution for a chunk of beam sequences."""
+
+  logits: jax.Array  # float32 [rows, |T|]: logits of T's tokens
+  probs: jax.Array  # float32 [rows, |T|]: probabilities of T's tokens
+  lse: jax.Array  # float32 [rows, 1]: log-partition over the whole vocabulary
+
+
+def _next_token(model, params, tokens, last, cache):
+  """Decodes `last [rows]` from `cache`; returns (_NextToken, cache).
+
+  The softmax is written out so that one exponential per logit gives both
+  the probabilities and the log-partition.
+  """
+  logits, cache = model.decode(params, last[:, None], cache)
+  logits = logits[:, 0].astype(jnp.float32)  # [R, 1, V] -> [R, V]
+  top = jax.lax.stop_gradient(logits.max(-1, keepdims=True))
+  unnormalized = jnp.exp(logits - top)
+  total = unnormalized.sum(-1, keepdims=True)
+  probs = unnormalized / total
+  lse = top + jnp.log(total)  # [R, 1]
+  if tokens is not None:  # [R, V] -> [R, |T|]
+    logits, probs = logits[:, tokens], probs[:, tokens]
+  return _NextToken(logits=logits, probs=probs, lse=lse), cache
+
+
+def _token_score(score, cur: _NextToken, new: _NextToken, at=None,
+                 per_row=None):
+  """Per-token DS (`M' - M`) or relative DS (`M'/M - 1`).
+
+  DS subtracts the probabilities; the relative DS is
+  `expm1(log M' - log M)` from the logits, exact also where M underflows.
+  `at` / `per_row` gather `[rows, |T|]` / `[rows, 1]` arrays at chosen
+  candidates first (identity if None).
+  """
+  at = at or (lambda x: x)
+  per_row = per_row or (lambda x: x)
+  if score == 'ds':
+    return at(new.probs) - at(cur.probs)
+  return jnp.expm1((at(new.logits) - at(cur.logits))
+                   - (per_row(new.lse) - per_row(cur.lse)))
+
+
+def _reshape_leading(tree: PyTree, shape: tuple[int, ...]) -> PyTree:
+  """Splits/merges the leading axis of every leaf into `shape`."""
+  return jax.tree.map(lambda x: x.reshape(shape + x.shape[1:]), tree)
+
+
+def _merge_leading(tree: PyTree, num_axes: int) -> PyTree:
+  """Merges the first `num_axes` axes of every leaf into one."""
+  def f(x):
+    rows = 1
+    for d in x.shape[:num_axes]:
+      rows *= d
+    return x.reshape((rows,) + x.shape[num_axes:])
+  return jax.tree.map(f, tree)
+
+
+def _search_step(model, model_prime, params, params_prime, tokens,
+                 num_tokens: int, state: BeamState, width: int,
+                 chunk_rows: int, score: str) -> BeamState:
+  """Extends every sequence by every token of T; keeps the best `width`.
+
+  Algorithm 1 lines 3-4 for all groups at once: the `G*W*|T|` candidate
+  scores are computed chunk by chunk (`chunk_rows` beam sequences per group
+  and chunk, a `lax.map`, so memory is `O(G*chunk_rows*V)`), each chunk
+  keeps its best `width` per group with `lax.top_k`, and a last `top_k`
+  over the chunk winners picks the `width` best per group.
+  """
+  groups, beam = state.ds.shape
+  chunk = min(chunk_rows, beam)
+  num_chunks = -(-beam // chunk)
+  pad = num_chunks * chunk - beam
+
+  parent_score = state.ds if score == 'ds' else state.rel_ds
+  other_score = state.rel_ds if score == 'ds' else state.ds
+  last, cache, cache_prime = state.last, state.cache, state.cache_prime
+  if pad:  # Padded rows score -inf and are never kept.
+    parent_score = jnp.pad(parent_score, ((0, 0), (0, pad)),
+                           constant_values=-jnp.inf)
+    other_score = jnp.pad(other_score, ((0, 0), (0, pad)))
+    last = jnp.pad(last, ((0, 0), (0, pad)))
+    pad_rows = lambda x: jnp.concatenate(  # [G*W, ...] -> [G, W+pad, ...]
+        [x.reshape((groups, beam) + x.shape[1:]),
+         jnp.zeros((groups, pad) + x.shape[1:], x.dtype)], axis=1)
+    cache = jax.tree.map(pad_rows, cache)
+    cache_prime = jax.tree.map(pad_rows, cache_prime)
+  else:
+    cache = _reshape_leading(cache, (groups, beam))
+    cache_prime = _reshape_leading(cache_prime, (groups, beam))
+
+  def to_chunks(x):  # [G, C*c, ...] -> [C, G, c, ...]
+    x = x.reshape((groups, num_chunks, chunk) + x.shape[2:])
+    return jnp.moveaxis(x, 1, 0)
+
+  xs = (to_chunks(parent_score), to_chunks(other_score), to_chunks(last),
+        jax.tree.map(to_chunks, cache), jax.tree.map(to_chunks, cache_prime))
+  keep = min(width, chunk * num_tokens)
+
+  other = 'rel_ds' if score == 'ds' else 'ds'
+
+  def score_chunk(x):
+    p_score, p_other, p_last, p_cache, p_cache_prime = x  # [G, c, ...]
+    last_rows = p_last.reshape(-1)  # [G, c] -> [G*c]
+    cur, new_cache = _next_token(model, params, tokens, last_rows,
+                                 _merge_leading(p_cache, 2))
+    new, new_cache_prime = _next_token(model_prime, params_prime, tokens,
+                                       last_rows,
+                                       _merge_leading(p_cache_prime, 2))
+    tok_score = _token_score(score, cur, new)  # [G*c, |T|]
+    # [G*c, |T|] -> [G, c*|T|]: all extensions of a group's chunk.
+    cand = (p_score[:, :, None] + tok_score.reshape(groups, chunk, -1)
+            ).reshape(groups, -1)
+    values, flat = jax.lax.top_k(cand, keep)  # [G, keep]
+    # The other score only for the kept candidates.
+    row = flat // num_tokens  # [G, keep] in [0, c)
+    at = lambda x: jnp.take_along_axis(
+        x.reshape(groups, -1), flat, axis=1)  # [G*c, |T|] -> [G, keep]
+    per_row = lambda x: jnp.take_along_axis(
+        x.reshape(groups, chunk), row, axis=1)  # [G*c, 1] -> [G, keep]
+    others = jnp.take_along_axis(p_other, row, axis=1) + _token_score(
+        other, cur, new, at, per_row)
+    new_caches = (_reshape_leading(new_cache, (groups, chunk)),
+                  _reshape_leading(new_cache_prime, (groups, chunk)))
+    return values, others, flat, new_caches
+
+  values, others, flat, (new_cache, new_cache_prime) = jax.lax.map(
+      score_chunk, xs)  # [C, G, keep], caches [C, G, c, ...]
+  # Chunk-local flat index -> (row within group, token index).
+  chunk_ids = jnp.arange(num_chunks, dtype=jnp.int32)[:, None, None]
+  rows = chunk_ids * chunk + flat // num_tokens  # [C, G, keep]
+  tok = flat % num_tokens
+  merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(groups, -1)  # [G, C*keep]
+  values, others, rows, tok = map(merge, (values, others, rows, tok))
+  values, best = jax.lax.top_k(values, width)  # [G, width]
+  others = jnp.take_along_axis(others, best, axis=1)
+  parents = jnp.take_along_axis(rows, best, axis=1)  # [G, width] in [0, W)
+  tok = jnp.take_along_axis(tok, best, axis=1)
+
+  group_ids = jnp.arange(groups)[:, None]
+  def gather_rows(x):  # [C, G, c, ...] -> [G, width, ...] -> [G*width, ...]
+    x = jnp.moveaxis(x, 0, 1).reshape((groups, num_chunks * chunk)
+                                      + x.shape[3:])
+    return x[group_ids, parents].reshape((groups * width,) + x.shape[2:])
+
+  token_ids = tok if tokens is None else tokens[tok]
+  sequences = jnp.concatenate(
+      [state.sequences[group_ids, parents], token_ids[..., None]], axis=-1)
+  ds, rel_ds = (values, others) if score == 'ds' else (others, values)
+  return BeamState(sequences=sequences.astype(jnp.int32), ds=ds,
+                   rel_ds=rel_ds, last=token_ids.astype(jnp.int32),
+                   cache=jax.tree.map(gather_rows, new_cache),
+                   cache_prime=jax.tree.map(gather_rows, new_cache_prime))
+
+
+def _split_groups(state: BeamState, num_groups: int) -> BeamState:
+  """[1, W] sorted by score -> [G, W/G]: group g holds ranks g*W/G.. ."""
+  width = state.ds.shape[1]
+  per = width // num_groups
+  split = lambda x: x.reshape((num_groups, per) + x.shape[2:])
+  return BeamState(sequences=split(state.sequences), ds=split(state.ds),
+                   rel_ds=split(state.rel_ds), last=split(state.last),
+                   cache=state.cache, cache_prime=state.cache_prime)
+
+
+def beam_search(
+    model,
+    model_prime,
+    params: PyTree,
+    params_prime: PyTree,
+    context: jax.Array,
+    tokens: jax.Array | None = None,
+    *,
+    widths: Sequence[int],
+    length: int,
+    num_groups: int = 1,
+    score: str = 'ds',
+    chunk_rows: int | None = None,
+) -> SearchResult:
+  """Algorithm 1: the sequences of T^n with the highest differential score.
+
+  Starting from the empty sequence (after `context`), step `i` extends each
+  kept sequence by every token of T, scores all extensions at once and
+  keeps the best `widths[i]` (Algorithm 1, lines 2-4). With the paper's
+  schedule (:func:`halving_widths`) step 1 keeps all |T| one-token
+  sequences and the width halves at every further step (Sec. 3.2,
+  "Optimizing for Speed"). With `num_groups = G > 1` the one-token
+  sequences, ranked by score, are split into G contiguous groups that are
+  extended independently, each keeping `widths[i] / G` (group beam search,
+  Sec. 3.2, "Optimizing for Diversity").
+
+  Shapes are fixed per step, so under `jit` the search compiles once for a
+  given (|T|, widths, length, G) and runs without host round trips.
+
+  Args:
+    model: :class:`leakjax.models.Model` M (only its pure `init_cache` and
+      `decode` are used).
+    model_prime: the updated snapshot M'.
+    params: M's parameters.
+    params_prime: M''s parameters.
+    context: int32 `[c]`, c >= 1: what every sequence is conditioned on,
+      e.g. `[bos]`, or `[bos] + prefix` for an adversary who knows the start
+      of the secret (Sec. 4.3, RQ3).
+    tokens: int32 `[|T|]` the token ids of T, or None for the whole
+      vocabulary.
+    widths: beam width after each step, `length` entries, each a multiple
+      of `num_groups`; see :func:`halving_widths`.
+    length: n, the number of tokens to generate.
+    num_groups: G, the number of beam groups.
+    score: 'ds' (Algorithm 1) or 'rel_ds' (rank by the relative DS, which
+      the paper finds more robust to different random initializations).
+    chunk_rows: beam sequences per group scored together; default: as many
+      as fit `DEFAULT_CHUNK_CANDIDATES` candidate scores. Results do not
+      depend on it.
+
+  Returns:
+    :class:`SearchResult` with `[G, widths[-1] / G]` sequences (token ids,
+    context excluded), each group sorted best first. The DS and relative DS
+    of each sequence are those of Definition 3.1 (given `context`).
+  """
+  if score not in SCORES:
+    raise LeakjaxError(f'score must be one of {SCORES}, got {score!r}')
+  context = jnp.asarray(context, jnp.int32)
+  if context.ndim != 1 or context.shape[0] < 1:
+    raise LeakjaxError(
+        f'context must be a non-empty 1-D array of ids, got shape'
+        f' {context.shape}', 'pass at least the BOS token')
+  vocab_size = model.config.vocab_size
+  if model_prime.config.vocab_size != vocab_size:
+    raise LeakjaxError(
+        f'M has {vocab_size} tokens but M\' has'
+        f' {model_prime.config.vocab_size}', 'compare snapshots of one model')
+  num_tokens = vocab_size if tokens is None else int(tokens.shape[0])
+  widths = _check_widths(widths, length, num_tokens, num_groups)
+  if chunk_rows is None:
+    chunk_rows = max(1, DEFAULT_CHUNK_CANDIDATES // (num_groups * num_tokens))
+  if tokens is not None:
+    tokens = jnp.asarray(tokens, jnp.int32)
+
+  # Read the context except its last token, which step 1 decodes.
+  max_length = context.shape[0] + length
+  cache = model.init_cache(1, max_length)
+  cache_prime = model_prime.init_cache(1, max_length)
+  if context.shape[0] > 1:
+    _, cache = model.decode(params, context[None, :-1], cache)
+    _, cache_prime = model_prime.decode(params_prime, context[None, :-1],
+                                        cache_prime)
+  state = BeamState(
+      sequences=jnp.zeros((1, 1, 0), jnp.int32),
+      ds=jnp.zeros((1, 1), jnp.float32), rel_ds=jnp.zeros((1, 1), jnp.float32),
+      last=context[-1:].reshape(1, 1), cache=cache, cache_prime=cache_prime)
+  step = functools.partial(_search_step, model, model_prime, params,
+                           params_prime, tokens, num_tokens,
+                           chunk_rows=chunk_rows, score=score)
+  # Step 1 runs as one group; its |T| one-token sequences are then ranked
+  # and split into the G groups.
+  state = step(state, widths[0])
+  state = _split_groups(state, num_groups)
+  for width in widths[1:]:
+    state = step(state, width // num_groups)
+  return SearchResult(sequences=state.sequences, ds=state.ds,
+                      rel_ds=state.rel_ds)
+
+
+def ranked(result: SearchResult, score: str = 'ds') -> SearchResult:
+  """All groups' sequences in one list `[1, G*W, n]`, best `score` first."""
+  if score not in SCORES:
+    raise LeakjaxError(f'score must be one of {SCORES}, got {score!r}')
+  flat = lambda x: x.reshape((1, -1) + x.shape[2:])
+  values = flat(getattr(result, score))
+  order = jnp.argsort(-values[0])
+  return SearchResult(sequences=flat(result.sequences)[:, order],
+                      ds=flat(result.ds)[:, order],
+                      rel_ds=flat(result.rel_ds)[:, order])
+
+
+# ------------------------------------------------------- DR (Prop. 3.3)
+def differential_rank_lower_bound(
+    result: SearchResult,
+    sequences: jax.Array,
+    scores: jax.Array,
+    *,
+    score: str = 'ds',
+) -> jax.Array:
+  """Lower bounds on the differential rank of given sequences (Prop. 3.3).
+
+  `DR(s) = |{s' in T^n : DS(s') > DS(s)}|`. Every sequence returned by the
+  search that differs from `s` and scores higher is such an `s'`, so their
+  count is a lower bound, exact for a wide enough beam. The sequence `s`
+  itself is never counted, even when it is in the result with a score that
+  differs from `scores` by rounding.
+
+  Args:
+    result: the output of :func:`beam_search` (all groups are used).
+    sequences: int32 `[batch, n]` the sequences to rank (context excluded).
+    scores: float32 `[batch]` their DS (or relative DS), e.g. from
+      :func:`differential_score` with the same context.
+    score: which score `scores` holds, 'ds' or 'rel_ds'.
+
+  Returns:
+    int32 `[batch]` lower bounds on DR; 0 means no found sequence scores
+    higher (DR 0 "as approximated by beam search", Table 1).
+  """
+  if score not in SCORES:
+    raise LeakjaxError(f'score must be one of {SCORES}, got {score!r}')
+  found = result.sequences.reshape(-1, result.sequences.shape[-1])  # [S, n]
+  found_scores = getattr(result, score).reshape(-1)  # [S]
+  sequences = jnp.asarray(sequences, jnp.int32)
+  if sequences.shape[-1] != found.shape[-1]:
+    raise LeakjaxError(
+        f'sequences have {sequences.shape[-1]} tokens but the search found'
+        f' sequences of {found.shape[-1]}', 'search with length=len(s)')
+  differs = jnp.any(found[None, :, :] != sequences[:, None, :], -1)  # [B, S]
+  higher = found_scores[None, :] > jnp.asarray(scores)[:, None]
+  return jnp.sum(differs & higher, axis=-1).astype(jnp.int32)
+
+
+def contains(result: SearchResult, sequences: jax.Array) -> jax.Array:
+  """bool `[batch]`: whether each of `sequences [batch, n]` was found."""
+  found = result.sequences.reshape(-1, result.sequences.shape[-1])
+  same = jnp.all(found[None] == jnp.asarray(sequences)[:, None], -1)
+  return jnp.any(same, -1)
+
+
+__all__ = [
+    'DifferentialScores', 'BeamState', 'SearchResult',
+    'token_differential_scores', 'differential_score', 'halving_widths',
+    'beam_search', 'ranked', 'differential_rank_lower_bound', 'contains',
+]

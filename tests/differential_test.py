@@ -1,0 +1,434 @@
+"""Tests for leakjax.attacks.differential and experiments.differential."""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from leakjax.attacks import differential as dlib
+from leakjax.errors import LeakjaxError
+from leakjax.models import lstm
+from leakjax.tokenization import WordTokenizer
+
+BOS = 1
+TINY = lstm.LSTMConfig(vocab_size=7, embed_dim=5, hidden_size=6, num_layers=2)
+
+
+def random_model(config, seed):
+  """A model whose every parameter is O(1) random, so scores differ a lot."""
+  model = lstm.init_model(config, key=jax.random.key(seed))
+  leaves, tree = jax.tree.flatten(model.params)
+  keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
+  leaves = [x + 0.8 * jax.random.normal(k, x.shape)
+            for k, x in zip(keys, leaves)]
+  return model.replace(params=jax.tree.unflatten(tree, leaves))
+
+
+@pytest.fixture(scope='module')
+def pair():
+  return random_model(TINY, 0), random_model(TINY, 1)
+
+
+def np_probs(model, ids):
+  """Next-token probabilities of every prefix, float64 [time, vocab]."""
+  logits = np.asarray(model.logits(model.params, jnp.asarray([ids])),
+                      np.float64)[0]
+  e = np.exp(logits - logits.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def direct_scores(m, mp, ids, num_context):
+  """Definition 3.1 for one sequence, position by position, in float64."""
+  p, pp = np_probs(m, ids), np_probs(mp, ids)
+  ds = rel = 0.0
+  for i in range(num_context, len(ids)):
+    a, b = p[i - 1, ids[i]], pp[i - 1, ids[i]]
+    ds += b - a
+    rel += (b - a) / a
+  return ds, rel
+
+
+def all_sequences(vocab, n):
+  return np.asarray(list(itertools.product(range(vocab), repeat=n)),
+                    np.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def jitted_score(m, mp, num_context):
+  return jax.jit(functools.partial(dlib.differential_score, m, mp,
+                                   num_context=num_context))
+
+
+def score_all(m, mp, context, seqs):
+  ids = np.concatenate([np.tile(context, (len(seqs), 1)), seqs], 1)
+  return jitted_score(m, mp, len(context))(m.params, mp.params, ids)
+
+
+def search(m, mp, context, tokens=None, **kwargs):
+  """`beam_search` under jit, as callers run it."""
+  fn = jax.jit(functools.partial(dlib.beam_search, m, mp, **kwargs))
+  return fn(m.params, mp.params, jnp.asarray(context, jnp.int32),
+            None if tokens is None else jnp.asarray(tokens, jnp.int32))
+
+
+# ----------------------------------------------------------------- DS
+@pytest.mark.parametrize('use_jit', [False, True])
+@pytest.mark.parametrize('num_context', [1, 3])
+def test_differential_score_equals_direct_computation(pair, use_jit,
+                                                      num_context):
+  m, mp = pair
+  rng = np.random.default_rng(0)
+  ids = rng.integers(0, TINY.vocab_size, (5, 8)).astype(np.int32)
+  ids[:, 0] = BOS
+  lengths = np.array([8, 6, 4, 8, 5])
+  mask = (np.arange(8)[None] < lengths[:, None]).astype(np.int32)
+  fn = functools.partial(dlib.differential_score, m, mp,
+                         num_context=num_context)
+  if use_jit:
+    fn = jax.jit(fn)
+  got = fn(m.params, mp.params, jnp.asarray(ids), jnp.asarray(mask))
+  assert got.ds.shape == (5,) and got.token_ds.shape == (5, 7)
+  for b in range(5):
+    want_ds, want_rel = direct_scores(m, mp, ids[b, :lengths[b]], num_context)
+    np.testing.assert_allclose(got.ds[b], want_ds, atol=1e-5)
+    np.testing.assert_allclose(got.rel_ds[b], want_rel, rtol=1e-4, atol=1e-5)
+  # Padding and context positions score exactly 0.
+  assert np.all(np.asarray(got.token_ds)[mask[:, 1:] == 0] == 0)
+  assert np.all(np.asarray(got.token_ds)[:, :num_context - 1] == 0)
+
+
+def test_identical_models_score_zero(pair):
+  m, _ = pair
+  ids = np.array([[BOS, 2, 3, 4]], np.int32)
+  s = dlib.differential_score(m, m, m.params, m.params, ids)
+  assert float(s.ds[0]) == 0.0 and float(s.rel_ds[0]) == 0.0
+
+
+def test_token_scores_relative_is_exact_for_tiny_probabilities():
+  logp = jnp.array([-80.0, np.log(0.5)])
+  logp_prime = jnp.array([-79.0, np.log(0.75)])
+  ds, rel = dlib.token_differential_scores(logp, logp_prime)
+  np.testing.assert_allclose(rel, [np.e - 1, 0.5], rtol=1e-5)
+  np.testing.assert_allclose(ds[1], 0.25, rtol=1e-6)
+
+
+def test_num_context_must_be_positive(pair):
+  m, mp = pair
+  with pytest.raises(LeakjaxError, match='num_context'):
+    dlib.differential_score(m, mp, m.params, mp.params,
+                            np.array([[BOS, 2]]), num_context=0)
+
+
+# ------------------------------------------------------------ search
+def test_exhaustive_widths_return_every_sequence_ranked(pair):
+  """With widths |T|^i the search is exact: all of T^n, sorted by DS."""
+  m, mp = pair
+  n, v = 3, TINY.vocab_size
+  result = search(m, mp, [BOS], widths=(v, v**2, v**3), length=n,
+                  chunk_rows=5)  # 5 does not divide 49: padded chunks
+  seqs = all_sequences(v, n)
+  want = np.asarray(score_all(m, mp, [BOS], seqs).ds)
+  order = np.argsort(-want)
+  assert result.sequences.shape == (1, v**3, n)
+  np.testing.assert_allclose(result.ds[0], want[order], atol=2e-6)
+  np.testing.assert_array_equal(result.sequences[0, :10], seqs[order[:10]])
+
+
+def reference_search(m, mp, context, tokens, widths, groups, score):
+  """Algorithm 1 + group beam search, literally: score each candidate.
+
+  Every candidate sequence s∘t is scored from scratch with
+  `differential_score`; no cache, no batching tricks.
+  """
+  tokens = list(tokens)
+
+  def scores(seqs):
+    s = score_all(m, mp, context, np.asarray(seqs, np.int32).reshape(
+        len(seqs), -1))
+    return np.asarray(getattr(s, score))
+
+  def extend(beam, width):
+    cands = [tuple(b) + (t,) for b in beam for t in tokens]
+    vals = scores(cands)
+    order = np.argsort(-vals, kind='stable')[:width]
+    return [cands[i] for i in order], vals[order]
+
+  first, _ = extend([()], widths[0])
+  per = widths[0] // groups
+  out_seqs, out_vals = [], []
+  for g in range(groups):
+    beam, vals = first[g * per:(g + 1) * per], None
+    for w in widths[1:]:
+      beam, vals = extend(beam, w // groups)
+    if vals is None:
+      vals = scores(beam)
+    out_seqs.append(beam)
+    out_vals.append(vals)
+  return np.asarray(out_seqs), np.asarray(out_vals)
+
+
+@pytest.mark.parametrize('groups,score,context', [
+    (2, 'ds', [BOS, 3]),
+    (3, 'rel_ds', [BOS]),
+])
+def test_search_equals_per_sequence_reference(pair, groups, score, context):
+  m, mp = pair
+  tokens = np.array([0, 2, 3, 5, 6, 4], np.int32)  # T, a permuted subset
+  widths = (6, 6, 3) if groups == 3 else (6, 4, 2)
+  result = search(m, mp, context, tokens, widths=widths, length=3,
+                  num_groups=groups, score=score, chunk_rows=2)
+  want_seqs, want_vals = reference_search(m, mp, context, tokens, widths,
+                                          groups, score)
+  assert result.sequences.shape == (groups, widths[-1] // groups, 3)
+  np.testing.assert_array_equal(result.sequences, want_seqs)
+  np.testing.assert_allclose(getattr(result, score), want_vals, rtol=1e-4,
+                             atol=1e-6)
+  # Both scores of every returned sequence match Definition 3.1.
+  flat = np.asarray(result.sequences).reshape(-1, 3)
+  direct = score_all(m, mp, context, flat)
+  np.testing.assert_allclose(np.asarray(result.ds).reshape(-1), direct.ds,
+                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(result.rel_ds).reshape(-1),
+                             direct.rel_ds, rtol=1e-4, atol=1e-5)
+
+
+def test_groups_start_from_disjoint_first_tokens(pair):
+  """Group g extends only the one-token sequences of DS ranks g*W/G.. ."""
+  m, mp = pair
+  v = TINY.vocab_size - 1  # 6 tokens, 3 groups of 2 first tokens
+  tokens = jnp.arange(1, 7)
+  result = search(m, mp, [BOS], tokens, widths=(6, 6, 6), length=3,
+                  num_groups=3)
+  first = score_all(m, mp, [BOS], np.arange(1, 7)[:, None])
+  ranked_first = np.arange(1, 7)[np.argsort(-np.asarray(first.ds))]
+  for g in range(3):
+    used = set(np.asarray(result.sequences[g, :, 0]).tolist())
+    assert used <= set(ranked_first[2 * g:2 * g + 2].tolist())
+  assert v == 6
+
+
+def test_search_compiles_once_per_shape(pair):
+  m, mp = pair
+  traces = []
+
+  def search(p, pp, ctx):
+    traces.append(1)
+    return dlib.beam_search(m, mp, p, pp, ctx,
+                            widths=dlib.halving_widths(7, 4), length=4)
+
+  fn = jax.jit(search)
+  a = fn(m.params, mp.params, jnp.array([BOS]))
+  b = fn(mp.params, m.params, jnp.array([BOS]))  # swapped snapshots
+  assert len(traces) == 1
+  assert a.sequences.shape == b.sequences.shape == (1, 1, 4)
+  assert a.ds.dtype == jnp.float32 and a.sequences.dtype == jnp.int32
+
+
+def test_search_over_the_smollm2_vocabulary_on_a_tiny_llama():
+  """|T| = 49,152 (SmolLM2's vocabulary) through the Llama decode cache."""
+  from leakjax.models import llama  # pylint: disable=g-import-not-at-top
+
+  config = llama.LlamaConfig(
+      vocab_size=49_152, hidden_size=16, intermediate_size=32,
+      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+      max_position_embeddings=16)
+  m = llama.init_model(config, key=jax.random.key(0))
+  mp = llama.init_model(config, key=jax.random.key(1))
+  context = [1, 5]
+  result = search(m, mp, context, widths=(32, 4, 2), length=3)
+  assert result.sequences.shape == (1, 2, 3)
+  seqs = np.asarray(result.sequences[0])
+  assert seqs.max() < 49_152
+  direct = score_all(m, mp, context, seqs)
+  np.testing.assert_allclose(result.ds[0], direct.ds, atol=1e-7)
+  # The best first token is the argmax of M' - M over the whole vocabulary.
+  ids = jnp.asarray([context])
+  first = (jax.nn.softmax(mp.logits(mp.params, ids)[0, -1])
+           - jax.nn.softmax(m.logits(m.params, ids)[0, -1]))  # [49152]
+  assert seqs[0, 0] in np.argsort(-np.asarray(first))[:32]
+
+
+def test_halving_widths():
+  assert dlib.halving_widths(10_000, 5) == (10000, 5000, 2500, 1250, 625)
+  assert dlib.halving_widths(49_152, 3) == (49152, 24576, 12288)
+  assert dlib.halving_widths(10_000, 5, min_width=1024)[-1] == 1024
+  assert dlib.halving_widths(10, 3, num_groups=4) == (8, 4, 4)
+  assert dlib.halving_widths(3, 3, min_width=100) == (3, 9, 27)
+  with pytest.raises(LeakjaxError):
+    dlib.halving_widths(4, 3, num_groups=8)
+
+
+def test_bad_widths_raise(pair):
+  m, mp = pair
+  with pytest.raises(LeakjaxError, match='exceeds'):
+    dlib.beam_search(m, mp, m.params, mp.params, jnp.array([BOS]),
+                     widths=(8, 4), length=2)
+  with pytest.raises(LeakjaxError, match='widths'):
+    dlib.beam_search(m, mp, m.params, mp.params, jnp.array([BOS]),
+                     widths=(4,), length=2)
+
+
+# ----------------------------------------------------- DR (Prop. 3.3)
+def test_dr_lower_bound_never_exceeds_true_rank(pair):
+  m, mp = pair
+  n, v = 3, TINY.vocab_size
+  seqs = all_sequences(v, n)
+  ds = np.asarray(score_all(m, mp, [BOS], seqs).ds)
+  true_dr = (ds[None, :] > ds[:, None]).sum(1)
+  for widths in [(7, 49, 343), (3, 3, 3)]:
+    result = search(m, mp, [BOS], widths=widths, length=n)
+    bound = np.asarray(dlib.differential_rank_lower_bound(result, seqs, ds))
+    assert np.all(bound <= true_dr)
+    if widths[-1] == v**n:  # exhaustive: the bound is the rank
+      np.testing.assert_array_equal(bound, true_dr)
+    # Prop. 3.3: the i-th returned sequence has DR >= i - 1.
+    found = np.asarray(result.sequences[0])
+    found_ds = np.asarray(result.ds[0])
+    lb = np.asarray(dlib.differential_rank_lower_bound(result, found,
+                                                       found_ds))
+    rank_in_result = np.array([(found_ds > d).sum() for d in found_ds])
+    np.testing.assert_array_equal(lb, rank_in_result)
+
+
+def test_dr_bound_ignores_the_sequence_itself():
+  result = dlib.SearchResult(
+      sequences=jnp.array([[[1, 2], [3, 4], [5, 6]]]),
+      ds=jnp.array([[0.9, 0.5, 0.1]]), rel_ds=jnp.zeros((1, 3)))
+  # [3, 4] given a score a hair below its found score: not counted itself.
+  bound = dlib.differential_rank_lower_bound(
+      result, jnp.array([[3, 4], [7, 7], [1, 2]]),
+      jnp.array([0.4999999, 0.2, 0.95]))
+  np.testing.assert_array_equal(bound, [1, 2, 0])
+  np.testing.assert_array_equal(
+      dlib.contains(result, jnp.array([[3, 4], [4, 3]])), [True, False])
+
+
+# ---------------------------------------------- planted canary recovery
+def test_search_finds_a_canary_planted_by_training():
+  """M' = M trained further on a canary: the search finds it at DR 0."""
+  words = ['<UNK>', '<S>'] + [f'w{i}' for i in range(28)]
+  config = lstm.LSTMConfig(vocab_size=30, embed_dim=16, hidden_size=16,
+                           num_layers=2)
+  model = lstm.init_model(config, key=jax.random.key(0),
+                          tokenizer=WordTokenizer(words))
+  canary = np.array([BOS, 17, 4, 29, 8, 23], np.int32)
+  rng = np.random.default_rng(0)
+  background = rng.integers(2, 30, (32, 6)).astype(np.int32)
+  background[:, 0] = BOS
+  opt = optax.adam(1e-2)
+
+  @jax.jit
+  def step(params, state, ids):
+    grads = jax.grad(model.loss)(params, ids)
+    updates, state = opt.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  params, state = model.params, opt.init(model.params)
+  for _ in range(40):  # M: the background data D
+    params, state = step(params, state, jnp.asarray(background))
+  base = model.replace(params=params)
+  # M': continued training on D' \ D = copies of the canary (as many rows
+  # as the background batch: one compiled step; the mean loss of identical
+  # rows is that of one).
+  update = np.tile(canary, (len(background), 1))
+  for _ in range(30):
+    params, state = step(params, state, jnp.asarray(update))
+  prime = model.replace(params=params)
+
+  result = search(base, prime, [BOS], widths=dlib.halving_widths(30, 5),
+                  length=5)
+  np.testing.assert_array_equal(result.sequences[0, 0], canary[1:])
+  s = score_all(base, prime, [BOS], canary[None, 1:])
+  assert float(s.ds[0]) > 1.0  # most of the canary's probability is new
+  dr = dlib.differential_rank_lower_bound(result, canary[None, 1:], s.ds)
+  assert int(dr[0]) == 0
+  # A background sentence is not exposed: many found sequences beat it.
+  other = background[:1]
+  s_other = score_all(base, prime, [BOS], other[:, 1:])
+  dr_other = dlib.differential_rank_lower_bound(result, other[:, 1:],
+                                                s_other.ds)
+  assert int(dr_other[0]) >= 1
+
+
+# ------------------------------------------------------- experiment smoke
+def write_corpus(path, num_lines=80, seed=0):
+  """Paragraph-per-line text: Zipf-distributed words, 6 sentences a line."""
+  rng = np.random.default_rng(seed)
+  vocab = [f'w{i}' for i in range(60)]
+  weights = 1.0 / np.arange(1, 61)
+  weights /= weights.sum()
+  lines = [' = A heading = ']
+  for _ in range(num_lines):
+    sentences = []
+    for _ in range(6):
+      words = list(rng.choice(vocab, size=rng.integers(4, 10), p=weights))
+      sentences.append(' '.join(words).capitalize() + ' .')
+    lines.append(' '.join(sentences))
+  path.write_text('\n'.join(lines) + '\n')
+
+
+def test_experiment_smoke(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+
+  from experiments import differential as exp  # pylint: disable=g-import-not-at-top
+
+  corpus = tmp_path / 'corpus.txt'
+  write_corpus(corpus)
+  cfg = exp.DifferentialConfig(
+      data=str(corpus), vocab_size=40, embed_dim=16, hidden_size=16,
+      row_width=24, batch_size=16, epochs=1, learning_rate=1e-2,
+      continue_optimizer='adam', continue_epochs=20,
+      continue_learning_rate=3e-2, continue_batch_size=4,
+      canary_types=('all_low', 'high_to_low'), insertions=(8,),
+      methods=('continued', 'retrain'), prefix_lengths=(0, 2),
+      min_width=16, top=3)
+  summary = exp.run_experiment(cfg, tmp_path / 'run', progress=False)
+  for kind in cfg.canary_types:
+    for method in cfg.methods:
+      for prefix in ('', ',prefix=2'):
+        for metric in ('ds', 'rel_ds', 'dr'):
+          key = f'{metric}@canary={kind},k=8,method={method}{prefix}'
+          assert np.isfinite(summary[key]), key
+  # Continued training on nothing but the canary exposes it completely.
+  for kind in cfg.canary_types:
+    assert summary[f'dr@canary={kind},k=8,method=continued'] == 0
+    assert summary[f'ds@canary={kind},k=8,method=continued'] > 2.0
+  assert summary['dr0_fraction@method=continued'] == 1.0
+  saved = json.loads((tmp_path / 'run' / 'summary.json').read_text())
+  assert saved == pytest.approx(summary)
+  md = (tmp_path / 'run' / 'summary.md').read_text()
+  assert '## retrain' in md and '## continued' in md and 'RQ3' in md
+  rows = [json.loads(x) for x in
+          (tmp_path / 'run' / 'results.jsonl').read_text().splitlines()]
+  assert len(rows) == 2 * 2 * 2  # canaries x methods x prefixes
+  assert (tmp_path / 'run' / 'ds_dr.png').stat().st_size > 1000
+  # Resuming with the same workdir recomputes nothing and agrees.
+  again = exp.run_experiment(cfg, tmp_path / 'run', progress=False)
+  assert again == pytest.approx(summary)
+
+
+def test_canaries_follow_the_frequency_profiles(tmp_path):
+  from experiments import differential as exp  # pylint: disable=g-import-not-at-top
+
+  corpus = tmp_path / 'corpus.txt'
+  write_corpus(corpus)
+  cfg = exp.DifferentialConfig(data=str(corpus), vocab_size=40)
+  sentences = exp.read_sentences(cfg.data, max_sentences=None, seed=0)
+  split = exp.split_corpus(sentences, cfg)
+  tok = WordTokenizer.build(split.train, 40)
+  canaries = exp.make_canaries(cfg, tok, split.train)
+  assert [c.kind for c in canaries] == list(exp.PROFILES)
+  for c in canaries:
+    assert c.quintiles == exp.PROFILES[c.kind]
+  bad = exp.DifferentialConfig(data=str(corpus), vocab_size=40,
+                               canary_types=('all_low',),
+                               canaries=('w0 w1 w2 w3 w4',))
+  with pytest.raises(LeakjaxError, match='quintiles'):
+    exp.make_canaries(bad, tok, split.train)
+  ids, mask = exp.pack_rows(tok, split.train, 24, seed=0)
+  assert ids.shape[1] == 24 and mask.mean() > 0.9
+  assert np.all(ids[:, 0] == tok.bos_id)  # every row starts a sentence
