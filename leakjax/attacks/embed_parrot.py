@@ -1,0 +1,638 @@
+"""Embed Parrot (Wan et al. 2024, Sec. 4.3): learn to map `H^i` back to `H^0`.
+
+Deep hidden states defeat BEI and HEI (Table 2), so the attacker trains a
+small transformer M on public text to turn the hidden states `H^i_x` of the
+target's layer i into its embedding-layer output `H^0_x`, then decodes the
+prediction with HEI (or BEI):
+
+  Input-Adapter (linear) -> decoder-only transformer -> Output-Adapter (linear)
+
+trained with the cosine loss `1 - cos(M(H^i_x)_t, H^0_{x,t})` averaged over
+real tokens, optionally plus the target model's perplexity of the
+reconstructed text (the "EP+PPL" rows of Table 4, see :func:`ppl_term`).
+
+The decoder. The paper uses pretrained GPT-2 XL (1.5B). Here the decoder is
+a GPT-2-style stack (pre-norm blocks of :mod:`leakjax.models.gpt2`) trained
+from scratch, a few million parameters by default, because (1) one
+training step of GPT-2 XL, or even of SmolLM2-135M, costs 100-1000x more
+and would not train in minutes on a 2-core CPU; (2) the task is mostly
+per-position -- `H^i_t` already carries token t in the residual stream and
+only needs a learned read-out plus some context -- so a language-model
+prior adds little; and (3) a from-scratch decoder cannot have seen the test
+text. The decoder has no position embeddings by default (causal attention
+already orders the sequence, RoPE targets such as Llama carry no absolute
+position in `H^i`, and it then works on sequences longer than any it was
+trained on, as Tables 5 and 8 need); `position_embeddings=True` adds GPT-2's.
+
+The Input-Adapter standardises each feature with fixed statistics of the
+training hidden states before its linear map (together still one affine
+map; it keeps the huge outlier features of deep Llama states from
+dominating the first steps). Those statistics live in the `stats` variable
+collection and are not trained.
+
+Pure pieces (`EmbedParrot`, `init_variables`, `loss_fn`, `train_step`,
+`predict`) are jit-able; :func:`train` is the thin runner with batches,
+checkpoints and progress.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+import flax.serialization
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from leakjax import io as io_lib
+from leakjax.attacks import embedding_inversion as ei
+from leakjax.data import batch_indices
+from leakjax.errors import LeakjaxError, check_finite
+from leakjax.models import gpt2
+from leakjax.models.base import Model
+
+PyTree = Any
+
+
+# ------------------------------------------------------------------ model
+@dataclasses.dataclass(frozen=True)
+class EmbedParrotConfig:
+  """Architecture of Embed Parrot.
+
+  Attributes:
+    input_dim: width of the attacked hidden states `H^i`.
+    output_dim: width of `H^0` (the target's embedding width).
+    width: decoder width.
+    num_layers: decoder blocks.
+    num_heads: attention heads; must divide `width`.
+    position_embeddings: add learned GPT-2 position embeddings.
+    max_length: rows of the position embedding (if any).
+    linear_skip: add a full-rank linear map of the (standardised) input to
+      the output, initialised by :func:`train` to the ridge-regression
+      solution `H^i -> H^0` of the training data, with the Output-Adapter
+      starting at zero: training starts from the best linear inverse and
+      the transformer learns what it misses. Not in the paper (False = the
+      paper's architecture); it removes the `width`-rank bottleneck of
+      Input-Adapter -> decoder -> Output-Adapter when `width < input_dim`.
+  """
+
+  input_dim: int
+  output_dim: int
+  width: int = 256
+  num_layers: int = 4
+  num_heads: int = 4
+  position_embeddings: bool = False
+  max_length: int = 1024
+  linear_skip: bool = False
+
+  def __post_init__(self):
+    for name in (
+      'input_dim',
+      'output_dim',
+      'width',
+      'num_layers',
+      'num_heads',
+      'max_length',
+    ):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        raise LeakjaxError(
+          f'Embed Parrot: {name}={getattr(self, name)!r}'
+          ' must be a positive integer'
+        )
+    if self.width % self.num_heads:
+      raise LeakjaxError(
+        f'Embed Parrot: width={self.width} is not divisible'
+        f' by num_heads={self.num_heads}'
+      )
+
+  def decoder_config(self) -> gpt2.GPT2Config:
+    """The GPT-2 block hyperparameters of the decoder."""
+    return gpt2.GPT2Config(
+      vocab_size=1,
+      n_positions=self.max_length,
+      n_embd=self.width,
+      n_layer=self.num_layers,
+      n_head=self.num_heads,
+      bos_token_id=None,
+      eos_token_id=None,
+    )
+
+
+class EmbedParrot(nn.Module):
+  """`H^i [B, T, input_dim]`, mask `[B, T]` -> predicted `H^0 [B, T, output_dim]`."""
+
+  config: EmbedParrotConfig
+
+  @nn.compact
+  def __call__(self, hidden, mask):
+    c = self.config
+    dc = c.decoder_config()
+    shift = self.variable('stats', 'input_shift', jnp.zeros, (c.input_dim,))
+    scale = self.variable('stats', 'input_scale', jnp.ones, (c.input_dim,))
+    x = (hidden.astype(jnp.float32) - shift.value) / scale.value
+    skip = None
+    if c.linear_skip:
+      skip = nn.Dense(c.output_dim, name='linear_skip')(x)
+    x = nn.Dense(
+      c.width,
+      name='input_adapter',
+      kernel_init=nn.initializers.normal(c.input_dim**-0.5),
+    )(x)
+    _, t, _ = x.shape
+    if c.position_embeddings:
+      x = x + nn.Embed(
+        c.max_length,
+        c.width,
+        name='wpe',
+        embedding_init=nn.initializers.normal(0.02),
+      )(jnp.arange(t)[None])
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    allowed = causal[None] & (jnp.asarray(mask) > 0)[:, None, :]  # [B, T, T]
+    for i in range(c.num_layers):
+      x, _ = gpt2.Block(dc, i, name=f'h_{i}')(x, allowed)
+    x = nn.LayerNorm(name='ln_f')(x)
+    out = nn.Dense(c.output_dim, name='output_adapter')(x)
+    return out if skip is None else out + skip
+
+
+def feature_stats(
+  hidden: np.ndarray, mask: np.ndarray, *, eps: float = 1e-3
+) -> dict[str, np.ndarray]:
+  """Per-feature mean and std of `hidden [N, T, D]` over real positions."""
+  real = np.asarray(mask).astype(bool)
+  x = np.asarray(hidden)[real].astype(np.float64)  # [tokens, D]
+  if not len(x):
+    raise LeakjaxError('no real token to compute Embed Parrot input stats')
+  mean = x.mean(0)
+  std = x.std(0)
+  return {
+    'input_shift': mean.astype(np.float32),
+    'input_scale': np.maximum(std, eps * max(std.mean(), eps)).astype(
+      np.float32
+    ),
+  }
+
+
+def ridge_solution(
+  inputs: np.ndarray,
+  targets: np.ndarray,
+  mask: np.ndarray,
+  stats: dict[str, np.ndarray],
+  *,
+  l2: float = 10.0,
+) -> tuple[np.ndarray, np.ndarray]:
+  """Least-squares `(kernel [Din, Dout], bias [Dout])` from standardised
+  `H^i` to `H^0` over real positions, with an L2 penalty `l2`."""
+  real = np.asarray(mask).astype(bool)
+  x = (np.asarray(inputs)[real].astype(np.float64) - stats['input_shift']) / (
+    stats['input_scale']
+  )
+  y = np.asarray(targets)[real].astype(np.float64)
+  x_mean, y_mean = x.mean(0), y.mean(0)
+  xc, yc = x - x_mean, y - y_mean
+  kernel = np.linalg.solve(xc.T @ xc + l2 * np.eye(x.shape[1]), xc.T @ yc)
+  bias = y_mean - x_mean @ kernel
+  return kernel.astype(np.float32), bias.astype(np.float32)
+
+
+def init_variables(
+  config: EmbedParrotConfig, *, key, stats: dict[str, np.ndarray] | None = None
+) -> PyTree:
+  """`{'params': ..., 'stats': ...}` for :class:`EmbedParrot`."""
+  module = EmbedParrot(config)
+  variables = module.init(
+    key, jnp.zeros((1, 2, config.input_dim)), jnp.ones((1, 2), jnp.int32)
+  )
+  variables = {'params': variables['params'], 'stats': variables['stats']}
+  if stats is not None:
+    variables['stats'] = {k: jnp.asarray(v) for k, v in stats.items()}
+  return variables
+
+
+def predict(
+  config: EmbedParrotConfig, variables: PyTree, hidden, mask
+) -> jax.Array:
+  """Predicted `H^0` float32 `[B, T, output_dim]` (pure; jit it)."""
+  return EmbedParrot(config).apply(variables, hidden, mask)
+
+
+# ------------------------------------------------------------------- loss
+def cosine_loss(pred: jax.Array, target: jax.Array, mask) -> jax.Array:
+  """Mean `1 - cos(pred_t, target_t)` over real positions (Sec. 4.3)."""
+  pred = pred.astype(jnp.float32)
+  target = target.astype(jnp.float32)
+  cos = (pred * target).sum(-1) / (
+    jnp.maximum(jnp.linalg.norm(pred, axis=-1), 1e-8)
+    * jnp.maximum(jnp.linalg.norm(target, axis=-1), 1e-8)
+  )
+  w = jnp.asarray(mask).astype(jnp.float32)
+  return ((1.0 - cos) * w).sum() / jnp.maximum(w.sum(), 1.0)
+
+
+def ppl_term(
+  model: Model, params, pred: jax.Array, mask, *, temperature: float = 0.05
+) -> jax.Array:
+  """The target model's log-perplexity of the reconstruction (EP+PPL).
+
+  The decoded text `argmax_v cos(pred_t, W_v)` is not differentiable, so it
+  is relaxed: `q_t = softmax(cos(pred_t, W) / temperature)` over the
+  vocabulary, the model reads the soft embeddings `q_t W` in place of its
+  token embeddings (position terms, if any, are kept), and the term is the
+  cross-entropy `-sum_v q_{t+1}(v) log p(v | q_{<=t})` averaged over real
+  next-token positions; as temperature -> 0 it is the log-perplexity of the
+  HEI-decoded text.
+
+  Args:
+    model: the target model (its parameters are not trained).
+    params: the target's parameters.
+    pred: Embed Parrot's predicted `H^0`, `[B, T, D]`.
+    mask: `[B, T]`.
+    temperature: softmax temperature of the relaxation.
+  """
+  emb = jax.lax.stop_gradient(model.word_embeddings(params))  # [V, D]
+  params = jax.lax.stop_gradient(params)
+  q = jax.nn.softmax(ei.cosine_scores(pred, emb) / temperature, axis=-1)
+  soft = jnp.einsum('btv,vd->btd', q, emb.astype(jnp.float32))
+  ids = jnp.zeros(pred.shape[:2], jnp.int32)
+  # H^0 of the dummy ids is E[0] + (position terms); swap E[0] for `soft`.
+  token0 = emb[0].astype(jnp.float32)
+  logits = ei.logits_with_transform(
+    model,
+    params,
+    ids,
+    mask,
+    layer=0,
+    transform=lambda h: (h.astype(jnp.float32) - token0 + soft).astype(h.dtype),
+  )
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  ce = -(q[:, 1:] * logp).sum(-1)  # [B, T-1]
+  w = jnp.asarray(mask)[:, 1:].astype(jnp.float32)
+  return (ce * w).sum() / jnp.maximum(w.sum(), 1.0)
+
+
+class Batch(NamedTuple):
+  """One training batch.
+
+  Attributes:
+    inputs: `H^i`, float `[B, T, input_dim]`.
+    targets: `H^0`, float `[B, T, output_dim]`.
+    mask: int32 `[B, T]`.
+  """
+
+  inputs: jax.Array
+  targets: jax.Array
+  mask: jax.Array
+
+
+def loss_fn(
+  params,
+  stats,
+  batch: Batch,
+  *,
+  config: EmbedParrotConfig,
+  ppl: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+  ppl_weight: float = 0.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Cosine loss (+ `ppl_weight` * PPL term); returns (loss, metrics)."""
+  pred = predict(
+    config, {'params': params, 'stats': stats}, batch.inputs, batch.mask
+  )
+  cos_loss = cosine_loss(pred, batch.targets, batch.mask)
+  metrics = {'cos_loss': cos_loss}
+  loss = cos_loss
+  if ppl is not None and ppl_weight > 0:
+    log_ppl = ppl(pred, batch.mask)
+    metrics['log_ppl'] = log_ppl
+    loss = loss + ppl_weight * log_ppl
+  metrics['loss'] = loss
+  return loss, metrics
+
+
+# --------------------------------------------------------------- training
+@flax.struct.dataclass
+class TrainState:
+  """Embed Parrot training state.
+
+  Attributes:
+    step: int32 scalar, steps taken.
+    params: the trainable parameters.
+    opt_state: the optax state.
+  """
+
+  step: jax.Array
+  params: PyTree
+  opt_state: PyTree
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Optimisation hyperparameters.
+
+  Attributes:
+    steps: optimizer steps.
+    batch_size: sequences per step.
+    learning_rate: peak AdamW learning rate.
+    warmup_steps: linear warmup, then cosine decay to 5%.
+    weight_decay: AdamW decay of the matrices (not biases, norms, adapters'
+      statistics).
+    clip_norm: global gradient-norm clip.
+    ppl_weight: weight of the PPL term (0: plain EP).
+    ppl_temperature: temperature of the PPL term's relaxation.
+    log_every: steps between progress lines.
+    checkpoint_every: steps between checkpoints (with a checkpoint path).
+    seed: batch order and initialisation.
+  """
+
+  steps: int = 2000
+  batch_size: int = 32
+  learning_rate: float = 1e-3
+  warmup_steps: int = 100
+  weight_decay: float = 0.01
+  clip_norm: float = 1.0
+  ppl_weight: float = 0.0
+  ppl_temperature: float = 0.05
+  log_every: int = 100
+  checkpoint_every: int = 500
+  seed: int = 0
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+  """Clip + AdamW with warmup and cosine decay."""
+  schedule = optax.warmup_cosine_decay_schedule(
+    0.0,
+    cfg.learning_rate,
+    max(cfg.warmup_steps, 1),
+    max(cfg.steps, cfg.warmup_steps + 1),
+    end_value=0.05 * cfg.learning_rate,
+  )
+  decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+  return optax.chain(
+    optax.clip_by_global_norm(cfg.clip_norm),
+    optax.adamw(schedule, weight_decay=cfg.weight_decay, mask=decay_mask),
+  )
+
+
+def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+  )
+
+
+def train_step(
+  state: TrainState,
+  stats,
+  batch: Batch,
+  *,
+  config: EmbedParrotConfig,
+  optimizer: optax.GradientTransformation,
+  ppl=None,
+  ppl_weight: float = 0.0,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer step (pure; jit with the keyword arguments bound)."""
+  grad_fn = jax.value_and_grad(
+    functools.partial(loss_fn, config=config, ppl=ppl, ppl_weight=ppl_weight),
+    has_aux=True,
+  )
+  (_, metrics), grads = grad_fn(state.params, stats, batch)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics['grad_norm'] = optax.global_norm(grads)
+  return TrainState(
+    step=state.step + 1, params=params, opt_state=opt_state
+  ), metrics
+
+
+def _save_checkpoint(path: Path, state: TrainState, stats) -> None:
+  payload = flax.serialization.to_bytes({'state': state, 'stats': stats})
+  io_lib.atomic_write_bytes(path, payload)
+
+
+def _load_checkpoint(path: Path, state: TrainState, stats):
+  try:
+    restored = flax.serialization.from_bytes(
+      {'state': state, 'stats': stats}, path.read_bytes()
+    )
+  except Exception as e:  # msgpack / structure mismatch  # noqa: BLE001
+    raise LeakjaxError(
+      f'cannot restore the Embed Parrot checkpoint {path}: {type(e).__name__}',
+      'delete it or use another checkpoint path',
+    ) from None
+  return restored['state'], restored['stats']
+
+
+def train(
+  config: EmbedParrotConfig,
+  inputs: np.ndarray,
+  targets: np.ndarray,
+  mask: np.ndarray,
+  cfg: TrainConfig,
+  *,
+  key,
+  checkpoint: str | os.PathLike | None = None,
+  target_model: Model | None = None,
+  target_params: PyTree = None,
+  init: PyTree | None = None,
+  on_log: Callable[[int, dict[str, float]], None] | None = None,
+) -> tuple[PyTree, list[dict[str, float]]]:
+  """Trains Embed Parrot on cached hidden states; resumes from `checkpoint`.
+
+  Args:
+    config: the architecture (`input_dim`/`output_dim` must match the data).
+    inputs: `H^i`, `[N, T, input_dim]` (any float dtype; kept on the host).
+    targets: `H^0`, `[N, T, output_dim]`.
+    mask: `[N, T]`, 1 for real tokens.
+    cfg: optimisation settings.
+    key: a `jax.random.key` for the initialisation.
+    checkpoint: a file; written every `cfg.checkpoint_every` steps and at the
+      end (atomically), and resumed from if it exists.
+    target_model: the attacked model, needed when `cfg.ppl_weight > 0`.
+    target_params: its parameters (default `target_model.params`).
+    init: start from these `{'params', 'stats'}` (e.g. a trained EP that is
+      fine-tuned with the PPL term) instead of a fresh initialisation.
+    on_log: called with `(step, metrics)` at every progress line.
+
+  Returns:
+    `(variables, history)`: `{'params', 'stats'}` and the logged metrics.
+  """
+  n, t, din = inputs.shape
+  if targets.shape[:2] != (n, t) or mask.shape != (n, t):
+    raise LeakjaxError(
+      f'Embed Parrot data shapes differ: inputs'
+      f' {inputs.shape}, targets {targets.shape}, mask'
+      f' {mask.shape}'
+    )
+  if din != config.input_dim or targets.shape[-1] != config.output_dim:
+    raise LeakjaxError(
+      f'Embed Parrot expects {config.input_dim} -> {config.output_dim}'
+      f' features, the data has {din} -> {targets.shape[-1]}'
+    )
+  if cfg.batch_size > n:
+    raise LeakjaxError(
+      f'batch_size={cfg.batch_size} exceeds the {n} training sequences',
+      'use a smaller batch',
+    )
+  ppl = None
+  if cfg.ppl_weight > 0:
+    if target_model is None:
+      raise LeakjaxError('ppl_weight > 0 needs the target model')
+    tparams = (
+      target_params if target_params is not None else (target_model.params)
+    )
+    ppl = lambda pred, m: ppl_term(
+      target_model, tparams, pred, m, temperature=cfg.ppl_temperature
+    )
+  if init is not None:
+    variables = jax.tree.map(jnp.asarray, init)
+  else:
+    stats = feature_stats(inputs, mask)
+    variables = init_variables(config, key=key, stats=stats)
+    if config.linear_skip:
+      kernel, bias = ridge_solution(inputs, targets, mask, stats)
+      params = dict(variables['params'])
+      params['linear_skip'] = {
+        'kernel': jnp.asarray(kernel),
+        'bias': jnp.asarray(bias),
+      }
+      params['output_adapter'] = jax.tree.map(
+        jnp.zeros_like, params['output_adapter']
+      )
+      variables = {'params': params, 'stats': variables['stats']}
+  stats = variables['stats']
+  optimizer = make_optimizer(cfg)
+  state = init_state(variables['params'], optimizer)
+  ckpt = Path(checkpoint) if checkpoint is not None else None
+  if ckpt is not None and ckpt.exists():
+    state, stats = _load_checkpoint(ckpt, state, variables['stats'])
+    logging.info(
+      'Embed Parrot: resumed from %s at step %d', ckpt, int(state.step)
+    )
+  step_fn = jax.jit(
+    functools.partial(
+      train_step,
+      config=config,
+      optimizer=optimizer,
+      ppl=ppl,
+      ppl_weight=cfg.ppl_weight,
+    )
+  )
+  per_epoch = n // cfg.batch_size
+  # Right padding: the last real position + 1 of each sequence.
+  lengths = np.where(
+    np.asarray(mask).any(1),
+    t - np.argmax(np.asarray(mask)[:, ::-1] > 0, axis=1),
+    0,
+  )
+  history: list[dict[str, float]] = []
+  start_step = int(state.step)
+  started = time.time()
+  window: list[dict[str, jax.Array]] = []
+  for step in range(start_step, cfg.steps):
+    epoch, within = divmod(step, per_epoch)
+    rows = batch_indices(
+      n, cfg.batch_size, seed=cfg.seed, epoch=epoch, drop_remainder=True
+    )[within]
+    # Trim padding to a multiple of 16 (at most T/16 compiled shapes).
+    width = min(t, 16 * max(1, math.ceil(lengths[rows].max() / 16)))
+    batch = Batch(
+      inputs=jnp.asarray(inputs[rows, :width], jnp.float32),
+      targets=jnp.asarray(targets[rows, :width], jnp.float32),
+      mask=jnp.asarray(mask[rows, :width], jnp.int32),
+    )
+    state, metrics = step_fn(state, stats, batch)
+    window.append(metrics)
+    done = step + 1
+    if done % cfg.log_every == 0 or done == cfg.steps:
+      row = {
+        k: float(np.mean([float(m[k]) for m in window])) for k in window[0]
+      }
+      window = []
+      if not all(math.isfinite(v) for v in row.values()):
+        raise LeakjaxError(
+          f'Embed Parrot diverged at step {done}: {row}',
+          'lower the learning rate',
+        )
+      elapsed = time.time() - started
+      rate = (done - start_step) / max(elapsed, 1e-9)
+      row.update(
+        step=done, steps_per_s=rate, eta_s=(cfg.steps - done) / max(rate, 1e-9)
+      )
+      history.append(row)
+      logging.info(
+        'Embed Parrot step %d/%d loss %.4f cos_loss %.4f'
+        ' (%.2f steps/s, ETA %.0f s)',
+        done,
+        cfg.steps,
+        row['loss'],
+        row['cos_loss'],
+        rate,
+        row['eta_s'],
+      )
+      if on_log is not None:
+        on_log(done, row)
+    if ckpt is not None and (
+      done % cfg.checkpoint_every == 0 or done == cfg.steps
+    ):
+      _save_checkpoint(ckpt, state, stats)
+  variables = {'params': state.params, 'stats': stats}
+  check_finite(variables['params'], 'Embed Parrot parameters')
+  return variables, history
+
+
+_predict_jit = jax.jit(predict, static_argnums=0)
+
+
+def predict_batches(
+  config: EmbedParrotConfig,
+  variables: PyTree,
+  inputs: np.ndarray,
+  mask: np.ndarray,
+  *,
+  batch_size: int = 64,
+) -> np.ndarray:
+  """:func:`predict` over host arrays in fixed-shape chunks, float32 numpy."""
+  fn = functools.partial(_predict_jit, config)
+  n = len(inputs)
+  out = []
+  for start in range(0, n, batch_size):
+    rows = np.arange(start, start + batch_size)
+    rows = np.minimum(rows, n - 1)  # pad the last chunk by repetition
+    pred = fn(
+      variables,
+      jnp.asarray(inputs[rows], jnp.float32),
+      jnp.asarray(mask[rows], jnp.int32),
+    )
+    out.append(np.asarray(pred)[: min(batch_size, n - start)])
+  return np.concatenate(out)
+
+
+__all__ = [
+  'EmbedParrotConfig',
+  'EmbedParrot',
+  'feature_stats',
+  'ridge_solution',
+  'init_variables',
+  'predict',
+  'cosine_loss',
+  'ppl_term',
+  'Batch',
+  'loss_fn',
+  'TrainState',
+  'TrainConfig',
+  'make_optimizer',
+  'init_state',
+  'train_step',
+  'train',
+  'predict_batches',
+]

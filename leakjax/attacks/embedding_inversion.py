@@ -1,0 +1,552 @@
+"""Embedding inversion (Wan et al. 2024): BEI, HEI and the DCT defense.
+
+A split-inference user sends the hidden states `H^i` of layer i of a
+language model to the model provider; the provider reconstructs the text.
+
+* :func:`layer_states` -- `H^i` of any layers for a batch: i = 0 is the
+  embedding output, i = 1..L the block outputs (no final norm), and 'last'
+  the final-normed output of the last block, i.e. what Hugging Face's
+  `output_hidden_states` returns last (the "last" column of Tables 2-3).
+* **BEI** (Sec. 4.1, Eq. 8), :func:`bei_ids`: `argmax(logits(H^i))` with
+  `logits(H) = H w + b` the LM head (Eq. 4). Sec. 4.1 forwards the hidden
+  states of layer i "directly" to the language-modeling head, and in the
+  Hugging Face models the paper attacks the head is the linear layer only
+  (the final norm belongs to the model body), so by default the final norm
+  is **not** applied; `apply_final_norm=True` gives the variant that runs the
+  whole `Model.lm_head` (final norm + head), a logit-lens readout.
+* **HEI** (Sec. 4.2, Eq. 9), :func:`hei_ids`: `argmax_v cos(H^i_t, W_v)`
+  over the rows of the input embedding matrix W, one batched matmul. It has
+  no model argument, so the caller may shard `hidden` along its batch axis
+  and replicate W (issue 8): rows are independent, results are identical.
+* **DCT defense** (Sec. 5.3.1), :func:`make_dct_defense` and
+  :func:`apply_dct_defense`: `E_trans = IDCT(DCT(E) O_s)` with an orthonormal
+  DCT-II over the feature axis and a random overlap matrix `O_s`;
+  :func:`logits_with_transform` runs the target model with the transform
+  applied to the hidden states of layer i, :func:`sequence_nll` gives the
+  perplexity cost (Table 6, "PPL(origin/defense)").
+
+Everything is a pure function of arrays (and of a :class:`Model`, whose
+hidden states and head are pure); jit, vmap and sharding belong to the
+caller. Running the model from, or with a change at, layer i uses Flax's
+method interception on the model's i-th block, so it works for every
+family whose blocks are linen submodules named `<prefix>_<i>` (GPT-2's
+`h_i`, Llama's `layers_i`).
+
+>>> states = layer_states(model, model.params, ids, mask, (0, 25, 'last'))  # doctest: +SKIP
+>>> guess = hei_ids(states[1], model.word_embeddings(model.params))  # +SKIP
+>>> texts = decode_ids(model.tokenizer, guess, mask)                  # +SKIP
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import math
+import re
+from typing import Callable, Mapping, Sequence, Union
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from leakjax.errors import LeakjaxError
+from leakjax.models.base import Model
+
+Layer = Union[int, str]  # 0..num_layers, or 'last'
+LAST = 'last'
+ModulePath = tuple[str, ...]
+
+
+# ------------------------------------------------------------------ layers
+def parse_layer(model: Model, layer: Layer) -> Layer:
+  """Validates a layer spec: an int in [0, num_layers] (or its string), or 'last'."""
+  if isinstance(layer, str):
+    if layer == LAST:
+      return LAST
+    if not re.fullmatch(r'\d+', layer.strip()):
+      raise LeakjaxError(
+        f'layer {layer!r} is not an integer or "last"',
+        'pass layers like 0,5,10,last',
+      )
+    layer = int(layer)
+  n = model.config.num_layers
+  if not isinstance(layer, (int, np.integer)) or not 0 <= layer <= n:
+    raise LeakjaxError(
+      f'layer {layer!r} is outside 0..{n} for a model with {n} blocks',
+      f'pick layers in 0..{n} or "last"',
+    )
+  return int(layer)
+
+
+def _module_paths_in_head(
+  model: Model, dim: int
+) -> list[tuple[ModulePath, str]]:
+  """(path, class name) of every module `__call__` inside `Model.lm_head`."""
+  calls = []
+
+  def record(next_fun, args, kwargs, context):
+    if context.method_name == '__call__':
+      calls.append((tuple(context.module.path), type(context.module).__name__))
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):
+    jax.eval_shape(
+      lambda p: model.lm_head(p, jnp.zeros((1, 1, dim))), model.params
+    )
+  return calls
+
+
+def final_norm_path(model: Model) -> ModulePath | None:
+  """Module path of the final norm (GPT-2's `ln_f`, Llama's `final_norm`).
+
+  Found as the first `...Norm` module that `Model.lm_head` calls; None if
+  the family has no final norm (the LSTMs).
+  """
+  dim = model.config.hidden_size
+  for path, cls in _module_paths_in_head(model, dim):
+    if 'Norm' in cls:
+      return path
+  return None
+
+
+def block_paths(model: Model) -> tuple[ModulePath, ...]:
+  """Module paths of the transformer blocks, in order (`h_0`, `h_1`, ...).
+
+  Raises:
+    LeakjaxError: if no unique group of `num_layers` parameter subtrees named
+      `<prefix>_<i>` exists (e.g. layers stacked with `nn.scan`).
+  """
+  n = model.config.num_layers
+  found = []
+
+  def visit(tree, path):
+    if not isinstance(tree, Mapping):
+      return
+    groups: dict[str, dict[int, str]] = collections.defaultdict(dict)
+    for k in tree:
+      m = re.fullmatch(r'(.*?)_?(\d+)', str(k))
+      if m and isinstance(tree[k], Mapping):
+        groups[m.group(1)][int(m.group(2))] = k
+    for idx in groups.values():
+      if sorted(idx) == list(range(n)):
+        found.append(tuple(path + (idx[i],) for i in range(n)))
+    for k, v in tree.items():
+      visit(v, path + (str(k),))
+
+  visit(model.params, ())
+  if len(found) != 1:
+    raise LeakjaxError(
+      f'cannot locate the {n} transformer blocks of this {model.family}'
+      f' model in its parameters ({len(found)} candidate groups)',
+      'per-layer interventions need blocks named <prefix>_<i>',
+    )
+  return found[0]
+
+
+def _intercept(path: ModulePath, *, before=None, after=None, skip=False):
+  """A linen interceptor acting on the `__call__` of the module at `path`.
+
+  `before` maps the first positional argument, `after` the output (the
+  first element if it is a tuple); `skip` returns the (mapped) input
+  unchanged instead of running the module.
+  """
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.method_name != '__call__' or tuple(context.module.path) != path:
+      return next_fun(*args, **kwargs)
+    if before is not None:
+      args = (before(args[0]),) + tuple(args[1:])
+    if skip:
+      return args[0]
+    out = next_fun(*args, **kwargs)
+    if after is None:
+      return out
+    if isinstance(out, tuple):
+      return (after(out[0]),) + tuple(out[1:])
+    return after(out)
+
+  return interceptor
+
+
+def final_norm(model: Model, params, hidden: jax.Array) -> jax.Array:
+  """The model's final norm alone: `[..., D] -> [..., D]`.
+
+  Runs `Model.lm_head` and keeps the norm's output; under `jit` the unused
+  head matmul is removed by XLA. Identity if the family has no final norm.
+  """
+  path = final_norm_path(model)
+  if path is None:
+    return hidden
+  captured = []
+
+  def grab(x):
+    captured.append(x)
+    return x
+
+  with nn.intercept_methods(_intercept(path, after=grab)):
+    model.lm_head(params, hidden)
+  return captured[0]
+
+
+def layer_states(
+  model: Model, params, ids, mask, layers: Sequence[Layer]
+) -> jax.Array:
+  """Hidden states `H^i` of the requested layers, `[len(layers), B, T, D]`.
+
+  Args:
+    model: the target model.
+    params: its parameters.
+    ids: int32 `[B, T]`.
+    mask: `[B, T]`, 1 for real tokens.
+    layers: ints in [0, num_layers] (0 = embedding output, i = output of
+      block i without final norm) or 'last' (final norm of block L's output,
+      Hugging Face's last `hidden_states` entry).
+  """
+  layers = [parse_layer(model, layer) for layer in layers]
+  hs = model.hidden_states(params, ids, mask)  # [L + 1, B, T, D]
+  out = []
+  for layer in layers:
+    out.append(
+      final_norm(model, params, hs[-1]) if layer == LAST else hs[layer]
+    )
+  return jnp.stack(out)
+
+
+# --------------------------------------------------------------- BEI, HEI
+def head_logits(
+  model: Model, params, hidden: jax.Array, *, apply_final_norm: bool = False
+) -> jax.Array:
+  """`logits(H) = H w + b` (Eq. 4), float32 `[..., vocab]`.
+
+  Args:
+    model: the target model.
+    params: its parameters.
+    hidden: `[..., D]`.
+    apply_final_norm: run the final norm first (i.e. `Model.lm_head`); the
+      default False is the paper's BEI, see the module docstring.
+  """
+  path = None if apply_final_norm else final_norm_path(model)
+  if path is None:
+    return model.lm_head(params, hidden)
+  with nn.intercept_methods(_intercept(path, skip=True)):
+    return model.lm_head(params, hidden)
+
+
+def bei_ids(
+  model: Model, params, hidden: jax.Array, *, apply_final_norm: bool = False
+) -> jax.Array:
+  """Base Embed Inversion (Sec. 4.1, Eq. 8): int32 argmax ids `[...]`.
+
+  Softmax is monotone, so `argmax(softmax(logits)) = argmax(logits)`.
+  """
+  logits = head_logits(model, params, hidden, apply_final_norm=apply_final_norm)
+  return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def cosine_scores(
+  hidden: jax.Array, embeddings: jax.Array, *, eps: float = 1e-8
+) -> jax.Array:
+  """`W H^T / (|W| |H|)` of Eq. 9: `[..., D] x [V, D] -> [..., V]` float32."""
+  h = hidden.astype(jnp.float32)
+  w = embeddings.astype(jnp.float32)
+  h = h / jnp.maximum(jnp.linalg.norm(h, axis=-1, keepdims=True), eps)
+  w = w / jnp.maximum(jnp.linalg.norm(w, axis=-1, keepdims=True), eps)
+  return jnp.einsum('...d,vd->...v', h, w)
+
+
+def _inverse_row_norms(embeddings: jax.Array, eps: float = 1e-8) -> jax.Array:
+  w = embeddings.astype(jnp.float32)
+  return 1.0 / jnp.maximum(jnp.linalg.norm(w, axis=-1), eps)  # [V]
+
+
+def hei_ids(hidden: jax.Array, embeddings: jax.Array) -> jax.Array:
+  """Hotmap Embed Inversion (Sec. 4.2, Eq. 9): int32 ids `[...]`.
+
+  The vocabulary entry whose embedding has the largest cosine similarity
+  with each position of `hidden` `[..., D]`; `embeddings` is the model's
+  input embedding matrix `[V, D]` (`Model.word_embeddings`). Dividing by
+  `|H_t|` does not change the argmax over v, so this is one matmul
+  `H W^T` (`2 * prod(...) * V * D` FLOPs) scaled by `1 / |W_v|`.
+  """
+  scores = jnp.einsum(
+    '...d,vd->...v', hidden.astype(jnp.float32), embeddings.astype(jnp.float32)
+  )
+  return jnp.argmax(scores * _inverse_row_norms(embeddings), axis=-1).astype(
+    jnp.int32
+  )
+
+
+def has_tied_linear_head(model: Model) -> bool:
+  """True if `logits = norm(H) W^T` with W the input embedding, no bias."""
+  return bool(
+    getattr(model.config, 'tie_word_embeddings', False)
+    and model.paths.lm_head is None
+    and model.paths.output_bias is None
+  )
+
+
+def tied_bei_hei_ids(
+  hidden: jax.Array, embeddings: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """BEI and HEI ids from one shared matmul, for tied-head models.
+
+  When :func:`has_tied_linear_head`, BEI without the final norm is
+  `argmax_v H W_v` and HEI is `argmax_v H W_v / |W_v|`: both read the same
+  scores `H W^T`, so this halves the cost of running both.
+
+  Returns:
+    `(bei_ids, hei_ids)`, each int32 `[...]`.
+  """
+  scores = jnp.einsum(
+    '...d,vd->...v', hidden.astype(jnp.float32), embeddings.astype(jnp.float32)
+  )
+  bei = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+  hei = jnp.argmax(scores * _inverse_row_norms(embeddings), axis=-1).astype(
+    jnp.int32
+  )
+  return bei, hei
+
+
+def decode_ids(tokenizer, ids, mask) -> list[str]:
+  """Decodes each row of `ids [B, T]` over its real (mask=1) positions."""
+  ids, mask = np.asarray(ids), np.asarray(mask).astype(bool)
+  return [tokenizer.decode(row[m].tolist()) for row, m in zip(ids, mask)]
+
+
+# ------------------------------------------------------------ DCT defense
+def dct_matrix(n: int, dtype=jnp.float32) -> jax.Array:
+  """The orthonormal DCT-II matrix C `[n, n]`: `DCT(x) = C x`, `IDCT = C^T`.
+
+  `C[k, m] = a_k cos(pi (2m + 1) k / (2n))`, `a_0 = sqrt(1/n)`,
+  `a_k = sqrt(2/n)`; equals `scipy.fft.dct(np.eye(n), norm='ortho', axis=0)`.
+  """
+  k = np.arange(n)[:, None]
+  m = np.arange(n)[None, :]
+  c = np.cos(np.pi * (2 * m + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
+  c[0] /= math.sqrt(2.0)
+  return jnp.asarray(c, dtype)
+
+
+def dct(x: jax.Array) -> jax.Array:
+  """Orthonormal DCT-II over the last axis."""
+  c = dct_matrix(x.shape[-1], jnp.float32)
+  return jnp.einsum('...m,km->...k', x.astype(jnp.float32), c)
+
+
+def idct(y: jax.Array) -> jax.Array:
+  """Inverse of :func:`dct` (orthonormal DCT-III) over the last axis."""
+  c = dct_matrix(y.shape[-1], jnp.float32)
+  return jnp.einsum('...k,km->...m', y.astype(jnp.float32), c)
+
+
+def overlap_matrix(subset: Sequence[int], dim: int) -> np.ndarray:
+  """`O_i` of Sec. 5.3.1 for one subset `v_i` of the feature indices.
+
+  `M[v_j, v_j] = M[v_j, v_{j+1}] = 1` for every j but the last, `O = M^T`.
+  So for a row vector f, `(f O)[v_j] = f[v_j] + f[v_{j+1}]` (j < last) and
+  every other entry is 0: the frequencies of the subset survive, each
+  overlapped with its successor, all others are dropped.
+  """
+  m = np.zeros((dim, dim), np.float32)
+  v = np.asarray(subset, np.int64)
+  m[v[:-1], v[:-1]] = 1.0
+  m[v[:-1], v[1:]] = 1.0
+  return m.T
+
+
+@flax.struct.dataclass
+class DCTDefense:
+  """A drawn DCT/overlap defense (Sec. 5.3.1), saved for repeatability.
+
+  Attributes:
+    permutation: int32 `[D]`, the random permutation of the feature indices.
+    overlaps: float32 `[num_subsets, D, D]`, binary `O_i` for each subset.
+    selected: index s of the overlap matrix that is applied.
+  """
+
+  permutation: jax.Array
+  overlaps: jax.Array
+  selected: int = flax.struct.field(pytree_node=False)
+
+  @property
+  def overlap(self) -> jax.Array:
+    """The applied `O_s`, `[D, D]`."""
+    return self.overlaps[self.selected]
+
+  @property
+  def matrix(self) -> jax.Array:
+    """The whole transform as one matrix A `[D, D]`: `E_trans = E A`.
+
+    `A = C^T O_s C` with C the DCT matrix (rows are embeddings).
+    """
+    c = dct_matrix(self.overlaps.shape[-1])
+    return c.T @ self.overlap @ c
+
+
+def make_dct_defense(dim: int, num_subsets: int, *, key) -> DCTDefense:
+  """Draws the permutation, its `num_subsets` overlap matrices and `s`.
+
+  Args:
+    dim: the hidden size d.
+    num_subsets: k, the number of (near-equal) parts of the permutation.
+    key: a `jax.random.key`.
+  """
+  if not 1 <= num_subsets <= dim // 2:
+    raise LeakjaxError(
+      f'num_subsets={num_subsets} must be in 1..{dim // 2} for d={dim}',
+      'pick fewer subsets',
+    )
+  perm_key, select_key = jax.random.split(key)
+  perm = np.asarray(jax.random.permutation(perm_key, dim))
+  # Step (1) of Sec. 5.3.1 takes "the non-zero indices" of each subset, i.e.
+  # its indices in increasing order; the permutation decides membership.
+  subsets = [np.sort(v) for v in np.array_split(perm, num_subsets)]
+  overlaps = np.stack([overlap_matrix(v, dim) for v in subsets])
+  selected = int(jax.random.randint(select_key, (), 0, num_subsets))
+  return DCTDefense(
+    permutation=jnp.asarray(perm, jnp.int32),
+    overlaps=jnp.asarray(overlaps),
+    selected=selected,
+  )
+
+
+def apply_dct_defense(hidden: jax.Array, overlap: jax.Array) -> jax.Array:
+  """`E_trans = IDCT(DCT(E) O_s)` over the feature axis (Sec. 5.3.1).
+
+  The paper writes `IDCT(DCT(E^T) O_s)^T` for `E [n, d]`; the transposes
+  only say that the transform runs along d, one embedding at a time.
+
+  Args:
+    hidden: `[..., D]` embeddings or hidden states.
+    overlap: `O_s`, `[D, D]`.
+
+  Returns:
+    `[..., D]` in the dtype of `hidden`.
+  """
+  freq = dct(hidden)  # [..., D]
+  return idct(freq @ overlap.astype(jnp.float32)).astype(hidden.dtype)
+
+
+# ------------------------------------------ running the model from layer i
+def logits_with_transform(
+  model: Model,
+  params,
+  ids,
+  mask,
+  *,
+  layer: Layer,
+  transform: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+  """Logits `[B, T, vocab]` when `H^layer` is replaced by `transform(H^layer)`.
+
+  This is the defended model of Sec. 5.3: the user transforms the hidden
+  states of layer i before the provider runs the rest of the model.
+
+  Args:
+    model: the target model.
+    params: its parameters.
+    ids: int32 `[B, T]`.
+    mask: `[B, T]`.
+    layer: 0..num_layers or 'last' (transform after the final norm).
+    transform: `[B, T, D] -> [B, T, D]`.
+  """
+  layer = parse_layer(model, layer)
+  n = model.config.num_layers
+  if layer == LAST or layer == n:
+    norm = final_norm_path(model)
+    if norm is None:
+      hidden = model.hidden_states(params, ids, mask)[-1]
+      return model.lm_head(params, transform(hidden))
+    where = dict(after=transform) if layer == LAST else dict(before=transform)
+    interceptor = _intercept(norm, **where)
+  else:
+    interceptor = _intercept(block_paths(model)[layer], before=transform)
+  with nn.intercept_methods(interceptor):
+    return model.logits(params, ids, mask)
+
+
+def logits_from_hidden(
+  model: Model, params, hidden: jax.Array, mask, *, layer: Layer = 0
+) -> jax.Array:
+  """Runs the model from given `H^layer` `[B, T, D]` to logits `[B, T, V]`.
+
+  E.g. `layer=0` feeds (soft) input embeddings, as the EP+PPL loss of
+  Sec. 4.3 does. Blocks before `layer` run on dummy ids and are discarded.
+  """
+  ids = jnp.zeros(hidden.shape[:2], jnp.int32)
+  return logits_with_transform(
+    model,
+    params,
+    ids,
+    mask,
+    layer=layer,
+    transform=lambda h: hidden.astype(h.dtype),
+  )
+
+
+def sequence_nll(logits: jax.Array, ids, mask) -> tuple[jax.Array, jax.Array]:
+  """Summed next-token NLL and token count per row, each float32 `[B]`.
+
+  Perplexity over a corpus is `exp(sum(nll) / sum(count))`.
+  """
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+  weights = jnp.asarray(mask)[:, 1:].astype(jnp.float32)
+  return (nll * weights).sum(-1), weights.sum(-1)
+
+
+def defended_nll(
+  model: Model,
+  params,
+  ids,
+  mask,
+  *,
+  layer: Layer | None,
+  overlap: jax.Array | None,
+) -> tuple[jax.Array, jax.Array]:
+  """`sequence_nll` of the model with the DCT defense at `layer`.
+
+  `layer=None` or `overlap=None` is the undefended model.
+  """
+  if layer is None or overlap is None:
+    logits = model.logits(params, ids, mask)
+  else:
+    logits = logits_with_transform(
+      model,
+      params,
+      ids,
+      mask,
+      layer=layer,
+      transform=functools.partial(apply_dct_defense, overlap=overlap),
+    )
+  return sequence_nll(logits, ids, mask)
+
+
+__all__ = [
+  'LAST',
+  'parse_layer',
+  'block_paths',
+  'final_norm_path',
+  'final_norm',
+  'layer_states',
+  'head_logits',
+  'bei_ids',
+  'cosine_scores',
+  'hei_ids',
+  'has_tied_linear_head',
+  'tied_bei_hei_ids',
+  'decode_ids',
+  'dct_matrix',
+  'dct',
+  'idct',
+  'overlap_matrix',
+  'DCTDefense',
+  'make_dct_defense',
+  'apply_dct_defense',
+  'logits_with_transform',
+  'logits_from_hidden',
+  'sequence_nll',
+  'defended_nll',
+]

@@ -1,0 +1,298 @@
+"""Tests of Embed Parrot (Wan et al. 2024, Sec. 4.3) and its experiment."""
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl import flags
+
+from experiments import embed_parrot as experiment
+from leakjax.attacks import embed_parrot as ep
+from leakjax.attacks import embedding_inversion as ei
+from leakjax.errors import LeakjaxError
+from leakjax.models import llama
+from leakjax.tokenization import gpt2_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_llama(vocab_size=128, tokenizer=None, layers=3):
+  config = llama.LlamaConfig(
+    vocab_size=vocab_size,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=layers,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+  )
+  return llama.init_model(config, key=jax.random.key(0), tokenizer=tokenizer)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_data(n=48, t=8):
+  """(ids, mask, deep states, H^0) of random sequences under the tiny Llama.
+
+  A random model barely mixes its residual stream, so HEI would read H^3
+  almost perfectly. Like the deep layers of SmolLM2 (huge outlier features,
+  HEI ~ 0), the "deep" states here are H^3 rotated by a fixed random
+  orthogonal matrix plus a large constant offset.
+  """
+  model = tiny_llama()
+  ids = jax.random.randint(jax.random.key(1), (n, t), 0, 128)
+  mask = np.ones((n, t), np.int32)
+  mask[::3, 6:] = 0
+  states = jax.jit(functools.partial(ei.layer_states, model, layers=(0, 3)))(
+    model.params, ids, mask
+  )
+  states = np.asarray(states)
+  rng = np.random.default_rng(0)
+  rotation = np.linalg.qr(rng.normal(size=(32, 32)))[0]
+  deep = states[1] @ rotation + 30.0 * rng.normal(size=32)
+  return np.asarray(ids), mask, deep.astype(np.float32), states[0]
+
+
+CONFIG = ep.EmbedParrotConfig(
+  input_dim=32, output_dim=32, width=32, num_layers=1, num_heads=2
+)
+
+
+def test_forward_shapes_and_causality():
+  variables = ep.init_variables(CONFIG, key=jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (2, 5, 32))
+  mask = jnp.ones((2, 5), jnp.int32)
+  y = ep.predict(CONFIG, variables, x, mask)
+  assert y.shape == (2, 5, 32) and y.dtype == jnp.float32
+  # Decoder-only: changing position 3 leaves positions 0..2 unchanged.
+  y2 = ep.predict(CONFIG, variables, x.at[:, 3].set(7.0), mask)
+  np.testing.assert_allclose(y2[:, :3], y[:, :3], atol=1e-5)
+  assert not np.allclose(y2[:, 3:], y[:, 3:])
+
+
+def test_feature_stats_ignore_padding():
+  hidden = np.zeros((2, 3, 4), np.float32)
+  hidden[:, :2] = np.arange(4.0)
+  hidden[:, 2] = 1e6  # padding
+  stats = ep.feature_stats(hidden, np.array([[1, 1, 0], [1, 1, 0]]))
+  np.testing.assert_allclose(stats['input_shift'], np.arange(4.0))
+  assert np.all(stats['input_scale'] > 0) and np.all(stats['input_scale'] < 1)
+
+
+def test_cosine_loss_hand_values():
+  a = jnp.array([[[1.0, 0.0], [0.0, 2.0], [5.0, 5.0]]])
+  assert float(ep.cosine_loss(a, a, jnp.ones((1, 3)))) == pytest.approx(0.0)
+  assert float(ep.cosine_loss(a, -a, jnp.ones((1, 3)))) == pytest.approx(2.0)
+  b = jnp.array([[[0.0, 1.0], [0.0, 3.0], [-1.0, -1.0]]])
+  # cos = 0, 1, -1 -> losses 1, 0, 2; the mask keeps the first two.
+  assert float(ep.cosine_loss(a, b, jnp.array([[1, 1, 0]]))) == (
+    pytest.approx(0.5)
+  )
+
+
+def test_training_reduces_loss_and_beats_hei(tmp_path):
+  ids, mask, deep, h0 = tiny_data()
+  cfg = ep.TrainConfig(
+    steps=60,
+    batch_size=16,
+    learning_rate=3e-3,
+    warmup_steps=5,
+    log_every=20,
+    checkpoint_every=30,
+  )
+  ckpt = tmp_path / 'ep.ckpt'
+  variables, history = ep.train(
+    CONFIG, deep, h0, mask, cfg, key=jax.random.key(0), checkpoint=ckpt
+  )
+  losses = [h['cos_loss'] for h in history]
+  assert len(history) == 3 and history[-1]['step'] == 60
+  assert losses[-1] < 0.5 * losses[0]
+  assert ckpt.exists()
+  model = tiny_llama()
+  emb = model.word_embeddings(model.params)
+  pred = ep.predict_batches(CONFIG, variables, deep, mask, batch_size=16)
+  real = mask > 0
+  acc_ep = (np.asarray(ei.hei_ids(pred, emb)) == ids)[real].mean()
+  acc_hei = (np.asarray(ei.hei_ids(deep, emb)) == ids)[real].mean()
+  assert acc_hei < 0.2 and acc_ep > 0.9
+  # Resuming a finished run restores it without training.
+  again, more = ep.train(
+    CONFIG, deep, h0, mask, cfg, key=jax.random.key(9), checkpoint=ckpt
+  )
+  assert more == []
+  jax.tree.map(np.testing.assert_array_equal, again, variables)
+
+
+def test_linear_skip_starts_at_ridge_and_improves():
+  ids, mask, deep, h0 = tiny_data()
+  config = dataclasses.replace(CONFIG, linear_skip=True)
+  start, _ = ep.train(
+    config,
+    deep,
+    h0,
+    mask,
+    ep.TrainConfig(steps=0, batch_size=16),
+    key=jax.random.key(0),
+  )
+  stats = jax.tree.map(np.asarray, start['stats'])
+  kernel, bias = ep.ridge_solution(deep, h0, mask, stats)
+  x = (deep - stats['input_shift']) / stats['input_scale']
+  np.testing.assert_allclose(
+    ep.predict(config, start, deep, mask), x @ kernel + bias, atol=1e-3
+  )
+  # Already at step 0 the ridge map undoes most of rotation and offset.
+  real = mask > 0
+  emb = tiny_llama().word_embeddings(tiny_llama().params)
+  acc = (np.asarray(ei.hei_ids(x @ kernel + bias, emb)) == ids)[real].mean()
+  assert acc > 0.9
+
+
+def test_train_rejects_bad_shapes():
+  _, mask, deep, h0 = tiny_data()
+  cfg = ep.TrainConfig(steps=1, batch_size=4)
+  with pytest.raises(LeakjaxError):
+    ep.train(CONFIG, deep[:, :, :16], h0, mask, cfg, key=jax.random.key(0))
+  with pytest.raises(LeakjaxError):
+    ep.train(
+      CONFIG,
+      deep,
+      h0,
+      mask,
+      ep.TrainConfig(batch_size=1000),
+      key=jax.random.key(0),
+    )
+
+
+def test_ppl_term_is_model_nll_for_exact_embeddings_and_differentiable():
+  model = tiny_llama()
+  ids, mask, deep, h0 = tiny_data()
+  ids, mask, deep, h0 = ids[:4], mask[:4], deep[:4], h0[:4]
+  # With the true H^0 and a tiny temperature, q is one-hot on the tokens and
+  # the term is the model's mean next-token NLL of the text.
+  term = ep.ppl_term(
+    model, model.params, jnp.asarray(h0), mask, temperature=1e-3
+  )
+  nll, count = ei.sequence_nll(model.logits(model.params, ids, mask), ids, mask)
+  assert float(term) == pytest.approx(float(nll.sum() / count.sum()), rel=1e-3)
+  # EP+PPL loss = cosine loss + weight * PPL term, with finite gradients.
+  variables = ep.init_variables(CONFIG, key=jax.random.key(0))
+  batch = ep.Batch(jnp.asarray(deep), jnp.asarray(h0), jnp.asarray(mask))
+  ppl = lambda pred, m: ep.ppl_term(model, model.params, pred, m)
+  loss_fn = functools.partial(
+    ep.loss_fn, config=CONFIG, ppl=ppl, ppl_weight=0.5
+  )
+  (loss, metrics), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(
+    variables['params'], variables['stats'], batch
+  )
+  assert float(loss) == pytest.approx(
+    float(metrics['cos_loss'] + 0.5 * metrics['log_ppl']), rel=1e-5
+  )
+  leaves = jax.tree.leaves(grads)
+  assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
+  assert any(np.abs(np.asarray(g)).max() > 0 for g in leaves)
+
+
+# -------------------------------------------------------------- experiment
+def _write_corpora(folder: Path) -> str:
+  words = (
+    'the meeting contract price market weather report team office'
+    ' project budget plan call email schedule client review data'
+    ' energy power gas deal trade '
+  ).split()
+  rng = np.random.default_rng(0)
+  sent = lambda: ' '.join(rng.choice(words, rng.integers(3, 12))).capitalize()
+  (folder / 'a.json').write_text(json.dumps([sent() + '.' for _ in range(40)]))
+  (folder / 'b.txt').write_text(
+    '\n'.join(
+      ' = Heading = '
+      if i % 5 == 0
+      else ' '.join(sent() + '.' for _ in range(3))
+      for i in range(20)
+    )
+  )
+  return f'a={folder / "a.json"},b={folder / "b.txt"}'
+
+
+def test_experiment_smoke(tmp_path):
+  tok = gpt2_tokenizer()
+  model = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok, layers=2)
+  cfg = experiment.Config(
+    model='tiny',
+    corpora=experiment._parse_corpora(_write_corpora(tmp_path)),
+    train_corpus='a',
+    sentence_split=('b',),
+    layers=('0', '1', 'last'),
+    deep_layer=2,
+    num_test=6,
+    num_train=24,
+    test_fraction=0.25,
+    max_length=16,
+    add_bos=False,
+    batch_size=4,
+    ep_width=16,
+    ep_layers=1,
+    ep_heads=2,
+    ep_steps=4,
+    ep_batch_size=8,
+    ep_lr=1e-3,
+    ep_variants=('ep',),
+    ep_ppl_steps=0,
+    ep_ppl_weight=0.1,
+    defense_layers=('0', '2'),
+    defense_subsets=(2,),
+    ppl_texts=3,
+    sbert=False,
+    sbert_limit=2,
+    seed=0,
+  )
+  workdir, cache = tmp_path / 'out', tmp_path / 'cache'
+  summary = experiment.run_experiment(cfg, workdir, cache, model=model)
+  for data in 'ab':
+    # Layer 0 is the embedding itself: HEI recovers the text exactly.
+    assert summary[f'f1@data={data},layer=0,method=hei'] >= 0.95
+    for metric in ('f1', 'rouge1', 'rougeL'):  # no 'sbert': disabled here
+      for method in ('bei', 'hei', 'ep', 'ep_bei'):
+        assert f'{metric}@data={data},layer=2,method={method}' in summary
+    assert f'rouge1@data={data},defense=dct,layer=2,method=ep,subsets=2' in (
+      summary
+    )
+  assert summary['ppl@defense=dct,layer=0,subsets=2'] > 0
+  assert summary['ppl@defense=none'] > 0
+  assert any(k.startswith('rouge1@bucket=') for k in summary)
+  assert not any(k.startswith('sbert@') for k in summary)
+  for name in (
+    'summary.json',
+    'summary.md',
+    'results.jsonl',
+    'config.json',
+    'layers.png',
+    'ep_history.json',
+  ):
+    assert (workdir / name).exists(), name
+  assert 'paper' in (workdir / 'summary.md').read_text()
+  # A re-run resumes from results.jsonl, the caches and the checkpoint.
+  again = experiment.run_experiment(cfg, workdir, cache, model=model)
+  for k, v in summary.items():
+    if not k.startswith('seconds'):
+      assert again[k] == pytest.approx(v, nan_ok=True), k
+
+
+@pytest.mark.parametrize('name', ['embed_parrot_quick', 'embed_parrot_smollm2'])
+def test_flagfiles_parse(name):
+  fv = flags.FlagValues()
+  experiment.define_flags(fv)
+  for flag in ('workdir', 'data', 'mesh'):
+    flags.DEFINE_string(flag, None, '', flag_values=fv)
+  flags.DEFINE_integer('seed', 0, '', flag_values=fv)
+  path = REPO / 'experiments' / 'configs' / f'{name}.flags'
+  fv(['prog', f'--flagfile={path}'])
+  cfg = experiment.config_from_flags(fv)
+  assert cfg.train_corpus in dict(cfg.corpora)
+  assert str(cfg.deep_layer) in cfg.layers
+  assert path.read_text().startswith('#')

