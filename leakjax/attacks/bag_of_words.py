@@ -1,0 +1,446 @@
+"""Bag of words from an observed gradient (FILM Sec. 4.2, 6.3).
+
+The first stage of FILM reads which tokens a private batch contains off the
+gradient of the word-embedding matrix `∇W` (`[vocab, dim]`):
+
+* untied embeddings: token v is in the batch iff row v of `∇W` is non-zero
+  (Melis et al. 2019) -- :func:`nonzero_rows`, exact;
+* gradient pruning (Zhu et al. 2019): still the non-zero rows (Sec. 6.3);
+* DP-SGD: a row belongs to the batch if its largest magnitude exceeds
+  τ = σ√(2 log d), σ the per-coordinate noise std (Sec. 6.3) --
+  :func:`dp_rows`;
+* the longest sentence: the last non-zero row of the position-embedding
+  gradient (Sec. 4.2, GPT-2) -- :func:`max_length_from_positions`.
+
+Tied embeddings (GPT-2, SmolLM2: the LM head is `W`) make every row dense:
+
+    ∇W[v] = Σ_{n: x_n = v} ∂L/∂e_n  +  1/N Σ_n (p_n(v) − 1[y_n = v]) h̃_n
+
+(input side + output side; h̃_n the final normalised hidden states, N the
+number of target tokens). :func:`tied_bag` separates the batch from the
+dense output side with three tests, each with (near) zero false positives:
+
+1. input span (:func:`input_span_residuals`; the low-rank idea of DAGER,
+   Petrov et al. 2024): the first layer's input projection gradient is
+   `Σ_n x̂_n δ_nᵀ`, x̂_n the normalised input embedding, so its column space
+   is spanned by the inputs of the batch. A token is an input iff its x̂
+   lies in that span. Exact while the number of distinct inputs (Llama) or
+   input positions (GPT-2, whose inputs add position embeddings) is below
+   the width d; the rank is read from the largest gap of the spectrum.
+2. target sign (:func:`target_scores`): for a token absent from the batch
+   the output side is Σ_n p_n(v) h̃_n with p ≥ 0, and h̃_n·(w_v − w̄) is the
+   centred logit of v, large where p_n(v) is not negligible, so
+   t_v = −∇W[v]·(w_v − w̄) ≤ 0. A target contributes −(1 − p)·h̃_n at the
+   positions where it is the next token, with a large centred logit, which
+   makes t_v > 0 unless the model already predicts v there.
+3. when test 1 is invalid (more distinct inputs than d): rows with a
+   large norm (robust z of log ‖∇W[v]‖ against the background) that are
+   not aligned with their own centred logit. The tokens that fail test 2
+   are the frequent ones, with large rows; so are the absent tokens the
+   model predicts often, but their rows point along +(w_v − w̄).
+
+:func:`norm_scores` is the baseline (breaching's norm threshold).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from leakjax.errors import LeakjaxError
+from leakjax.models.base import Model, get_path
+
+PyTree = Any
+
+
+# ------------------------------------------------------- untied / defended
+def nonzero_rows(grad_rows: Float[Array, 'V d'], atol: float = 0.0
+                 ) -> Bool[Array, 'V']:
+  """Rows with an entry of magnitude > atol (FILM Sec. 4.2; pruning 6.3)."""
+  return jnp.any(jnp.abs(grad_rows) > atol, axis=-1)
+
+
+def dp_threshold(noise_std: float, dim: int) -> float:
+  """τ = σ√(2 log d) (FILM Sec. 6.3): the max of d N(0, σ²) rarely exceeds it."""
+  return float(noise_std) * math.sqrt(2.0 * math.log(dim))
+
+
+def dp_rows(grad_rows: Float[Array, 'V d'], noise_std: float
+            ) -> Bool[Array, 'V']:
+  """Rows whose max |entry| exceeds τ = σ√(2 log d) (FILM Sec. 6.3).
+
+  Args:
+    grad_rows: the noisy embedding gradient.
+    noise_std: σ, the per-coordinate noise std of the observed gradient;
+      for DP-SGD with clip C and noise multiplier z averaged over b
+      sentences (:func:`leakjax.fl.dp_sgd`), σ = z·C/b.
+  """
+  tau = dp_threshold(noise_std, grad_rows.shape[-1])
+  return jnp.max(jnp.abs(grad_rows), axis=-1) > tau
+
+
+def max_length_from_positions(grad_positions: Float[Array, 'P d'],
+                              atol: float = 0.0) -> Int[Array, '']:
+  """Longest sentence, in tokens with BOS, from position gradients (Sec. 4.2).
+
+  Positions past the longest sentence only see padding, whose loss is
+  masked, so their rows are exactly zero; so is the row of the longest
+  sentence's last position, whose output predicts nothing. The length is
+  therefore the last non-zero row + 2 (0 if every row is zero).
+  """
+  nonzero = nonzero_rows(grad_positions, atol)
+  idx = jnp.arange(grad_positions.shape[0])
+  return jnp.max(jnp.where(nonzero, idx + 2, 0))
+
+
+# -------------------------------------------------------------- tied tests
+def norm_scores(grad_rows: Float[Array, 'V d']) -> Float[Array, 'V']:
+  """‖∇W[v]‖: the norm-threshold baseline's score."""
+  return jnp.linalg.norm(grad_rows.astype(jnp.float32), axis=-1)
+
+
+def target_scores(grad_rows: Float[Array, 'V d'],
+                  embeddings: Float[Array, 'V d']) -> Float[Array, 'V']:
+  """t_v = −∇W[v]·(w_v − w̄): ≤ 0 for tokens absent from the batch.
+
+  See the module docstring (test 2). With a tied head the logit of v at
+  position n is w_v·h̃_n, so (w_v − w̄)·h̃_n is v's logit minus the mean
+  logit, positive wherever p_n(v) is not negligible.
+  """
+  w = embeddings.astype(jnp.float32)
+  centred = w - w.mean(0, keepdims=True)
+  return -jnp.sum(grad_rows.astype(jnp.float32) * centred, axis=-1)
+
+
+def _span_basis(first_layer_grad: Float[Array, 'd out'],
+                min_gap_decades: float, max_rank_fraction: float):
+  """Orthonormal basis of the column space, its rank, and whether valid."""
+  g = first_layer_grad.astype(jnp.float32)
+  u, s, _ = jnp.linalg.svd(g, full_matrices=False)  # u [d, r]
+  d = g.shape[0]
+  logs = jnp.log10(s / s[0] + 1e-30)
+  gaps = logs[:-1] - logs[1:]
+  rank = jnp.argmax(gaps) + 1
+  valid = ((gaps[rank - 1] >= min_gap_decades)
+           & (rank <= max_rank_fraction * d))
+  keep = jnp.arange(u.shape[1]) < rank
+  return u * keep[None, :], rank, valid
+
+
+def input_span_residuals(
+    first_layer_grad: Float[Array, 'd out'],
+    inputs: Float[Array, 'V d'],
+    *,
+    min_gap_decades: float = 1.0,
+    max_rank_fraction: float = 0.9,
+) -> tuple[Float[Array, 'V'], Int[Array, ''], Bool[Array, '']]:
+  """Relative distance of each normalised input embedding to the input span.
+
+  Args:
+    first_layer_grad: gradient of the first layer's input projection,
+      `[d, out]` (e.g. Llama's q/k/v kernels of layer 0 side by side).
+    inputs: what that layer sees for each token, `[V, d]` (Llama:
+      RMSNorm(w_v)).
+    min_gap_decades: the spectrum must drop by this many decades at the
+      rank (an exact rank deficiency); else the test is invalid.
+    max_rank_fraction: invalid if the rank exceeds this fraction of d.
+
+  Returns:
+    `(residual [V], rank, valid)`: ‖(I − QQᵀ)x̂_v‖ / ‖x̂_v‖.
+  """
+  q, rank, valid = _span_basis(first_layer_grad, min_gap_decades,
+                               max_rank_fraction)
+  x = inputs.astype(jnp.float32)
+  res = x - (x @ q) @ q.T
+  rel = jnp.linalg.norm(res, axis=-1) / (jnp.linalg.norm(x, axis=-1) + 1e-30)
+  return rel, rank, valid
+
+
+def layer_norm_span_residuals(
+    first_layer_grad: Float[Array, 'd out'],
+    embeddings: Float[Array, 'V d'],
+    positions: Float[Array, 'P d'],
+    scale: Float[Array, 'd'],
+    bias: Float[Array, 'd'],
+    eps: float,
+    *,
+    min_gap_decades: float = 1.0,
+    max_rank_fraction: float = 0.9,
+) -> tuple[Float[Array, 'V'], Int[Array, ''], Bool[Array, '']]:
+  """:func:`input_span_residuals` for GPT-2: inputs LN(w_v + p_t) per position.
+
+  Each token is tested at every position t < P and keeps its smallest
+  relative residual. The V·P residuals come from inner products (no
+  `[V, P, d]` tensor): with c = centred vectors, R = I − QQᵀ,
+  A_v = R(γ⊙c_v), B_t = R(γ⊙c_t), C = Rβ and s_vt the LN std,
+  R·LN(w_v + p_t) = (A_v + B_t)/s_vt + C.
+
+  Returns:
+    `(residual [V], rank, valid)`.
+  """
+  q, rank, valid = _span_basis(first_layer_grad, min_gap_decades,
+                               max_rank_fraction)
+  d = embeddings.shape[-1]
+
+  def proj(x):  # R x
+    return x - (x @ q) @ q.T
+
+  cv = embeddings.astype(jnp.float32)
+  cv = cv - cv.mean(-1, keepdims=True)
+  ct = positions.astype(jnp.float32)
+  ct = ct - ct.mean(-1, keepdims=True)
+  gv, gt = cv * scale, ct * scale
+  a, b, c = proj(gv), proj(gt), proj(bias[None].astype(jnp.float32))[0]
+  # [V, P] inner products
+  s2 = ((cv * cv).sum(-1)[:, None] + 2 * cv @ ct.T
+        + (ct * ct).sum(-1)[None, :]) / d + eps
+  s = jnp.sqrt(s2)
+  res2 = (((a * a).sum(-1)[:, None] + 2 * a @ b.T + (b * b).sum(-1)[None])
+          / s2 + 2 * ((a @ c)[:, None] + (b @ c)[None]) / s + c @ c)
+  full2 = (((gv * gv).sum(-1)[:, None] + 2 * gv @ gt.T
+            + (gt * gt).sum(-1)[None]) / s2
+           + 2 * ((gv @ bias)[:, None] + (gt @ bias)[None]) / s
+           + bias @ bias)
+  rel = jnp.sqrt(jnp.maximum(res2, 0.0) / (full2 + 1e-30))
+  return rel.min(-1), rank, valid
+
+
+def robust_z(x: Float[Array, 'V']) -> Float[Array, 'V']:
+  """(x − median) / MAD, the background being the bulk of the rows."""
+  med = jnp.median(x)
+  mad = jnp.median(jnp.abs(x - med)) + 1e-30
+  return (x - med) / mad
+
+
+@dataclasses.dataclass(frozen=True)
+class TiedBagConfig:
+  """Thresholds of :func:`tied_bag` (hashable, static).
+
+  Attributes:
+    span_tolerance: relative residual below which a token is an input.
+    target_tolerance: t_v must exceed this fraction of max|t| (rounding
+      makes background t_v ~1e-7 relative).
+    target_z: and its robust z-score against all rows must exceed this
+      (guards models whose output is nearly uniform, e.g. untrained ones,
+      where test 2's premise fails and background t_v scatter widely).
+    norm_z: test 3 (only when the span test is invalid): robust z-score of
+      log ‖∇W[v]‖ above which ...
+    min_alignment: ... a row is taken if its centred-logit alignment
+      t_v / (‖∇W[v]‖ ‖w_v − w̄‖) also exceeds this. Absent tokens with big
+      rows are the ones the model predicts often, whose rows point along
+      +(w_v − w̄) (alignment clearly negative); a batch token's target term
+      cancels part of that. inf for `norm_z` disables test 3.
+    min_gap_decades / max_rank_fraction: validity of the span test.
+  """
+
+  span_tolerance: float = 0.05
+  target_tolerance: float = 1e-5
+  target_z: float = 10.0
+  norm_z: float = 4.0
+  min_alignment: float = -0.05
+  min_gap_decades: float = 1.0
+  max_rank_fraction: float = 0.9
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class BagEvidence:
+  """Per-token scores of the tied tests, for diagnostics and sweeps.
+
+  Attributes:
+    span_residual: float `[V]` (1 where the span test is unavailable).
+    span_rank: int `[]`, rank of the first-layer gradient.
+    span_valid: bool `[]`.
+    target: float `[V]`, t_v of test 2.
+    norm_z: float `[V]`, robust z of log-norms.
+  """
+
+  span_residual: jax.Array
+  span_rank: jax.Array
+  span_valid: jax.Array
+  target: jax.Array
+  norm_z: jax.Array
+
+
+def tied_bag(
+    grad_rows: Float[Array, 'V d'],
+    embeddings: Float[Array, 'V d'],
+    span_residual: Float[Array, 'V'] | None = None,
+    span_valid: Bool[Array, ''] | None = None,
+    span_rank: Int[Array, ''] | None = None,
+    *,
+    config: TiedBagConfig = TiedBagConfig(),
+) -> Bool[Array, 'V']:
+  """The bag for a tied embedding (module docstring, tests 1-3).
+
+  bag = target-sign ∪ (input span if the span test is valid, else norm
+  outliers that are not aligned with their own centred logit).
+
+  Args:
+    grad_rows: `∇W`, the gradient of the shared embedding/head matrix.
+    embeddings: W at the attacked iteration.
+    span_residual: from :func:`input_span_residuals` or
+      :func:`layer_norm_span_residuals`; None skips test 1.
+    span_valid: whether test 1 applies.
+    span_rank: the span's dimension, the number of distinct inputs: at
+      most this many tokens (those closest to the span) pass test 1, which
+      keeps out tokens whose embeddings nearly coincide with an input's.
+    config: thresholds.
+
+  Returns:
+    bool `[V]`.
+  """
+  t = target_scores(grad_rows, embeddings)
+  bag = ((t > config.target_tolerance * jnp.max(jnp.abs(t)))
+         & (robust_z(t) > config.target_z))
+  norms = norm_scores(grad_rows)
+  w = embeddings.astype(jnp.float32)
+  alignment = t / (norms * jnp.linalg.norm(w - w.mean(0), axis=-1) + 1e-30)
+  outliers = ((robust_z(jnp.log(norms + 1e-30)) > config.norm_z)
+              & (alignment > config.min_alignment))
+  if span_residual is None:
+    return bag | outliers
+  span = span_residual < config.span_tolerance
+  if span_rank is not None:
+    order = jnp.argsort(span_residual)
+    closest = jnp.zeros(span.shape, bool).at[order].set(
+        jnp.arange(span.shape[0]) < span_rank)
+    span &= closest
+  return bag | jnp.where(span_valid, span, outliers)
+
+
+# ------------------------------------------------------ model-level entry
+def first_layer_input_grad(model: Model, grads: PyTree) -> jax.Array | None:
+  """Gradient of the first block's input projection `[d, out]`, or None.
+
+  Llama: q/k/v kernels of `layers_0` side by side; GPT-2: `h_0` c_attn.
+  """
+  if model.family == 'llama':
+    attn = grads['layers_0']['attn']
+    return jnp.concatenate([attn[n]['kernel'] for n in
+                            ('q_proj', 'k_proj', 'v_proj')], axis=1)
+  if model.family == 'gpt2':
+    return grads['h_0']['attn']['c_attn']['kernel']
+  return None
+
+
+def span_residuals(model: Model, params: PyTree, grads: PyTree,
+                   max_positions: int | None = None):
+  """Test 1 of :func:`tied_bag` for the model's family, or None.
+
+  Returns:
+    `(residual [V], rank, valid)` or None when the family is unsupported.
+  """
+  g1 = first_layer_input_grad(model, grads)
+  if g1 is None:
+    return None
+  w = model.word_embeddings(params)
+  if model.family == 'llama':
+    scale = params['layers_0']['attn_norm']['scale']
+    eps = model.config.rms_norm_eps
+    w32 = w.astype(jnp.float32)
+    x = scale * w32 * jax.lax.rsqrt(jnp.mean(w32 * w32, -1, keepdims=True)
+                                   + eps)
+    return input_span_residuals(g1, x)
+  pos = get_path(params, model.paths.position_embeddings)
+  if max_positions is not None:
+    pos = pos[:max_positions]
+  ln = params['h_0']['ln_1']
+  return layer_norm_span_residuals(g1, w, pos, ln['scale'], ln['bias'],
+                                   model.config.layer_norm_epsilon)
+
+
+@dataclasses.dataclass
+class Bag:
+  """What :func:`bag_of_words` found.
+
+  Attributes:
+    ids: sorted recovered token ids (numpy int64).
+    mask: numpy bool `[V]`.
+    max_length: longest sentence in tokens (BOS included) from the
+      position-embedding gradient, or None (no position embeddings).
+    method: which rule produced it.
+    evidence: :class:`BagEvidence` for the tied method, else None.
+  """
+
+  ids: np.ndarray
+  mask: np.ndarray
+  max_length: int | None
+  method: str
+  evidence: BagEvidence | None = None
+
+
+def bag_of_words(model: Model, params: PyTree, grads: PyTree, *,
+                 method: str = 'auto', noise_std: float | None = None,
+                 config: TiedBagConfig = TiedBagConfig(),
+                 baseline_z: float = 8.0) -> Bag:
+  """The bag of words of a batch from its gradient (FILM Sec. 4.2).
+
+  Args:
+    model: the attacked model (its `paths` locate the embeddings).
+    params: θ^t, the parameters the gradient was taken at.
+    grads: the observed gradient, a pytree like `params`.
+    method: 'nonzero' (untied, pruning), 'dp' (needs `noise_std`), 'tied',
+      'norm' (the baseline: rows whose log-norm has a robust z-score above
+      `baseline_z`), or 'auto': 'dp' if noise_std is given, 'tied' if the
+      head is tied, else 'nonzero'.
+    noise_std: DP-SGD per-coordinate noise std of `grads` (see
+      :func:`dp_rows`).
+    config: thresholds of the tied method.
+    baseline_z: threshold of the 'norm' baseline.
+
+  Returns:
+    A :class:`Bag`.
+  """
+  rows = get_path(grads, model.paths.word_embeddings)
+  tied = model.paths.lm_head is None and getattr(
+      model.config, 'tie_word_embeddings', False)
+  if method == 'auto':
+    method = 'dp' if noise_std else ('tied' if tied else 'nonzero')
+  max_len = None
+  if model.paths.position_embeddings is not None:
+    pos_grad = get_path(grads, model.paths.position_embeddings)
+    max_len = int(max_length_from_positions(pos_grad))
+  evidence = None
+  if method == 'nonzero':
+    mask = nonzero_rows(rows)
+  elif method == 'dp':
+    if noise_std is None:
+      raise LeakjaxError("method='dp' needs noise_std",
+                         'pass the DP noise std of the gradient')
+    mask = dp_rows(rows, noise_std)
+  elif method == 'norm':
+    z = robust_z(jnp.log(norm_scores(rows) + 1e-30))
+    mask = z > baseline_z
+  elif method == 'tied':
+    w = model.word_embeddings(params)
+    span = span_residuals(model, params, grads, max_len)
+    if span is None:
+      res, rank, valid = (jnp.ones(rows.shape[:1]), jnp.array(0),
+                          jnp.array(False))
+    else:
+      res, rank, valid = span
+    mask = tied_bag(rows, w, res, valid, rank, config=config)
+    evidence = BagEvidence(
+        span_residual=res, span_rank=rank, span_valid=valid,
+        target=target_scores(rows, w),
+        norm_z=robust_z(jnp.log(norm_scores(rows) + 1e-30)))
+  else:
+    raise LeakjaxError(f'unknown bag-of-words method {method!r}',
+                       "use 'auto', 'nonzero', 'dp', 'tied' or 'norm'")
+  mask = np.asarray(mask)
+  return Bag(ids=np.flatnonzero(mask), mask=mask, max_length=max_len,
+             method=method, evidence=evidence)
+
+
+__all__ = ['Bag', 'BagEvidence', 'TiedBagConfig', 'bag_of_words', 'dp_rows',
+           'dp_threshold', 'first_layer_input_grad',
+           'input_span_residuals', 'layer_norm_span_residuals',
+           'max_length_from_positions', 'nonzero_rows', 'norm_scores',
+           'robust_z', 'span_residuals', 'target_scores', 'tied_bag']

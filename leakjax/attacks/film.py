@@ -1,0 +1,242 @@
+"""FILM: recover private sentences from a federated gradient (Gupta et al. 2022).
+
+The pipeline of Sec. 4, on one observed gradient and the model θ^t it was
+taken at:
+
+1. bag of words (Sec. 4.2, :mod:`leakjax.attacks.bag_of_words`);
+2. beam search over the bag from capitalised start words (Sec. 4.3,
+   :mod:`leakjax.attacks.beam_search`), repeated with a penalty on the
+   n-grams of earlier results to recover several sentences (Sec. 4.5);
+3. prior-guided reordering of each result (Sec. 4.4,
+   :mod:`leakjax.attacks.reorder`).
+
+>>> result = recover(model, model.params, grads, config=FilmConfig(),
+...                  key=jax.random.key(0))                   # doctest: +SKIP
+>>> result.sentences[0]                                       # +SKIP
+'Volume mgmt is trying to clear up these issues.'
+
+The jitted kernels are cached per (model, config), so attacking many
+batches compiles each kernel once per bag size bucket (bags are padded to
+a multiple of `bag_bucket`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from leakjax.attacks import bag_of_words as bow
+from leakjax.attacks import beam_search as bs
+from leakjax.attacks import reorder as ro
+from leakjax.errors import LeakjaxError
+from leakjax.models.base import Model
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class FilmConfig:
+  """The attack's settings (hashable).
+
+  Attributes:
+    bag_method: see :func:`leakjax.attacks.bag_of_words.bag_of_words`.
+    tied: thresholds of the tied-embedding bag method.
+    beam: beam-search settings (FILM Sec. 4.3, 7: k = 32, n = 2).
+    reorder: reordering settings (Sec. 4.4); None skips reordering.
+    prompt_mode: 'capital' (BOS + capitalised bag tokens, Sec. 4.3) or
+      'bos' (BOS only).
+    prompts_per_search: prompts that share one search's beams; 0 puts all
+      prompts in one pool (Alg. 1, π¹ = P), 1 gives each its own k beams.
+    max_prompts: at most this many prompts (those whose first token has the
+      highest log-probability after BOS); None: all.
+    repetitions: beam searches per batch (Sec. 4.5); each later one
+      penalises the n-grams of the earlier results.
+    reorder_top: how many results (in order) to reorder.
+    use_bos: prompts start with the tokenizer's BOS (as the client's
+      training data does).
+    bag_bucket: pad the bag to a multiple of this (fewer recompilations).
+    grad_paths: parameter subset of the reordering gradient norm; None:
+      :func:`leakjax.attacks.reorder.default_grad_paths`.
+  """
+
+  bag_method: str = 'auto'
+  tied: bow.TiedBagConfig = bow.TiedBagConfig()
+  beam: bs.BeamSearchConfig = bs.BeamSearchConfig()
+  reorder: ro.ReorderConfig | None = ro.ReorderConfig()
+  prompt_mode: str = 'capital'
+  prompts_per_search: int = 0
+  max_prompts: int | None = 64
+  repetitions: int = 1
+  reorder_top: int = 1
+  use_bos: bool = True
+  bag_bucket: int = 64
+  grad_paths: tuple[tuple[str, ...], ...] | None = None
+
+
+@dataclasses.dataclass
+class Recovery:
+  """One recovered sentence.
+
+  Attributes:
+    text: the final sentence (after reordering, if any).
+    tokens: its token ids (with the prompt/BOS).
+    beam_text: the beam-search sentence before reordering.
+    beam_score: its Alg. 1 score.
+    prior_score: S(x) of Eq. 4 after reordering (None without).
+    initial_prior_score: S(x) of the beam sentence (None without).
+  """
+
+  text: str
+  tokens: list[int]
+  beam_text: str
+  beam_score: float
+  prior_score: float | None = None
+  initial_prior_score: float | None = None
+
+
+@dataclasses.dataclass
+class FilmResult:
+  """What :func:`recover` returns.
+
+  Attributes:
+    bag: the recovered bag of words.
+    recoveries: one :class:`Recovery` per repetition, in order (the first
+      is FILM's single-sentence answer).
+    num_prompts: how many start prompts were searched.
+  """
+
+  bag: bow.Bag
+  recoveries: list[Recovery]
+  num_prompts: int
+
+  @property
+  def sentences(self) -> list[str]:
+    return [r.text for r in self.recoveries]
+
+
+# ------------------------------------------------------------ jit caches
+@functools.lru_cache(maxsize=32)
+def _beam_fn(model: Model, config: bs.BeamSearchConfig):
+  return jax.jit(functools.partial(bs.beam_search, model, config=config))
+
+
+@functools.lru_cache(maxsize=32)
+def _reorder_fn(model: Model, config: ro.ReorderConfig, grad_paths):
+  return jax.jit(functools.partial(ro.reorder, model, config=config,
+                                   grad_paths=grad_paths))
+
+
+def _pad(ids: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+  m = max(1, -(-len(ids) // bucket) * bucket)
+  out = np.zeros((m,), np.int32)
+  mask = np.zeros((m,), bool)
+  out[:len(ids)] = ids
+  mask[:len(ids)] = True
+  if len(ids):
+    out[len(ids):] = ids[0]
+  return out, mask
+
+
+def _rank_prompts(model: Model, params, prompts: list[list[int]],
+                  limit: int | None) -> list[list[int]]:
+  """Keeps the `limit` prompts the model finds likeliest."""
+  if limit is None or len(prompts) <= limit:
+    return prompts
+  ids = jnp.asarray(prompts, jnp.int32)
+  logp = jax.jit(model.token_log_probs)(params, ids).sum(-1)
+  order = np.argsort(-np.asarray(logp), kind='stable')[:limit]
+  return [prompts[i] for i in sorted(order)]
+
+
+def recover(model: Model, params: PyTree, grads: PyTree, *,
+            config: FilmConfig, key: jax.Array,
+            noise_std: float | None = None,
+            bag: bow.Bag | None = None) -> FilmResult:
+  """Runs FILM on one observed gradient.
+
+  Args:
+    model: the attacked model (with its tokenizer).
+    params: θ^t, where the client took the gradient.
+    grads: the observed gradient (pytree like `params`).
+    config: a :class:`FilmConfig`.
+    key: a `jax.random.key` (reordering).
+    noise_std: per-coordinate DP noise std, for the DP bag threshold.
+    bag: use this bag instead of extracting one (ablations).
+
+  Returns:
+    A :class:`FilmResult`.
+  """
+  tok = model.tokenizer
+  if tok is None:
+    raise LeakjaxError('FILM needs the model tokenizer (capitalised prompts'
+                       ' and decoding)', 'load the model with its tokenizer')
+  if bag is None:
+    bag = bow.bag_of_words(model, params, grads, method=config.bag_method,
+                           noise_std=noise_std, config=config.tied)
+  bag_ids = [int(i) for i in bag.ids if i != tok.bos_id]
+  if not bag_ids:
+    raise LeakjaxError('the recovered bag of words is empty',
+                       'the gradient carries no embedding information'
+                       ' (frozen embeddings?)')
+  prompts = bs.make_prompts(tok, bag_ids, use_bos=config.use_bos,
+                            mode=config.prompt_mode)
+  prompts = _rank_prompts(model, params, prompts, config.max_prompts)
+  # One pool (Alg. 1) is padded to a multiple of 8 prompts, fewer shapes.
+  per_search = config.prompts_per_search or -(-len(prompts) // 8) * 8
+  prompt_arr, prompt_mask = bs.prompt_batches(prompts, per_search=per_search)
+  beam_cfg = config.beam
+  if bag.max_length is not None:  # Sec. 4.2: the longest sentence's length
+    beam_cfg = dataclasses.replace(
+        beam_cfg, length=max(1, bag.max_length - prompt_arr.shape[-1]))
+  bag_arr, bag_mask = _pad(np.asarray(bag_ids, np.int32), config.bag_bucket)
+  width = prompt_arr.shape[-1] + beam_cfg.length
+  prior = np.zeros((max(1, config.repetitions), width), np.int32)
+  prior_len = np.zeros((max(1, config.repetitions),), np.int32)
+  beam_fn = _beam_fn(model, beam_cfg)
+  recoveries = []
+  for rep in range(config.repetitions):
+    use_prior = config.repetitions > 1
+    out = beam_fn(params, jnp.asarray(prompt_arr), jnp.asarray(bag_arr),
+                  prompt_mask=jnp.asarray(prompt_mask),
+                  bag_mask=jnp.asarray(bag_mask),
+                  prior=jnp.asarray(prior) if use_prior else None,
+                  prior_lengths=jnp.asarray(prior_len) if use_prior else None)
+    best = bs.best_sequences(out, top=1)
+    if not best:
+      raise LeakjaxError('beam search found no sentence',
+                         'the bag is too small for the requested length')
+    score, tokens = best[0]
+    prior[rep, :len(tokens)] = tokens
+    prior_len[rep] = len(tokens)
+    text = _decode(tok, tokens)
+    recoveries.append(Recovery(text=text, tokens=tokens, beam_text=text,
+                               beam_score=score))
+  if config.reorder is not None:
+    rcfg = config.reorder
+    fixed = min(rcfg.fixed_prefix, prompt_arr.shape[-1])
+    rcfg = dataclasses.replace(rcfg, fixed_prefix=max(1, fixed))
+    reorder_fn = _reorder_fn(model, rcfg, config.grad_paths)
+    is_end = jnp.asarray(ro.sentence_end_mask(tok, model.config.vocab_size))
+    for i, rec in enumerate(recoveries[:config.reorder_top]):
+      toks, length = ro.pad_sequences([rec.tokens], width + 8)
+      state = reorder_fn(params, jnp.asarray(toks[0]), jnp.asarray(length[0]),
+                         jnp.asarray(bag_arr), key=jax.random.fold_in(key, i),
+                         is_end=is_end, bag_mask=jnp.asarray(bag_mask))
+      new = np.asarray(state.tokens)[:int(state.length)].tolist()
+      rec.tokens = new
+      rec.text = _decode(tok, new)
+      rec.prior_score = float(state.score)
+      rec.initial_prior_score = float(state.initial_score)
+  return FilmResult(bag=bag, recoveries=recoveries, num_prompts=len(prompts))
+
+
+def _decode(tokenizer, tokens) -> str:
+  return tokenizer.decode(tokens, skip_special=True).strip()
+
+
+__all__ = ['FilmConfig', 'FilmResult', 'Recovery', 'recover']

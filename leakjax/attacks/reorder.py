@@ -1,0 +1,400 @@
+"""Prior-guided token reordering (FILM Sec. 4.4).
+
+Beam search is greedy left to right; FILM refines its best sentence by
+local search under the prior score (Eq. 4)
+
+    S(x) = exp(-1/n log P_θ(x)) + β ‖∇_θ L_θ(x)‖        (perplexity + β·norm)
+
+where training sentences have both a low perplexity and a small gradient
+norm on the trained model (Appendix B.8). Three stages, each keeping the
+best candidate only if it lowers S (greedy hill climbing):
+
+1. truncation: cut after the first sentence-ending punctuation if that
+   lowers S (Sec. 4.4, footnote 6);
+2. phrase-wise: cut the sentence at p positions and permute the pieces
+   (Malkin et al. 2021), 200 steps;
+3. token-wise: swap two tokens, delete one, or insert a bag token, 200
+   steps.
+
+Everything is fixed-shape JAX: a sentence is `tokens [T]` + `length`, each
+step draws C candidates with `vmap` over `fold_in(key, step)` keys, scores
+them all at once, and the steps run in one `lax.while_loop`. The gradient
+norms of all candidates come from one `vmap(grad)` over a parameter subset
+(:func:`candidate_scores`); by default the last transformer block plus the
+final norm (:func:`default_grad_paths`): it costs one forward pass plus a
+backward pass through one block, and the authors' implementation also
+takes the norm of a single layer's gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+from jax import lax
+from jaxtyping import Array, Bool, Float, Int
+
+from leakjax.errors import LeakjaxError
+from leakjax.models.base import Model, lm_loss
+
+PyTree = Any
+ParamPath = tuple[str, ...]
+# Characters that end a sentence (truncation, footnote 6 of Sec. 4.4).
+SENTENCE_END = '.!?'
+
+
+@dataclasses.dataclass(frozen=True)
+class ReorderConfig:
+  """Hyperparameters of the reordering stage (hashable, static).
+
+  Attributes:
+    beta: β of Eq. 4 (FILM Sec. 7, Fig. 6: β = 1 is best).
+    phrase_steps: steps of phrase-wise reordering (Sec. 4.4: 200).
+    token_steps: steps of token-wise reordering (Sec. 4.4: 200).
+    num_candidates: C, candidates scored per step.
+    min_cuts / max_cuts: p, the number of cut positions, drawn uniformly
+      per candidate (the authors' code uses 3 to 5).
+    fixed_prefix: leading tokens that never move (BOS and the capitalised
+      start word chosen by the beam search).
+    truncate: try cutting after the first sentence-ending punctuation.
+    grad_chunk: score the candidates' gradients in chunks of this many
+      (`lax.map(batch_size=...)`) to bound memory; None: all at once.
+  """
+
+  beta: float = 1.0  # FILM Sec. 7
+  phrase_steps: int = 200  # FILM Sec. 4.4
+  token_steps: int = 200  # FILM Sec. 4.4
+  num_candidates: int = 16
+  min_cuts: int = 3
+  max_cuts: int = 5
+  fixed_prefix: int = 2
+  truncate: bool = True
+  grad_chunk: int | None = None
+
+  def __post_init__(self):
+    if not 1 <= self.min_cuts <= self.max_cuts:
+      raise LeakjaxError('need 1 <= min_cuts <= max_cuts, got'
+                         f' {self.min_cuts}, {self.max_cuts}')
+    if self.num_candidates < 1 or self.phrase_steps < 0 or self.token_steps < 0:
+      raise LeakjaxError('num_candidates must be >= 1 and steps >= 0')
+    if self.fixed_prefix < 1:
+      raise LeakjaxError('fixed_prefix must be >= 1 (the first token has no'
+                         ' log-probability)')
+
+
+@flax.struct.dataclass
+class ReorderState:
+  """Loop carry of the hill climbing for one sentence.
+
+  Attributes:
+    step: int32 `[]`.
+    tokens: int32 `[T]`, valid up to `length`, the rest 0.
+    length: int32 `[]`.
+    score: float32 `[]`, S(tokens[:length]).
+    initial_score: float32 `[]`, S of the input sentence.
+    accepted: int32 `[]`, improving moves after step 0 (truncation).
+  """
+
+  step: jax.Array
+  tokens: jax.Array
+  length: jax.Array
+  score: jax.Array
+  initial_score: jax.Array
+  accepted: jax.Array
+
+
+# ------------------------------------------------------------- parameters
+def default_grad_paths(params: PyTree) -> tuple[ParamPath, ...]:
+  """The last transformer block and the final norm (see module docstring).
+
+  Blocks are the top-level entries named `<name>_<index>` (`layers_29`,
+  `h_11`); the final norm is `final_norm` or `ln_f` if present. A model
+  without numbered blocks (LSTMs) uses all parameters.
+  """
+  numbered = [(int(m.group(2)), k) for k in params
+              if (m := re.fullmatch(r'(.*)_(\d+)', k))]
+  if not numbered:
+    return ((),)
+  paths = [(max(numbered)[1],)]
+  paths += [(k,) for k in ('final_norm', 'ln_f') if k in params]
+  return tuple(paths)
+
+
+def _selected(path: ParamPath, prefixes: Sequence[ParamPath]) -> bool:
+  return any(path[:len(p)] == tuple(p) for p in prefixes)
+
+
+def split_params(params: PyTree, prefixes: Sequence[ParamPath]
+                 ) -> tuple[dict, dict]:
+  """`(subset, rest)` flat dicts: leaves under any of `prefixes` vs others."""
+  flat = traverse_util.flatten_dict(params)
+  subset = {k: v for k, v in flat.items() if _selected(k, prefixes)}
+  if not subset:
+    raise LeakjaxError(f'no parameter under {list(prefixes)}',
+                       'pick paths that exist in model.params')
+  rest = {k: v for k, v in flat.items() if k not in subset}
+  return subset, rest
+
+
+# ---------------------------------------------------------------- scoring
+def candidate_scores(
+    model: Model,
+    params: PyTree,
+    ids: Int[Array, 'C T'],
+    mask: Int[Array, 'C T'],
+    *,
+    beta: float = 1.0,
+    grad_paths: Sequence[ParamPath] | None = None,
+    chunk: int | None = None,
+) -> tuple[Float[Array, 'C'], Float[Array, 'C'], Float[Array, 'C']]:
+  """S(x) = perplexity + β‖∇L(x)‖ of C candidates at once (FILM Eq. 4).
+
+  The per-candidate gradient norms come from `vmap(grad)` of each
+  candidate's own mean token loss with respect to the parameters under
+  `grad_paths` (default :func:`default_grad_paths`).
+
+  Returns:
+    `(scores, perplexities, grad_norms)`, float32 `[C]`.
+  """
+  paths = default_grad_paths(params) if grad_paths is None else grad_paths
+  subset, rest = split_params(params, paths)
+
+  def one(ids1, mask1):
+    def loss_fn(sub):
+      full = traverse_util.unflatten_dict({**rest, **sub})
+      logits = model.logits(full, ids1[None], mask1[None])
+      return lm_loss(logits, ids1[None], mask1[None])
+    loss, grads = jax.value_and_grad(loss_fn)(subset)
+    sq = sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
+             for g in jax.tree.leaves(grads))
+    return loss, jnp.sqrt(sq)
+
+  if chunk is None or chunk >= ids.shape[0]:
+    loss, norm = jax.vmap(one)(ids, mask)
+  else:
+    loss, norm = lax.map(lambda a: one(*a), (ids, mask), batch_size=chunk)
+  ppl = jnp.exp(loss)
+  return ppl + beta * norm, ppl, norm
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], width: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """`(tokens int32 [N, width], lengths int32 [N])`, zero padded."""
+  out = np.zeros((len(seqs), width), np.int32)
+  lengths = np.zeros((len(seqs),), np.int32)
+  for i, s in enumerate(seqs):
+    s = list(s)[:width]
+    out[i, :len(s)] = s
+    lengths[i] = len(s)
+  return out, lengths
+
+
+def _mask(length, width: int):
+  return (jnp.arange(width) < length).astype(jnp.int32)
+
+
+# ------------------------------------------------------------- candidates
+def _uniform_int(key, low, high):
+  """Uniform int in [low, high) for traced bounds (high > low assumed)."""
+  u = jax.random.uniform(key)
+  return jnp.minimum(low + jnp.floor(u * (high - low)).astype(jnp.int32),
+                     high - 1)
+
+
+def permute_phrases(key, tokens: Int[Array, 'T'], length, *, fixed: int,
+                    min_cuts: int, max_cuts: int) -> Int[Array, 'T']:
+  """Cuts `tokens[fixed:length]` at p random places and permutes the pieces.
+
+  FILM Sec. 4.4 (phrase-wise, after Malkin et al. 2021). Tokens before
+  `fixed` and the padding after `length` stay where they are.
+  """
+  width = tokens.shape[0]
+  k_num, k_pos, k_perm = jax.random.split(key, 3)
+  pos = jnp.arange(width)
+  # Cut before position c, c in (fixed, length): draw the smallest keys.
+  cut_ok = (pos > fixed) & (pos < length)
+  noise = jnp.where(cut_ok, jax.random.uniform(k_pos, (width,)), 2.0)
+  order = jnp.argsort(noise)
+  num_cuts = _uniform_int(k_num, min_cuts, max_cuts + 1)
+  is_cut = jnp.zeros((width,), bool).at[order].set(
+      (jnp.arange(width) < num_cuts) & (noise[order] < 2.0))
+  segment = jnp.cumsum(is_cut)  # [T], 0 .. num_cuts
+  num_segments = segment[jnp.maximum(length - 1, 0)] + 1
+  # Random order of the existing segments; missing ones sort last.
+  seg_ids = jnp.arange(max_cuts + 1)
+  seg_keys = jnp.where(seg_ids < num_segments,
+                       jax.random.uniform(k_perm, (max_cuts + 1,)), 2.0)
+  rank = jnp.argsort(jnp.argsort(seg_keys))  # segment -> new slot
+  movable = (pos >= fixed) & (pos < length)
+  slot = jnp.where(movable, rank[jnp.minimum(segment, max_cuts)] + 1,
+                   jnp.where(pos < fixed, 0, max_cuts + 2))
+  new_order = jnp.argsort(slot * width + pos)
+  return tokens[new_order]
+
+
+def edit_tokens(key, tokens: Int[Array, 'T'], length, bag_ids, bag_mask, *,
+                fixed: int) -> tuple[Int[Array, 'T'], Int[Array, '']]:
+  """One random token-wise move (FILM Sec. 4.4): swap, delete or insert.
+
+  Returns:
+    `(tokens, length)` of the candidate. Moves that do not fit (delete of
+    the last movable token, insert into a full row) return the input.
+  """
+  width = tokens.shape[0]
+  k_op, k_i, k_j, k_bag = jax.random.split(key, 4)
+  op = jax.random.randint(k_op, (), 0, 3)
+  pos = jnp.arange(width)
+  i = _uniform_int(k_i, fixed, jnp.maximum(length, fixed + 1))
+  j = _uniform_int(k_j, fixed, jnp.maximum(length, fixed + 1))
+  # swap i <-> j
+  swapped = tokens.at[i].set(tokens[j]).at[j].set(tokens[i])
+  # delete i: shift left after i
+  deleted = jnp.where(pos < i, tokens,
+                      jnp.take(tokens, pos + 1, mode='clip'))
+  deleted = jnp.where(pos >= length - 1, 0, deleted)
+  # insert a bag token at i: shift right from i
+  logits = jnp.where(bag_mask, 0.0, -jnp.inf)
+  new_token = bag_ids[jax.random.categorical(k_bag, logits)]
+  inserted = jnp.where(pos < i, tokens, jnp.take(tokens, pos - 1, mode='clip'))
+  inserted = inserted.at[i].set(new_token)
+  can_delete = length > fixed + 1
+  can_insert = (length < width) & bag_mask.any()
+  out = jnp.select(
+      [op == 0, (op == 1) & can_delete, (op == 2) & can_insert],
+      [swapped, deleted, inserted], tokens)
+  new_length = jnp.select(
+      [(op == 1) & can_delete, (op == 2) & can_insert],
+      [length - 1, length + 1], length)
+  return out, new_length
+
+
+def truncate_at_punctuation(tokens: Int[Array, 'T'], length,
+                            is_end: Bool[Array, 'V'], *, fixed: int):
+  """`(tokens, length)` cut after the first sentence end at/after `fixed`."""
+  pos = jnp.arange(tokens.shape[0])
+  hit = is_end[tokens] & (pos >= fixed) & (pos < length)
+  first = jnp.where(hit.any(), jnp.argmax(hit), length - 1)
+  new_length = jnp.minimum(first + 1, length)
+  return jnp.where(pos < new_length, tokens, 0), new_length
+
+
+# ------------------------------------------------------------------ search
+def reorder(
+    model: Model,
+    params: PyTree,
+    tokens: Int[Array, 'T'],
+    length: Int[Array, ''],
+    bag_ids: Int[Array, 'M'],
+    *,
+    key: jax.Array,
+    config: ReorderConfig,
+    is_end: Bool[Array, 'V'] | None = None,
+    bag_mask: Bool[Array, 'M'] | None = None,
+    grad_paths: Sequence[ParamPath] | None = None,
+) -> ReorderState:
+  """Reorders one sentence under S(x) (FILM Sec. 4.4). Jit-able.
+
+  One `lax.while_loop` of 1 + phrase_steps + token_steps steps, each
+  scoring C candidates: step 0 the input and its truncation, then
+  phrase-wise, then token-wise moves.
+
+  Args:
+    model: the attacked model.
+    params: θ^t.
+    tokens: int32 `[T]`, the beam-search sentence (with BOS), zero padded;
+      T bounds the length that insertions can reach.
+    length: its number of tokens.
+    bag_ids: int32 `[M]`, the recovered bag (insertions draw from it).
+    key: a `jax.random.key`.
+    config: a :class:`ReorderConfig`.
+    is_end: bool `[V]`, sentence-ending tokens (:func:`sentence_end_mask`);
+      None skips truncation.
+    bag_mask: bool `[M]`, valid entries of `bag_ids`.
+    grad_paths: parameter subset of the gradient norm.
+
+  Returns:
+    The final :class:`ReorderState` (`initial_score` is S of the input).
+  """
+  tokens = jnp.asarray(tokens, jnp.int32)
+  length = jnp.asarray(length, jnp.int32)
+  width = tokens.shape[0]
+  bag_ids = jnp.asarray(bag_ids, jnp.int32)
+  if bag_mask is None:
+    bag_mask = jnp.ones(bag_ids.shape, bool)
+  fixed = config.fixed_prefix
+  c = config.num_candidates
+  phrase_end = 1 + config.phrase_steps
+  total_steps = phrase_end + config.token_steps
+  if config.truncate and is_end is not None:
+    cut, cut_len = truncate_at_punctuation(tokens, length, is_end,
+                                           fixed=fixed)
+  else:
+    cut, cut_len = tokens, length
+
+  def propose(k, s: ReorderState):
+    """One candidate: step 0 truncation, then phrase-, then token-wise."""
+    k_phrase, k_token = jax.random.split(k)
+    phrase = permute_phrases(k_phrase, s.tokens, s.length, fixed=fixed,
+                             min_cuts=config.min_cuts,
+                             max_cuts=config.max_cuts)
+    edited, edited_len = edit_tokens(k_token, s.tokens, s.length, bag_ids,
+                                     bag_mask, fixed=fixed)
+    is_phrase = s.step < phrase_end
+    new = jnp.where(s.step == 0, cut,
+                    jnp.where(is_phrase, phrase, edited))
+    new_len = jnp.where(s.step == 0, cut_len,
+                        jnp.where(is_phrase, s.length, edited_len))
+    return new, new_len
+
+  def cond(s: ReorderState):
+    return s.step < total_steps
+
+  def body(s: ReorderState) -> ReorderState:
+    keys = jax.random.split(jax.random.fold_in(key, s.step), c)
+    cand, lengths = jax.vmap(propose, in_axes=(0, None))(keys, s)
+    # Step 0 scores the input itself (slot 0) beside its truncation.
+    first = s.step == 0
+    cand = cand.at[0].set(jnp.where(first, s.tokens, cand[0]))
+    lengths = lengths.at[0].set(jnp.where(first, s.length, lengths[0]))
+    masks = jax.vmap(_mask, in_axes=(0, None))(lengths, width)
+    scores, _, _ = candidate_scores(
+        model, params, cand, masks, beta=config.beta,
+        grad_paths=grad_paths, chunk=config.grad_chunk)  # [C]
+    best = jnp.argmin(scores)
+    better = scores[best] < s.score
+    return ReorderState(
+        step=s.step + 1,
+        tokens=jnp.where(better, cand[best], s.tokens),
+        length=jnp.where(better, lengths[best], s.length),
+        score=jnp.where(better, scores[best], s.score),
+        initial_score=jnp.where(first, scores[0], s.initial_score),
+        accepted=s.accepted + (better & ~first).astype(jnp.int32))
+
+  init = ReorderState(step=jnp.array(0, jnp.int32), tokens=tokens,
+                      length=length, score=jnp.array(jnp.inf, jnp.float32),
+                      initial_score=jnp.array(jnp.inf, jnp.float32),
+                      accepted=jnp.array(0, jnp.int32))
+  return lax.while_loop(cond, body, init)
+
+
+def sentence_end_mask(tokenizer, vocab_size: int | None = None) -> np.ndarray:
+  """bool `[V]`: tokens whose text is only sentence-ending punctuation."""
+  strings = tokenizer.token_strings()
+  size = vocab_size or len(strings)
+  out = np.zeros((size,), bool)
+  for i, s in enumerate(strings[:size]):
+    s = s.strip()
+    out[i] = bool(s) and all(ch in SENTENCE_END for ch in s)
+  return out
+
+
+__all__ = ['ReorderConfig', 'ReorderState', 'candidate_scores',
+           'default_grad_paths', 'edit_tokens', 'pad_sequences',
+           'permute_phrases', 'reorder', 'sentence_end_mask', 'split_params',
+           'truncate_at_punctuation']
