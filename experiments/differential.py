@@ -457,6 +457,12 @@ def evaluate_pair(attack: Attack, params, params_prime,
   return rows
 
 
+def fmt_ds(value: float) -> str:
+  if abs(value) >= 1000:
+    return f'{value:.3g}'
+  return f'{value:.3f}' if abs(value) >= 0.01 else f'{value:.1e}'
+
+
 def dr_cell(dr: int, num_found: int | None) -> str:
   """Table 1's shading as text: DR 0, DR > 1000, or the bound."""
   if num_found is None:  # not searched: 0 without the prefix
@@ -633,6 +639,7 @@ def report(writer, results, cfg, canaries, base_ppl, train_words,
            num_params) -> str:
   """summary.md: Table 1 per method, RQ3, plots, top extracted sequences."""
   ks = sorted(cfg.insertions)
+  name = {'ds': 'DS', 'rel_ds': 'relative DS'}[cfg.score]
   rate = lambda k: f'1 in {train_words / (k * CANARY_LENGTH) / 1000:.1f}K'
   lines = [
       '# Differential score and rank of canaries (Zanella-Beguelin et al.'
@@ -649,7 +656,7 @@ def report(writer, results, cfg, canaries, base_ppl, train_words,
                  f' counts {list(c.counts)}')
   lines.append('')
   for method in cfg.methods:
-    lines.append(f'## {method}: DS of the canary (DR bound), no background'
+    lines.append(f'## {method}: {name} of the canary (DR bound), no background'
                  ' knowledge\n')
     header = ['canary'] + [f'k={k} ({rate(k)})' for k in ks]
     table = []
@@ -662,21 +669,20 @@ def report(writer, results, cfg, canaries, base_ppl, train_words,
         if row is None:
           cells.append('-')
           continue
-        cell = f'{row["ds"]:.3f} ({dr_cell(row["dr"], row.get("num_found"))}'
+        cell = f'{fmt_ds(row[cfg.score])} ({dr_cell(row["dr"], row.get("num_found"))}'
         if method == 'retrain' and row['dr_own'] != row['dr']:
           cell += f'; own {dr_cell(row["dr_own"], row["num_found"])}'
         cells.append(cell + f'; top {top_match(row)}/5)')
       table.append(cells)
     lines.append(io.markdown_table(header, table))
-    ppls = {k: float(np.median([r['perplexity'] for r in results
-                                if r['method'] == method and r['k'] == k
-                                and not r['prefix']] or [math.nan]))
-            for k in ks}
+    ppls = {k: [r['perplexity'] for r in results if r['method'] == method
+                and r['k'] == k and not r['prefix']] for k in ks}
     lines.append('Perplexity of M\' (median over its snapshots): ' +
-                 ', '.join(f'k={k}: {ppls[k]:.1f}' for k in ks) + '\n')
+                 ', '.join(f'k={k}: {np.median(ppls[k]):.1f}' for k in ks
+                           if ppls[k]) + '\n')
   prefixes = sorted({r['prefix'] for r in results if r['prefix']})
   for p in prefixes:
-    lines.append(f'## RQ3: the first {p} canary words given (DS of the rest,'
+    lines.append(f'## RQ3: the first {p} canary words given ({name} of the rest,'
                  ' DR bound)\n')
     header = ['method', 'canary'] + [f'k={k}' for k in ks]
     table = []
@@ -688,7 +694,7 @@ def report(writer, results, cfg, canaries, base_ppl, train_words,
                       and r['k'] == k and r['canary'] == c.kind
                       and r['prefix'] == p), None)
           cells.append('-' if row is None else
-                       f'{row["ds"]:.3f} ({dr_cell(row["dr"], row.get("num_found"))})')
+                       f'{fmt_ds(row[cfg.score])} ({dr_cell(row["dr"], row.get("num_found"))})')
         table.append(cells)
     lines.append(io.markdown_table(header, table))
     lines.append('\\* not searched: DR 0 without the prefix implies DR 0'
@@ -708,7 +714,8 @@ def report(writer, results, cfg, canaries, base_ppl, train_words,
           continue
         title = (f'{method}, k={k}, all canaries planted'
                  if method == 'retrain' else
-                 f'{method}, k={k}, {c.kind} "{c.text}" (DS {row["ds"]:.3f})')
+                 f'{method}, k={k}, {c.kind} "{c.text}"'
+                 f' ({name} {fmt_ds(row[cfg.score])})')
         lines.append(f'**{title}**\n')
         lines.append(io.markdown_table(
             ['rank', 'sequence', 'DS', 'rel DS'],
@@ -728,7 +735,7 @@ def _plot(writer, results, cfg, canaries) -> str | None:
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   for method, style in zip(cfg.methods, ('-', '--', ':')):
     for c, color in zip(canaries, ('C0', 'C1', 'C2', 'C3')):
-      pts = [(r['k'], r['ds'], r['dr']) for r in results
+      pts = [(r['k'], r[cfg.score], r['dr']) for r in results
              if r['method'] == method and r['canary'] == c.kind
              and not r['prefix']]
       pts.sort()
@@ -738,12 +745,17 @@ def _plot(writer, results, cfg, canaries) -> str | None:
       axes[0].plot(x, [p[1] for p in pts], style, color=color, marker='o',
                    label=f'{method} {c.kind}')
       axes[1].plot(x, [p[2] for p in pts], style, color=color, marker='o')
-  axes[0].set(xscale='log', xlabel='insertions k', ylabel='DS of the canary',
+  axes[0].set_yscale('symlog', linthresh=1e-3)
+  axes[0].set(xscale='log', xlabel='insertions k',
+              ylabel=f'{cfg.score} of the canary',
               title='Differential score (Def. 3.1)')
-  axes[1].set(xscale='log', yscale='symlog', xlabel='insertions k',
-              ylabel='DR lower bound', title='Differential rank (Prop. 3.3)')
-  axes[1].axhline(DR_GRAY, color='gray', lw=0.8)
+  axes[1].set_yscale('symlog', linthresh=1)
+  axes[1].set(xscale='log', xlabel='insertions k', ylim=(-0.3, 5000),
+              ylabel='DR lower bound (beam search)',
+              title='Differential rank (Prop. 3.3)')
+  axes[1].axhline(DR_GRAY, color='gray', lw=0.8, ls=':')
   for ax in axes:
+    ax.minorticks_off()
     ax.set_xticks(ks, [str(k) for k in ks])
   axes[0].legend(fontsize=7)
   name = writer.save_figure(fig, 'ds_dr.png')

@@ -418,6 +418,11 @@ def beam_search(
   Shapes are fixed per step, so under `jit` the search compiles once for a
   given (|T|, widths, length, G) and runs without host round trips.
 
+  Memory: `O(G * chunk_rows * V)` for the scores of one chunk, plus the
+  decode caches of every sequence of the widest step (small for LSTMs; for
+  a transformer, `widths[0]` KV caches of `len(context) + length` tokens,
+  so use narrower widths with SmolLM2 than |T| = 49,152).
+
   Args:
     model: :class:`leakjax.models.Model` M (only its pure `init_cache` and
       `decode` are used).
