@@ -12,6 +12,13 @@ Reproduces Wan et al. 2024 (Tables 2-6) on a real pretrained model:
    attack scores on defended states and the target's perplexity with and
    without the defense (Table 6).
 
+`--ep_variants` picks the Embed Parrot variants: `ep` (the paper's
+architecture) and `ep_skip` (plus a ridge-initialised linear skip, ours).
+Summary keys: `f1|rouge1|rougeL|sbert@data=...,layer=...,method=...` with
+method in {bei, hei, ep, ep_bei, ep_skip, ep_skip_bei}; `...@bucket=lo-hi,...`
+(Table 5); `...@data=...,defense=dct,layer=...,method=...,subsets=k` and
+`ppl@defense=dct,layer=...,subsets=k` / `ppl@defense=none` (Table 6).
+
 The target's hidden states are computed once and cached (`--cache_dir`);
 a re-run with the same `--workdir` resumes from `results.jsonl` and the
 Embed Parrot checkpoint.
@@ -990,7 +997,10 @@ def render_markdown(
 
   lines.append(
     f'\n## Embed Parrot vs BEI/HEI at layer {deep} (Tables 1, 4)'
-    '\n\n`ep` = HEI on the predicted H^0, `ep_bei` = BEI on it.\n'
+    "\n\n`ep` = Embed Parrot with the paper's architecture (Input-Adapter,"
+    ' decoder, Output-Adapter; cosine loss), decoded with HEI; `ep_skip` ='
+    ' the same plus a ridge-initialised linear skip from input to output'
+    ' (ours, not in the paper); `*_bei` = BEI on the predicted H^0.\n'
   )
   header = ['data', 'method', 'ROUGE-1', 'ROUGE-L', 'F1', 'SBERT']
   rows = []
@@ -1051,7 +1061,10 @@ def render_markdown(
 
   lines.append(
     '\n## DCT defense (Table 6 analogue)\n\n'
-    'Attacks on the defended hidden states (EP is the one trained'
+    '`E_trans = IDCT(DCT(E) O_s)` along the feature axis (orthonormal'
+    ' DCT-II), `O_s` one of k overlap matrices built from a random'
+    ' permutation of the d features split into k subsets (Sec. 5.3.1).'
+    ' Attacks run on the defended hidden states (EP is the one trained'
     ' on undefended states); perplexity of the target with the'
     ' defense applied at that layer, on'
     f' {cfg.ppl_texts} texts per corpus.\n'
@@ -1099,7 +1112,8 @@ def render_markdown(
     lines.append('\n## Plots\n')
     lines.extend(f'![{p}]({p})\n' for p in plots)
   lines.append(
-    f'\nTimings: hidden states {summary["seconds_hidden_states"]:.0f}'
+    f'\nTimings of this invocation (cached hidden states and checkpoints'
+    f' count ~0): hidden states {summary["seconds_hidden_states"]:.0f}'
     f' s, Embed Parrot training {summary["seconds_ep_train"]:.0f} s,'
     f' total {summary["seconds_total"]:.0f} s.\n'
   )
