@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import time
 from pathlib import Path
@@ -42,17 +41,13 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
-from experiments import common
-from experiments import film_data
+from experiments import common, film_data
 from leakjax import data as data_lib
-from leakjax import fl
-from leakjax import io
-from leakjax import models
+from leakjax import fl, io, models
 from leakjax import train as train_lib
 from leakjax.attacks import bag_of_words as bow
 from leakjax.attacks import beam_search as bs
-from leakjax.attacks import film
-from leakjax.attacks import metrics
+from leakjax.attacks import film, metrics
 from leakjax.attacks import reorder as ro
 from leakjax.errors import LeakjaxError
 
@@ -61,10 +56,10 @@ INITS = ('pretrained', 'random')
 # FILM Table 10, Enron Email rows: mean over 20 batches (best in brackets
 # in the paper): b -> (ROUGE-1, ROUGE-2, ROUGE-L, NERR).
 PAPER_TABLE10_ENRON = {
-    1: (0.73, 0.45, 0.61, 0.34),
-    16: (0.41, 0.20, 0.31, 0.40),
-    64: (0.37, 0.18, 0.29, 0.35),
-    128: (0.37, 0.19, 0.29, 0.38),
+  1: (0.73, 0.45, 0.61, 0.34),
+  16: (0.41, 0.20, 0.31, 0.40),
+  64: (0.37, 0.18, 0.29, 0.35),
+  128: (0.37, 0.19, 0.29, 0.38),
 }
 # FILM Table 9 (Enron, FILM row) adds b = 4: (R-1, R-2, R-L, NERR).
 PAPER_TABLE9_ENRON = {4: (0.54, 0.32, 0.44, 0.66)}
@@ -98,6 +93,8 @@ class FilmExperimentConfig:
       (DP-SGD at that ε for the whole training run), 'freeze'.
     dp_clip: DP-SGD clip norm C.
     dp_delta: δ of the DP-SGD guarantee.
+    dp_steps: training steps the DP-SGD ε covers (σ is calibrated for
+      them at sampling rate b/N); 0: `train_steps` (at least 1).
     bag_method: bag-of-words method ('auto', 'tied', 'norm', ...).
     norm_z: robust z of the tied method's norm test (test 3).
     num_beams, num_groups, diversity_penalty, ngram_size, ngram_penalty,
@@ -129,6 +126,7 @@ class FilmExperimentConfig:
   defenses: tuple[str, ...] = ('none',)
   dp_clip: float = 1.0
   dp_delta: float = 1e-5
+  dp_steps: int = 0
   bag_method: str = 'auto'
   norm_z: float = 4.0
   num_beams: tuple[int, ...] = (32,)
@@ -149,14 +147,17 @@ class FilmExperimentConfig:
 
   def __post_init__(self):
     if self.mode not in MODES:
-      raise LeakjaxError(f'unknown --mode {self.mode!r}',
-                         f'use one of {", ".join(MODES)}')
+      raise LeakjaxError(
+        f'unknown --mode {self.mode!r}', f'use one of {", ".join(MODES)}'
+      )
     if self.init not in INITS:
-      raise LeakjaxError(f'unknown --init {self.init!r}', 'use pretrained or'
-                         ' random')
+      raise LeakjaxError(
+        f'unknown --init {self.init!r}', 'use pretrained or random'
+      )
     if not self.batch_sizes or min(self.batch_sizes) < 1:
-      raise LeakjaxError(f'batch sizes must be positive, got'
-                         f' {self.batch_sizes}')
+      raise LeakjaxError(
+        f'batch sizes must be positive, got {self.batch_sizes}'
+      )
     if self.num_batches < 1 or self.repetitions < 1:
       raise LeakjaxError('num_batches and repetitions must be >= 1')
     for d in self.defenses:
@@ -175,13 +176,16 @@ def parse_defense(spec: str) -> tuple[str, float]:
       v = float('nan')
     if (kind == 'prune' and 0 <= v < 1) or (kind == 'dp' and v > 0):
       return kind, v
-  raise LeakjaxError(f'bad defense {spec!r}',
-                     "use none, freeze, prune:<ratio in [0,1)> or dp:<eps>")
+  raise LeakjaxError(
+    f'bad defense {spec!r}',
+    'use none, freeze, prune:<ratio in [0,1)> or dp:<eps>',
+  )
 
 
 # ------------------------------------------------------------------- data
-def preprocess(texts: Sequence[str], tokenizer, cfg: FilmExperimentConfig,
-               perplexity_fn=None) -> list[str]:
+def preprocess(
+  texts: Sequence[str], tokenizer, cfg: FilmExperimentConfig, perplexity_fn=None
+) -> list[str]:
   """Appendix B.1: sentences, < max_tokens tokens, a named entity, ppl."""
   sentences = []
   for t in texts:
@@ -194,17 +198,18 @@ def preprocess(texts: Sequence[str], tokenizer, cfg: FilmExperimentConfig,
     kept.append(s)
   if cfg.require_entity:
     ents = metrics.named_entities(kept)
-    kept = [s for s, e in zip(kept, ents) if e]
+    kept = [s for s, e in zip(kept, ents, strict=True) if e]
   if cfg.max_perplexity is not None and perplexity_fn is not None and kept:
     ppl = perplexity_fn(kept)
-    kept = [s for s, p in zip(kept, ppl) if p < cfg.max_perplexity]
+    kept = [s for s, p in zip(kept, ppl, strict=True) if p < cfg.max_perplexity]
   if cfg.max_sentences is not None:
-    kept = kept[:cfg.max_sentences]
+    kept = kept[: cfg.max_sentences]
   if len(kept) < max(cfg.batch_sizes):
     raise LeakjaxError(
-        f'only {len(kept)} sentences survive preprocessing (Appendix B.1),'
-        f' fewer than the largest batch size {max(cfg.batch_sizes)}',
-        'use more data, smaller --batch_sizes or relax --require_entity')
+      f'only {len(kept)} sentences survive preprocessing (Appendix B.1),'
+      f' fewer than the largest batch size {max(cfg.batch_sizes)}',
+      'use more data, smaller --batch_sizes or relax --require_entity',
+    )
   return kept
 
 
@@ -212,20 +217,26 @@ def load_model(cfg: FilmExperimentConfig):
   if cfg.model == GPT2_TINY:
     from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
     from leakjax.tokenization import gpt2_tokenizer  # pylint: disable=g-import-not-at-top
+
     config = gpt2.GPT2Config.tiny(vocab_size=50257, n_positions=64)
-    return gpt2.init_model(config, key=jax.random.key(cfg.seed),
-                           tokenizer=gpt2_tokenizer())
+    return gpt2.init_model(
+      config, key=jax.random.key(cfg.seed), tokenizer=gpt2_tokenizer()
+    )
   model = models.load(cfg.model)
   if cfg.init == 'random':
     family = model.family
     if family == 'gpt2':
       from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
-      model = gpt2.init_model(model.config, key=jax.random.key(cfg.seed),
-                              tokenizer=model.tokenizer)
+
+      model = gpt2.init_model(
+        model.config, key=jax.random.key(cfg.seed), tokenizer=model.tokenizer
+      )
     elif family == 'llama':
       from leakjax.models import llama  # pylint: disable=g-import-not-at-top
-      model = llama.init_model(model.config, key=jax.random.key(cfg.seed),
-                               tokenizer=model.tokenizer)
+
+      model = llama.init_model(
+        model.config, key=jax.random.key(cfg.seed), tokenizer=model.tokenizer
+      )
     else:
       raise LeakjaxError(f'--init=random is not supported for {family}')
   return model
@@ -235,8 +246,9 @@ def perplexities(model, params, texts: Sequence[str], batch: int = 32):
   out = []
   fn = jax.jit(model.token_log_probs)
   for i in range(0, len(texts), batch):
-    ids, mask = model.tokenizer.encode_batch(list(texts[i:i + batch]),
-                                             add_bos=True)
+    ids, mask = model.tokenizer.encode_batch(
+      list(texts[i : i + batch]), add_bos=True
+    )
     lp = np.asarray(fn(params, jnp.asarray(ids), jnp.asarray(mask)))
     m = mask[:, 1:]
     out.extend(np.exp(-(lp * m).sum(1) / np.maximum(m.sum(1), 1)))
@@ -250,8 +262,9 @@ def draw_batch(num: int, b: int, index: int, seed: int) -> list[int]:
 
 
 # ------------------------------------------------------------------ attack
-def make_defense(model, spec: str, cfg: FilmExperimentConfig, *,
-                 num_train: int, b: int) -> tuple[fl.Defense, float | None]:
+def make_defense(
+  model, spec: str, cfg: FilmExperimentConfig, *, num_train: int, b: int
+) -> tuple[fl.Defense, float | None]:
   """The client's defense and the per-coordinate noise std it adds."""
   kind, value = parse_defense(spec)
   if kind == 'none':
@@ -261,41 +274,65 @@ def make_defense(model, spec: str, cfg: FilmExperimentConfig, *,
   if kind == 'prune':
     return fl.gradient_pruning(value), None
   # DP-SGD calibrated for `train_steps` steps at sampling rate b/N.
-  steps = max(1, cfg.train_steps)
-  sigma = fl.sigma_for_epsilon(value, min(1.0, b / num_train), steps,
-                               cfg.dp_delta)
-  return fl.dp_sgd(cfg.dp_clip, sigma), sigma * cfg.dp_clip / b
+  steps = cfg.dp_steps or max(1, cfg.train_steps)
+  sigma = fl.sigma_for_epsilon(
+    value, min(1.0, b / num_train), steps, cfg.dp_delta
+  )
+  # Per-example gradients 4 at a time: memory of 4 copies of the model.
+  defense = fl.dp_sgd(cfg.dp_clip, sigma, microbatch=min(b, 4))
+  return defense, sigma * cfg.dp_clip / b
 
 
 def client_gradient(model, params, texts: Sequence[str], defense, key):
   ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
   fn = jax.jit(fl.client_gradient, static_argnames=('model', 'defense'))
-  return fn(model, params, jnp.asarray(ids), jnp.asarray(mask),
-            defense=defense, key=key), ids, mask
+  return (
+    fn(
+      model,
+      params,
+      jnp.asarray(ids),
+      jnp.asarray(mask),
+      defense=defense,
+      key=key,
+    ),
+    ids,
+    mask,
+  )
 
 
 def true_tokens(ids: np.ndarray, mask: np.ndarray) -> set[int]:
   return set(ids[mask > 0].tolist())
 
 
-def film_config(cfg: FilmExperimentConfig, num_beams: int, ngram: int,
-                beta: float) -> film.FilmConfig:
+def film_config(
+  cfg: FilmExperimentConfig, num_beams: int, ngram: int, beta: float
+) -> film.FilmConfig:
   reorder = None
   if cfg.phrase_steps or cfg.token_steps:
     reorder = ro.ReorderConfig(
-        beta=beta, phrase_steps=cfg.phrase_steps, token_steps=cfg.token_steps,
-        num_candidates=cfg.reorder_candidates)
+      beta=beta,
+      phrase_steps=cfg.phrase_steps,
+      token_steps=cfg.token_steps,
+      num_candidates=cfg.reorder_candidates,
+    )
   groups = cfg.num_groups if num_beams % cfg.num_groups == 0 else 1
   return film.FilmConfig(
-      bag_method=cfg.bag_method,
-      tied=bow.TiedBagConfig(norm_z=cfg.norm_z),
-      beam=bs.BeamSearchConfig(
-          num_beams=num_beams, num_groups=groups,
-          diversity_penalty=cfg.diversity_penalty, ngram_size=ngram,
-          ngram_penalty=cfg.ngram_penalty, length=cfg.length),
-      reorder=reorder, max_prompts=cfg.max_prompts,
-      prompts_per_search=cfg.prompts_per_search,
-      repetitions=cfg.repetitions, grad_paths=_grad_paths(cfg))
+    bag_method=cfg.bag_method,
+    tied=bow.TiedBagConfig(norm_z=cfg.norm_z),
+    beam=bs.BeamSearchConfig(
+      num_beams=num_beams,
+      num_groups=groups,
+      diversity_penalty=cfg.diversity_penalty,
+      ngram_size=ngram,
+      ngram_penalty=cfg.ngram_penalty,
+      length=cfg.length,
+    ),
+    reorder=reorder,
+    max_prompts=cfg.max_prompts,
+    prompts_per_search=cfg.prompts_per_search,
+    repetitions=cfg.repetitions,
+    grad_paths=_grad_paths(cfg),
+  )
 
 
 def _grad_paths(cfg):
@@ -306,15 +343,20 @@ def _grad_paths(cfg):
 
 def sweep_points(cfg: FilmExperimentConfig) -> list[dict[str, Any]]:
   """The product of swept values; keys only for dimensions with > 1 value."""
-  dims = {'b': cfg.batch_sizes, 'beams': cfg.num_beams,
-          'ngram': cfg.ngram_size, 'beta': cfg.beta}
+  dims = {
+    'b': cfg.batch_sizes,
+    'beams': cfg.num_beams,
+    'ngram': cfg.ngram_size,
+    'beta': cfg.beta,
+  }
   if cfg.mode == 'attack':
     dims['defense'] = cfg.defenses
   points = []
   for values in itertools.product(*dims.values()):
-    point = dict(zip(dims, values))
-    point['key'] = {k: v for k, v in point.items()
-                    if k == 'b' or len(dims[k]) > 1}
+    point = dict(zip(dims, values, strict=True))
+    point['key'] = {
+      k: v for k, v in point.items() if k == 'b' or len(dims[k]) > 1
+    }
     points.append(point)
   return points
 
@@ -324,29 +366,46 @@ def attack_batch(model, params, texts, point, cfg, *, num_train, index):
   b = point['b']
   key = jax.random.key(cfg.seed)
   key = jax.random.fold_in(jax.random.fold_in(key, b), index)
-  defense, noise = make_defense(model, point.get('defense', 'none'), cfg,
-                                num_train=num_train, b=b)
+  defense, noise = make_defense(
+    model, point.get('defense', 'none'), cfg, num_train=num_train, b=b
+  )
   start = time.perf_counter()
   grads, ids, mask = client_gradient(model, params, texts, defense, key)
   grad_s = time.perf_counter() - start
   fcfg = film_config(cfg, point['beams'], point['ngram'], point['beta'])
   start = time.perf_counter()
-  result = film.recover(model, params, grads, config=fcfg,
-                        key=jax.random.fold_in(key, 1), noise_std=noise)
+  result = film.recover(
+    model,
+    params,
+    grads,
+    config=fcfg,
+    key=jax.random.fold_in(key, 1),
+    noise_std=noise,
+  )
   attack_s = time.perf_counter() - start
   truth = true_tokens(ids, mask)
   prec, rec = metrics.bag_precision_recall(result.bag.ids, truth)
   ents = metrics.named_entities(texts)
   best = metrics.best_of_batch(texts, result.sentences[0], entities=ents)
-  row = {**point['key'], 'batch': index, 'originals': list(texts),
-         'recovered': result.sentences,
-         'beam_sentence': result.recoveries[0].beam_text,
-         'rouge1': best['rouge1'], 'rouge2': best['rouge2'],
-         'rougeL': best['rougeL'], 'nerr': best['nerr'],
-         'match': best['match'], 'bag_precision': prec, 'bag_recall': rec,
-         'bag_size': int(len(result.bag.ids)), 'true_bag_size': len(truth),
-         'num_prompts': result.num_prompts, 'grad_seconds': grad_s,
-         'attack_seconds': attack_s}
+  row = {
+    **point['key'],
+    'batch': index,
+    'originals': list(texts),
+    'recovered': result.sentences,
+    'beam_sentence': result.recoveries[0].beam_text,
+    'rouge1': best['rouge1'],
+    'rouge2': best['rouge2'],
+    'rougeL': best['rougeL'],
+    'nerr': best['nerr'],
+    'match': best['match'],
+    'bag_precision': prec,
+    'bag_recall': rec,
+    'bag_size': int(len(result.bag.ids)),
+    'true_bag_size': len(truth),
+    'num_prompts': result.num_prompts,
+    'grad_seconds': grad_s,
+    'attack_seconds': attack_s,
+  }
   if cfg.repetitions > 1:
     multi = metrics.sentence_matching(texts, result.sentences)
     row['multi_recall'] = multi['recall']
@@ -357,8 +416,9 @@ def attack_batch(model, params, texts, point, cfg, *, num_train, index):
 def bag_batch(model, params, texts, b, cfg, *, num_train, index):
   """Bag-only rows (one per defense x method) for one batch."""
   rows = []
-  key = jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), b),
-                           index)
+  key = jax.random.fold_in(
+    jax.random.fold_in(jax.random.key(cfg.seed), b), index
+  )
   for spec in cfg.defenses:
     defense, noise = make_defense(model, spec, cfg, num_train=num_train, b=b)
     start = time.perf_counter()
@@ -373,18 +433,32 @@ def bag_batch(model, params, texts, b, cfg, *, num_train, index):
       methods = ['nonzero'] + (['tied'] if tied else [])
     else:
       methods = ['tied', 'norm'] if tied else ['nonzero']
-    rows_grad = jax.device_get(models.get_path(grads,
-                                               model.paths.word_embeddings))
+    rows_grad = jax.device_get(
+      models.get_path(grads, model.paths.word_embeddings)
+    )
     for method in methods:
       start = time.perf_counter()
-      bag = bow.bag_of_words(model, params, grads, method=method,
-                             noise_std=noise,
-                             config=bow.TiedBagConfig(norm_z=cfg.norm_z))
+      bag = bow.bag_of_words(
+        model,
+        params,
+        grads,
+        method=method,
+        noise_std=noise,
+        config=bow.TiedBagConfig(norm_z=cfg.norm_z),
+      )
       p, r = metrics.bag_precision_recall(bag.ids, truth)
-      row = {'b': b, 'batch': index, 'defense': spec, 'method': method,
-             'bag_precision': p, 'bag_recall': r, 'bag_size': len(bag.ids),
-             'true_bag_size': len(truth), 'grad_seconds': grad_s,
-             'bag_seconds': time.perf_counter() - start}
+      row = {
+        'b': b,
+        'batch': index,
+        'defense': spec,
+        'method': method,
+        'bag_precision': p,
+        'bag_recall': r,
+        'bag_size': len(bag.ids),
+        'true_bag_size': len(truth),
+        'grad_seconds': grad_s,
+        'bag_seconds': time.perf_counter() - start,
+      }
       if bag.evidence is not None:
         row['span_rank'] = int(bag.evidence.span_rank)
         row['span_valid'] = bool(bag.evidence.span_valid)
@@ -392,14 +466,23 @@ def bag_batch(model, params, texts, b, cfg, *, num_train, index):
     if kind == 'none' and tied:
       # The baseline at its best threshold (an oracle: it knows the truth).
       p, r = oracle_norm_threshold(np.asarray(rows_grad), truth)
-      rows.append({'b': b, 'batch': index, 'defense': spec,
-                   'method': 'norm_oracle', 'bag_precision': p,
-                   'bag_recall': r, 'true_bag_size': len(truth)})
+      rows.append(
+        {
+          'b': b,
+          'batch': index,
+          'defense': spec,
+          'method': 'norm_oracle',
+          'bag_precision': p,
+          'bag_recall': r,
+          'true_bag_size': len(truth),
+        }
+      )
   return rows
 
 
-def oracle_norm_threshold(grad_rows: np.ndarray, truth: set[int]
-                          ) -> tuple[float, float]:
+def oracle_norm_threshold(
+  grad_rows: np.ndarray, truth: set[int]
+) -> tuple[float, float]:
   """Precision/recall of the norm threshold with the best F1 (oracle)."""
   norms = np.linalg.norm(grad_rows.astype(np.float64), axis=1)
   order = np.argsort(-norms, kind='stable')
@@ -415,15 +498,20 @@ def oracle_norm_threshold(grad_rows: np.ndarray, truth: set[int]
 
 # ----------------------------------------------------------------- summary
 def _mean_std(rows, field):
-  vals = [r[field] for r in rows if r.get(field) is not None
-          and not (isinstance(r[field], float) and math.isnan(r[field]))]
+  vals = [
+    r[field]
+    for r in rows
+    if r.get(field) is not None
+    and not (isinstance(r[field], float) and math.isnan(r[field]))
+  ]
   if not vals:
     return float('nan'), float('nan')
   return float(np.mean(vals)), float(np.std(vals))
 
 
-def summarize(cfg: FilmExperimentConfig, rows: list[dict], extra: dict
-              ) -> tuple[dict[str, float], str, list]:
+def summarize(
+  cfg: FilmExperimentConfig, rows: list[dict], extra: dict
+) -> tuple[dict[str, float], str, list]:
   summary: dict[str, float] = {}
   figures = []
   if cfg.mode == 'bag':
@@ -437,30 +525,60 @@ def summarize(cfg: FilmExperimentConfig, rows: list[dict], extra: dict
         params['defense'] = d
       for f in ('bag_precision', 'bag_recall'):
         summary[io.summary_key(f, **params)] = _mean_std(rs, f)[0]
-      table.append([b, d, m, len(rs), _mean_std(rs, 'bag_precision')[0],
-                    _mean_std(rs, 'bag_recall')[0],
-                    _mean_std(rs, 'true_bag_size')[0]])
-    md = ('# FILM bag of words from gradients\n\n'
-          f'Model `{cfg.model}` ({cfg.init}), t = {cfg.train_steps} steps.'
-          ' `tied` is leakjax\'s method for tied embeddings (input span +'
-          ' target sign + norm outliers, no oracle); `norm` the norm'
-          f' threshold at robust z > 8; `norm_oracle` the norm'
-          ' threshold at its best F1 *given the true bag* (an upper bound'
-          ' of the baseline).\n\n'
-          + io.markdown_table(['b', 'defense', 'method', 'batches',
-                               'precision', 'recall', 'true bag size'],
-                              table))
+      table.append(
+        [
+          b,
+          d,
+          m,
+          len(rs),
+          _mean_std(rs, 'bag_precision')[0],
+          _mean_std(rs, 'bag_recall')[0],
+          _mean_std(rs, 'true_bag_size')[0],
+        ]
+      )
+    md = (
+      '# FILM bag of words from gradients\n\n'
+      f'Model `{cfg.model}` ({cfg.init}), t = {cfg.train_steps} steps.'
+      " `tied` is leakjax's method for tied embeddings (input span +"
+      ' target sign + norm outliers, no oracle); `norm` the norm'
+      f' threshold at robust z > 8; `norm_oracle` the norm'
+      ' threshold at its best F1 *given the true bag* (an upper bound'
+      ' of the baseline).\n\n'
+      + io.markdown_table(
+        [
+          'b',
+          'defense',
+          'method',
+          'batches',
+          'precision',
+          'recall',
+          'true bag size',
+        ],
+        table,
+      )
+    )
     return summary, md, figures
   groups = {}
   for r in rows:
-    key = tuple(sorted((k, r[k]) for k in r if k in
-                       ('b', 'beams', 'ngram', 'beta', 'defense')))
+    key = tuple(
+      sorted(
+        (k, r[k]) for k in r if k in ('b', 'beams', 'ngram', 'beta', 'defense')
+      )
+    )
     groups.setdefault(key, []).append(r)
   table = []
   for key, rs in sorted(groups.items()):
     params = dict(key)
-    for f in ('rouge1', 'rouge2', 'rougeL', 'nerr', 'bag_precision',
-              'bag_recall', 'multi_recall', 'multi_precision'):
+    for f in (
+      'rouge1',
+      'rouge2',
+      'rougeL',
+      'nerr',
+      'bag_precision',
+      'bag_recall',
+      'multi_recall',
+      'multi_precision',
+    ):
       mean, std = _mean_std(rs, f)
       if f.startswith('multi') and math.isnan(mean):
         continue
@@ -468,7 +586,8 @@ def summarize(cfg: FilmExperimentConfig, rows: list[dict], extra: dict
       if f in ('rouge1', 'rouge2', 'rougeL', 'nerr'):
         summary[io.summary_key(f + '_std', **params)] = std
         summary[io.summary_key(f + '_best', **params)] = float(
-            np.nanmax([r[f] for r in rs]))
+          np.nanmax([r[f] for r in rs])
+        )
     b = params['b']
     paper = PAPER_TABLE10_ENRON.get(b) or PAPER_TABLE9_ENRON.get(b)
     cells = []
@@ -478,29 +597,52 @@ def summarize(cfg: FilmExperimentConfig, rows: list[dict], extra: dict
       ours = f'{mean:.2f} ± {std:.2f} ({best:.2f})'
       cells += [ours, f'{paper[i]:.2f}' if paper else '–']
     label = ', '.join(f'{k}={v}' for k, v in params.items())
-    table.append([label, len(rs)] + cells
-                 + [f'{_mean_std(rs, "bag_precision")[0]:.3f} /'
-                    f' {_mean_std(rs, "bag_recall")[0]:.3f}'])
-  header = ['setting', 'batches', 'ROUGE-1', 'paper', 'ROUGE-2', 'paper',
-            'ROUGE-L', 'paper', 'NERR', 'paper', 'bag P / R']
-  md = ('# FILM: sentences recovered from client gradients\n\n'
-        f'Model `{cfg.model}` ({cfg.init}), fine-tuned for t ='
-        f' {cfg.train_steps} steps on {extra.get("num_train", "?")} private'
-        ' sentences'
-        + (f' (eval perplexity {extra["eval_ppl"]:.2f})'
-           if extra.get('eval_ppl') else '')
-        + '. Mean ± std over batches (best in brackets), as in FILM Table'
-        ' 10; "paper" is the Enron Email row of Table 10 (b = 4: Table 9),'
-        ' GPT-2 fine-tuned on 31,797 sentences for up to 90k iterations.'
-        ' Bags come from the gradient, never from the true tokens.\n\n'
-        + io.markdown_table(header, table))
+    table.append(
+      [label, len(rs)]
+      + cells
+      + [
+        f'{_mean_std(rs, "bag_precision")[0]:.3f} /'
+        f' {_mean_std(rs, "bag_recall")[0]:.3f}'
+      ]
+    )
+  header = [
+    'setting',
+    'batches',
+    'ROUGE-1',
+    'paper',
+    'ROUGE-2',
+    'paper',
+    'ROUGE-L',
+    'paper',
+    'NERR',
+    'paper',
+    'bag P / R',
+  ]
+  md = (
+    '# FILM: sentences recovered from client gradients\n\n'
+    f'Model `{cfg.model}` ({cfg.init}), fine-tuned for t ='
+    f' {cfg.train_steps} steps on {extra.get("num_train", "?")} private'
+    ' sentences'
+    + (
+      f' (eval perplexity {extra["eval_ppl"]:.2f})'
+      if extra.get('eval_ppl')
+      else ''
+    )
+    + '. Mean ± std over batches (best in brackets), as in FILM Table'
+    ' 10; "paper" is the Enron Email row of Table 10 (b = 4: Table 9),'
+    ' GPT-2 fine-tuned on 31,797 sentences for up to 90k iterations.'
+    ' Bags come from the gradient, never from the true tokens.\n\n'
+    + io.markdown_table(header, table)
+  )
   examples = [r for r in rows if r.get('batch') == 0][:4]
   if examples:
     md += '\n## Examples (batch 0)\n\n'
     for r in examples:
       orig = r['originals'][r['match']]
-      md += (f'- b={r["b"]}: original: *{orig}*  \n  recovered:'
-             f' **{r["recovered"][0]}** (ROUGE-L {r["rougeL"]:.2f})\n')
+      md += (
+        f'- b={r["b"]}: original: *{orig}*  \n  recovered:'
+        f' **{r["recovered"][0]}** (ROUGE-L {r["rougeL"]:.2f})\n'
+      )
   figures.append(_plot(rows))
   md += '\n![ROUGE and NERR vs batch size](film_vs_batch_size.png)\n'
   return summary, md, figures
@@ -508,17 +650,27 @@ def summarize(cfg: FilmExperimentConfig, rows: list[dict], extra: dict
 
 def _plot(rows):
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   fig, ax = plt.subplots(figsize=(5, 3.5))
   bs_ = sorted({r['b'] for r in rows})
-  for f, label in (('rouge1', 'ROUGE-1'), ('rouge2', 'ROUGE-2'),
-                   ('rougeL', 'ROUGE-L'), ('nerr', 'NERR')):
+  for f, label in (
+    ('rouge1', 'ROUGE-1'),
+    ('rouge2', 'ROUGE-2'),
+    ('rougeL', 'ROUGE-L'),
+    ('nerr', 'NERR'),
+  ):
     means = [_mean_std([r for r in rows if r['b'] == b], f)[0] for b in bs_]
     ax.plot(bs_, means, marker='o', label=label)
   paper_b = sorted(PAPER_TABLE10_ENRON)
-  ax.plot(paper_b, [PAPER_TABLE10_ENRON[b][2] for b in paper_b], 'k--',
-          label='ROUGE-L (paper, Enron)')
+  ax.plot(
+    paper_b,
+    [PAPER_TABLE10_ENRON[b][2] for b in paper_b],
+    'k--',
+    label='ROUGE-L (paper, Enron)',
+  )
   ax.set_xscale('log', base=2)
   ax.set_xlabel('batch size b')
   ax.set_ylabel('score')
@@ -529,41 +681,65 @@ def _plot(rows):
 
 
 # -------------------------------------------------------------------- run
-def run_experiment(cfg: FilmExperimentConfig, workdir: str | Path,
-                   *, progress: bool = True) -> dict[str, float]:
+def run_experiment(
+  cfg: FilmExperimentConfig, workdir: str | Path, *, progress: bool = True
+) -> dict[str, float]:
   """Runs (or resumes) the experiment; returns the summary."""
   workdir = Path(workdir)
   writer = io.ExperimentWriter(workdir, cfg)
   start = time.perf_counter()
   model = load_model(cfg)
   logging.info('model %s loaded in %.1f s', model, time.perf_counter() - start)
-  texts = (data_lib.load_corpus(cfg.data) if cfg.data
-           else list(film_data.SENTENCES))
-  ppl_fn = (lambda ts: perplexities(model, model.params, ts)
-            if cfg.max_perplexity is not None else None)
+  texts = (
+    data_lib.load_corpus(cfg.data) if cfg.data else list(film_data.SENTENCES)
+  )
+  ppl_fn = lambda ts: (
+    perplexities(model, model.params, ts)
+    if cfg.max_perplexity is not None
+    else None
+  )
   sentences = preprocess(texts, model.tokenizer, cfg, ppl_fn)
-  train_texts, eval_texts = data_lib.train_eval_split(
-      sentences, cfg.eval_fraction, seed=cfg.seed) if cfg.eval_fraction else (
-          sentences, [])
+  train_texts, eval_texts = (
+    data_lib.train_eval_split(sentences, cfg.eval_fraction, seed=cfg.seed)
+    if cfg.eval_fraction
+    else (sentences, [])
+  )
   extra = {'num_train': len(train_texts)}
   params = model.params
   if cfg.train_steps:
     tcfg = train_lib.TrainConfig(
-        learning_rate=cfg.learning_rate, batch_size=cfg.train_batch_size,
-        num_steps=cfg.train_steps, max_length=cfg.max_tokens + 1,
-        seed=cfg.seed, eval_every=max(1, cfg.train_steps // 4),
-        restore_best=False, log_every=max(1, cfg.train_steps // 10))
-    result = train_lib.train(model, train_texts, eval_texts or None, tcfg,
-                             workdir=workdir / 'train', progress=progress)
+      learning_rate=cfg.learning_rate,
+      batch_size=cfg.train_batch_size,
+      num_steps=cfg.train_steps,
+      max_length=cfg.max_tokens + 1,
+      seed=cfg.seed,
+      eval_every=max(1, cfg.train_steps // 4),
+      restore_best=False,
+      log_every=max(1, cfg.train_steps // 10),
+    )
+    result = train_lib.train(
+      model,
+      train_texts,
+      eval_texts or None,
+      tcfg,
+      workdir=workdir / 'train',
+      progress=progress,
+    )
     params = result.model.params
     if result.best_eval:
       evals = [h for h in result.history if 'eval_perplexity' in h]
       extra['eval_ppl'] = evals[-1]['eval_perplexity'] if evals else None
   if len(train_texts) < max(cfg.batch_sizes):
-    raise LeakjaxError(f'{len(train_texts)} training sentences, fewer than'
-                       f' b = {max(cfg.batch_sizes)}', 'use more data')
-  points = (sweep_points(cfg) if cfg.mode == 'attack'
-            else [{'b': b, 'key': {'b': b}} for b in cfg.batch_sizes])
+    raise LeakjaxError(
+      f'{len(train_texts)} training sentences, fewer than'
+      f' b = {max(cfg.batch_sizes)}',
+      'use more data',
+    )
+  points = (
+    sweep_points(cfg)
+    if cfg.mode == 'attack'
+    else [{'b': b, 'key': {'b': b}} for b in cfg.batch_sizes]
+  )
   total = len(points) * cfg.num_batches
   done = 0
   t0 = time.perf_counter()
@@ -579,23 +755,48 @@ def run_experiment(cfg: FilmExperimentConfig, workdir: str | Path,
       rows_idx = draw_batch(len(train_texts), point['b'], index, cfg.seed)
       batch = [train_texts[i] for i in rows_idx]
       if cfg.mode == 'attack':
-        rows = [attack_batch(model, params, batch, point, cfg,
-                             num_train=len(train_texts), index=index)]
+        rows = [
+          attack_batch(
+            model,
+            params,
+            batch,
+            point,
+            cfg,
+            num_train=len(train_texts),
+            index=index,
+          )
+        ]
       else:
-        rows = bag_batch(model, params, batch, point['b'], cfg,
-                         num_train=len(train_texts), index=index)
+        rows = bag_batch(
+          model,
+          params,
+          batch,
+          point['b'],
+          cfg,
+          num_train=len(train_texts),
+          index=index,
+        )
       for row in rows:
         writer.add_result(row)
       elapsed = time.perf_counter() - t0
       head = rows[0]
       logging.info(
-          '[%d/%d] b=%d batch %d: %s (%.0f s elapsed)', done, total,
-          point['b'], index,
-          (f'ROUGE-L {head["rougeL"]:.2f} bag P/R {head["bag_precision"]:.3f}'
-           f'/{head["bag_recall"]:.3f}: {head["recovered"][0][:70]!r}'
-           if cfg.mode == 'attack' else
-           ' '.join(f'{r["method"]}:{r["bag_precision"]:.3f}/'
-                    f'{r["bag_recall"]:.3f}' for r in rows)), elapsed)
+        '[%d/%d] b=%d batch %d: %s (%.0f s elapsed)',
+        done,
+        total,
+        point['b'],
+        index,
+        (
+          f'ROUGE-L {head["rougeL"]:.2f} bag P/R {head["bag_precision"]:.3f}'
+          f'/{head["bag_recall"]:.3f}: {head["recovered"][0][:70]!r}'
+          if cfg.mode == 'attack'
+          else ' '.join(
+            f'{r["method"]}:{r["bag_precision"]:.3f}/{r["bag_recall"]:.3f}'
+            for r in rows
+          )
+        ),
+        elapsed,
+      )
   summary, md, figures = summarize(cfg, writer.results, extra)
   for fig, name in figures:
     writer.save_figure(fig, name)
@@ -606,83 +807,158 @@ def run_experiment(cfg: FilmExperimentConfig, workdir: str | Path,
 # ------------------------------------------------------------------ flags
 def define_flags() -> None:
   d = FilmExperimentConfig
-  flags.DEFINE_enum('mode', d.mode, MODES, 'attack: the FILM pipeline; bag:'
-                    ' bag-of-words precision/recall only (Table 4).')
-  flags.DEFINE_string('model', d.model, "smollm2-135m, a checkpoint dir/.gguf,"
-                      f" or '{GPT2_TINY}'.")
+  flags.DEFINE_enum(
+    'mode',
+    d.mode,
+    MODES,
+    'attack: the FILM pipeline; bag:'
+    ' bag-of-words precision/recall only (Table 4).',
+  )
+  flags.DEFINE_string(
+    'model', d.model, f"smollm2-135m, a checkpoint dir/.gguf, or '{GPT2_TINY}'."
+  )
   flags.DEFINE_enum('init', d.init, INITS, 'pretrained or random weights.')
-  flags.DEFINE_integer('max_sentences', None, 'Keep at most this many'
-                       ' sentences after preprocessing.')
-  flags.DEFINE_integer('max_tokens', d.max_tokens, 'Sentences must have fewer'
-                       ' tokens (Appendix B.1).')
-  flags.DEFINE_bool('require_entity', d.require_entity, 'Keep only sentences'
-                    ' with a named entity (Appendix B.1; needs spaCy).')
-  flags.DEFINE_float('max_perplexity', None, 'Perplexity filter on the'
-                     ' initial model (Appendix B.1: 50).')
+  flags.DEFINE_integer(
+    'max_sentences',
+    None,
+    'Keep at most this many sentences after preprocessing.',
+  )
+  flags.DEFINE_integer(
+    'max_tokens',
+    d.max_tokens,
+    'Sentences must have fewer tokens (Appendix B.1).',
+  )
+  flags.DEFINE_bool(
+    'require_entity',
+    d.require_entity,
+    'Keep only sentences with a named entity (Appendix B.1; needs spaCy).',
+  )
+  flags.DEFINE_float(
+    'max_perplexity',
+    None,
+    'Perplexity filter on the initial model (Appendix B.1: 50).',
+  )
   flags.DEFINE_float('eval_fraction', d.eval_fraction, 'Held-out fraction.')
-  flags.DEFINE_integer('train_steps', d.train_steps, 't: fine-tuning steps'
-                       ' before the attack.')
-  flags.DEFINE_integer('train_batch_size', d.train_batch_size, 'Fine-tuning'
-                       ' batch size.')
-  flags.DEFINE_float('learning_rate', d.learning_rate, 'Fine-tuning peak'
-                     ' learning rate (FILM Sec. 6.1: 1e-5, linear decay).')
-  flags.DEFINE_list('batch_sizes', list(map(str, d.batch_sizes)),
-                    'Client batch sizes b.')
-  flags.DEFINE_integer('num_batches', d.num_batches, 'Batches per b (FILM:'
-                       ' 20).')
-  flags.DEFINE_list('defenses', list(d.defenses), 'none, freeze,'
-                    ' prune:<ratio>, dp:<epsilon>.')
+  flags.DEFINE_integer(
+    'train_steps', d.train_steps, 't: fine-tuning steps before the attack.'
+  )
+  flags.DEFINE_integer(
+    'train_batch_size', d.train_batch_size, 'Fine-tuning batch size.'
+  )
+  flags.DEFINE_float(
+    'learning_rate',
+    d.learning_rate,
+    'Fine-tuning peak learning rate (FILM Sec. 6.1: 1e-5, linear decay).',
+  )
+  flags.DEFINE_list(
+    'batch_sizes', list(map(str, d.batch_sizes)), 'Client batch sizes b.'
+  )
+  flags.DEFINE_integer(
+    'num_batches', d.num_batches, 'Batches per b (FILM: 20).'
+  )
+  flags.DEFINE_list(
+    'defenses', list(d.defenses), 'none, freeze, prune:<ratio>, dp:<epsilon>.'
+  )
   flags.DEFINE_float('dp_clip', d.dp_clip, 'DP-SGD clip norm.')
   flags.DEFINE_float('dp_delta', d.dp_delta, 'DP-SGD delta.')
-  flags.DEFINE_string('bag_method', d.bag_method, 'auto, tied, norm, nonzero,'
-                      ' dp.')
-  flags.DEFINE_float('norm_z', d.norm_z, 'Robust z of the tied method\'s norm'
-                     ' test (inf: off).')
+  flags.DEFINE_integer(
+    'dp_steps', d.dp_steps, 'Steps the DP-SGD epsilon covers (0: train_steps).'
+  )
+  flags.DEFINE_string(
+    'bag_method', d.bag_method, 'auto, tied, norm, nonzero, dp.'
+  )
+  flags.DEFINE_float(
+    'norm_z', d.norm_z, "Robust z of the tied method's norm test (inf: off)."
+  )
   flags.DEFINE_list('num_beams', list(map(str, d.num_beams)), 'Beam sizes k.')
   flags.DEFINE_integer('num_groups', d.num_groups, 'Diverse beam groups.')
-  flags.DEFINE_float('diversity_penalty', d.diversity_penalty, 'λ of diverse'
-                     ' beam search.')
-  flags.DEFINE_list('ngram_size', list(map(str, d.ngram_size)), 'n of the'
-                    ' repeated n-gram penalty (0: none).')
+  flags.DEFINE_float(
+    'diversity_penalty', d.diversity_penalty, 'λ of diverse beam search.'
+  )
+  flags.DEFINE_list(
+    'ngram_size',
+    list(map(str, d.ngram_size)),
+    'n of the repeated n-gram penalty (0: none).',
+  )
   flags.DEFINE_float('ngram_penalty', d.ngram_penalty, 'ρ (inf: ban).')
-  flags.DEFINE_integer('length', d.length, 'Tokens generated per sentence'
-                       ' when the gradient gives no maximum length.')
+  flags.DEFINE_integer(
+    'length',
+    d.length,
+    'Tokens generated per sentence when the gradient gives no maximum length.',
+  )
   flags.DEFINE_integer('max_prompts', d.max_prompts, 'Start prompts per batch.')
-  flags.DEFINE_integer('prompts_per_search', d.prompts_per_search, '0: one'
-                       ' pool (Alg. 1); 1: k beams per prompt.')
+  flags.DEFINE_integer(
+    'prompts_per_search',
+    d.prompts_per_search,
+    '0: one pool (Alg. 1); 1: k beams per prompt.',
+  )
   flags.DEFINE_list('beta', list(map(str, d.beta)), 'β of Eq. 4.')
-  flags.DEFINE_integer('phrase_steps', d.phrase_steps, 'Phrase-wise'
-                       ' reordering steps (Sec. 4.4: 200).')
-  flags.DEFINE_integer('token_steps', d.token_steps, 'Token-wise reordering'
-                       ' steps (Sec. 4.4: 200).')
-  flags.DEFINE_integer('reorder_candidates', d.reorder_candidates,
-                       'Candidates per reordering step.')
-  flags.DEFINE_string('grad_paths', d.grad_paths, 'Comma-separated parameter'
-                      ' paths (a/b/c) for the gradient norm; empty: last block'
-                      ' + final norm.')
-  flags.DEFINE_integer('repetitions', d.repetitions, 'Beam searches per batch'
-                       ' (multi-sentence recovery, Sec. 4.5).')
+  flags.DEFINE_integer(
+    'phrase_steps',
+    d.phrase_steps,
+    'Phrase-wise reordering steps (Sec. 4.4: 200).',
+  )
+  flags.DEFINE_integer(
+    'token_steps', d.token_steps, 'Token-wise reordering steps (Sec. 4.4: 200).'
+  )
+  flags.DEFINE_integer(
+    'reorder_candidates',
+    d.reorder_candidates,
+    'Candidates per reordering step.',
+  )
+  flags.DEFINE_string(
+    'grad_paths',
+    d.grad_paths,
+    'Comma-separated parameter'
+    ' paths (a/b/c) for the gradient norm; empty: last block'
+    ' + final norm.',
+  )
+  flags.DEFINE_integer(
+    'repetitions',
+    d.repetitions,
+    'Beam searches per batch (multi-sentence recovery, Sec. 4.5).',
+  )
 
 
 def config_from_flags() -> FilmExperimentConfig:
   f = flags.FLAGS
   return FilmExperimentConfig(
-      mode=f.mode, model=f.model, init=f.init, data=f.data,
-      max_sentences=f.max_sentences, max_tokens=f.max_tokens,
-      require_entity=f.require_entity, max_perplexity=f.max_perplexity,
-      eval_fraction=f.eval_fraction, train_steps=f.train_steps,
-      train_batch_size=f.train_batch_size, learning_rate=f.learning_rate,
-      batch_sizes=tuple(int(b) for b in f.batch_sizes),
-      num_batches=f.num_batches, defenses=tuple(f.defenses),
-      dp_clip=f.dp_clip, dp_delta=f.dp_delta, bag_method=f.bag_method, norm_z=f.norm_z,
-      num_beams=tuple(int(k) for k in f.num_beams), num_groups=f.num_groups,
-      diversity_penalty=f.diversity_penalty,
-      ngram_size=tuple(int(n) for n in f.ngram_size),
-      ngram_penalty=f.ngram_penalty, length=f.length,
-      max_prompts=f.max_prompts, prompts_per_search=f.prompts_per_search,
-      beta=tuple(float(x) for x in f.beta), phrase_steps=f.phrase_steps,
-      token_steps=f.token_steps, reorder_candidates=f.reorder_candidates,
-      grad_paths=f.grad_paths, repetitions=f.repetitions, seed=f.seed)
+    mode=f.mode,
+    model=f.model,
+    init=f.init,
+    data=f.data,
+    max_sentences=f.max_sentences,
+    max_tokens=f.max_tokens,
+    require_entity=f.require_entity,
+    max_perplexity=f.max_perplexity,
+    eval_fraction=f.eval_fraction,
+    train_steps=f.train_steps,
+    train_batch_size=f.train_batch_size,
+    learning_rate=f.learning_rate,
+    batch_sizes=tuple(int(b) for b in f.batch_sizes),
+    num_batches=f.num_batches,
+    defenses=tuple(f.defenses),
+    dp_clip=f.dp_clip,
+    dp_delta=f.dp_delta,
+    dp_steps=f.dp_steps,
+    bag_method=f.bag_method,
+    norm_z=f.norm_z,
+    num_beams=tuple(int(k) for k in f.num_beams),
+    num_groups=f.num_groups,
+    diversity_penalty=f.diversity_penalty,
+    ngram_size=tuple(int(n) for n in f.ngram_size),
+    ngram_penalty=f.ngram_penalty,
+    length=f.length,
+    max_prompts=f.max_prompts,
+    prompts_per_search=f.prompts_per_search,
+    beta=tuple(float(x) for x in f.beta),
+    phrase_steps=f.phrase_steps,
+    token_steps=f.token_steps,
+    reorder_candidates=f.reorder_candidates,
+    grad_paths=f.grad_paths,
+    repetitions=f.repetitions,
+    seed=f.seed,
+  )
 
 
 def main(argv):
@@ -693,8 +969,10 @@ def main(argv):
   start = time.perf_counter()
   summary = run_experiment(cfg, flags.FLAGS.workdir)
   print((Path(flags.FLAGS.workdir) / 'summary.md').read_text())
-  print(f'Wrote {flags.FLAGS.workdir}/summary.json ({len(summary)} keys) in'
-        f' {time.perf_counter() - start:.0f} s')
+  print(
+    f'Wrote {flags.FLAGS.workdir}/summary.json ({len(summary)} keys) in'
+    f' {time.perf_counter() - start:.0f} s'
+  )
 
 
 if __name__ == '__main__':

@@ -10,26 +10,30 @@ import pytest
 
 from leakjax import fl
 from leakjax.attacks import bag_of_words as bow
-from leakjax.models import get_path
-from leakjax.models import gpt2
-from leakjax.models import llama
+from leakjax.models import get_path, gpt2, llama
 
 VOCAB = 300
 
 
 @functools.cache
 def tiny_gpt2(tied: bool):
-  config = gpt2.GPT2Config.tiny(vocab_size=VOCAB, n_positions=32, n_layer=1,
-                                tie_word_embeddings=tied)
+  config = gpt2.GPT2Config.tiny(
+    vocab_size=VOCAB, n_positions=32, n_layer=1, tie_word_embeddings=tied
+  )
   return gpt2.init_model(config, key=jax.random.key(1))
 
 
 @functools.cache
 def tiny_llama():
-  config = llama.LlamaConfig(vocab_size=VOCAB, hidden_size=64,
-                             intermediate_size=96, num_hidden_layers=1,
-                             num_attention_heads=4, num_key_value_heads=2,
-                             tie_word_embeddings=True)
+  config = llama.LlamaConfig(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+  )
   return llama.init_model(config, key=jax.random.key(2))
 
 
@@ -79,8 +83,9 @@ def test_max_length_from_position_gradient(lengths):
 def test_pruned_gradient_keeps_precision_one():
   model = tiny_gpt2(tied=False)
   ids, mask = batch([9, 9, 9], seed=3)
-  grads = fl.client_gradient(model, model.params, ids, mask,
-                             defense=fl.gradient_pruning(0.99))
+  grads = fl.client_gradient(
+    model, model.params, ids, mask, defense=fl.gradient_pruning(0.99)
+  )
   bag = bow.bag_of_words(model, model.params, grads, method='nonzero')
   truth = input_tokens(ids, mask)
   assert bag.ids.size > 0
@@ -89,7 +94,8 @@ def test_pruned_gradient_keeps_precision_one():
 
 def test_dp_threshold_rule():
   assert bow.dp_threshold(0.5, 768) == pytest.approx(
-      0.5 * math.sqrt(2 * math.log(768)))
+    0.5 * math.sqrt(2 * math.log(768))
+  )
   rng = np.random.default_rng(0)
   sigma, d = 0.01, 256
   rows = rng.normal(0, sigma, (500, d)).astype(np.float32)
@@ -101,8 +107,12 @@ def test_dp_threshold_rule():
   assert found[true].all()
   # Pure-noise rows pass τ with probability ~ 1/sqrt(pi log d) (~0.24).
   assert found.sum() - 30 < 0.35 * 470
-  assert np.array_equal(found, np.asarray(jax.jit(
-      bow.dp_rows, static_argnums=1)(jnp.asarray(rows), sigma)))
+  assert np.array_equal(
+    found,
+    np.asarray(
+      jax.jit(bow.dp_rows, static_argnums=1)(jnp.asarray(rows), sigma)
+    ),
+  )
 
 
 def test_target_sign_separates_targets_from_absent_tokens():
@@ -119,8 +129,9 @@ def test_target_sign_separates_targets_from_absent_tokens():
   y = np.zeros_like(p)
   y[np.arange(n), targets] = 1
   g = (p - y).T @ h / n  # the output side of ∇W
-  t = np.asarray(bow.target_scores(jnp.asarray(g, jnp.float32),
-                                   jnp.asarray(w, jnp.float32)))
+  t = np.asarray(
+    bow.target_scores(jnp.asarray(g, jnp.float32), jnp.asarray(w, jnp.float32))
+  )
   absent = np.setdiff1d(np.arange(v), targets)
   # Absent rows are positive combinations of h with weights p: t_v <= ~0.
   assert t[absent].max() <= 1e-2 * np.abs(t).max()
@@ -144,13 +155,21 @@ def test_layer_norm_span_residuals_match_brute_force():
   x_used = np.stack([ln(emb[a] + pos[b]) for a, b in used])
   g1 = x_used.T @ rng.normal(0, 1, (len(used), 24))  # [d, out], rank 4
   res, rank, valid = bow.layer_norm_span_residuals(
-      jnp.asarray(g1), jnp.asarray(emb), jnp.asarray(pos),
-      jnp.asarray(scale), jnp.asarray(bias), eps)
+    jnp.asarray(g1),
+    jnp.asarray(emb),
+    jnp.asarray(pos),
+    jnp.asarray(scale),
+    jnp.asarray(bias),
+    eps,
+  )
   q, _ = np.linalg.qr(x_used.T)
   brute = np.zeros(v)
   for a in range(v):
-    r = [np.linalg.norm(ln(emb[a] + pos[b]) - q @ (q.T @ ln(emb[a] + pos[b])))
-         / np.linalg.norm(ln(emb[a] + pos[b])) for b in range(p)]
+    r = [
+      np.linalg.norm(ln(emb[a] + pos[b]) - q @ (q.T @ ln(emb[a] + pos[b])))
+      / np.linalg.norm(ln(emb[a] + pos[b]))
+      for b in range(p)
+    ]
     brute[a] = min(r)
   assert int(rank) == 4 and bool(valid)
   np.testing.assert_allclose(np.asarray(res), brute, atol=2e-3)

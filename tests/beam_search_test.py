@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from leakjax.attacks import beam_search as bs
-from leakjax.models import gpt2
-from leakjax.models import llama
+from leakjax.models import gpt2, llama
 from leakjax.tokenization import gpt2_tokenizer
 
 VOCAB = 120
@@ -24,41 +23,68 @@ VOCAB = 120
 @functools.cache
 def tiny(family):
   if family == 'gpt2':
-    return gpt2.init_model(gpt2.GPT2Config.tiny(vocab_size=VOCAB,
-                                                n_positions=32, n_layer=1),
-                           key=jax.random.key(3))
-  config = llama.LlamaConfig(vocab_size=VOCAB, hidden_size=32,
-                             intermediate_size=64, num_hidden_layers=1,
-                             num_attention_heads=4, num_key_value_heads=2,
-                             tie_word_embeddings=True)
+    return gpt2.init_model(
+      gpt2.GPT2Config.tiny(vocab_size=VOCAB, n_positions=32, n_layer=1),
+      key=jax.random.key(3),
+    )
+  config = llama.LlamaConfig(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+  )
   model = llama.init_model(config, key=jax.random.key(4))
   # Sharper predictions than the 0.02 init, so that scores differ clearly.
   params = jax.tree.map(lambda x: x * 4 if x.ndim == 2 else x, model.params)
   return model.replace(params=params)
 
 
+@functools.cache
+def _next_log_probs(model, width):
+  """log p(next | seq) for right-padded rows: one compilation per shape."""
+
+  @jax.jit
+  def fn(ids, lengths):
+    mask = (jnp.arange(width)[None] < lengths[:, None]).astype(jnp.int32)
+    logits = model.logits(model.params, ids, mask)
+    last = logits[jnp.arange(ids.shape[0]), lengths - 1]
+    return jax.nn.log_softmax(last, -1)
+
+  return fn
+
+
 def reference(model, prompts, bag, config, prior=()):
   """Alg. 1 with groups, written out with full-sequence rescoring."""
-  logp_fn = jax.jit(lambda ids: jax.nn.log_softmax(
-      model.logits(model.params, ids)[:, -1], -1))
+  width = len(prompts[0]) + config.length
+  next_fn = _next_log_probs(model, width)
+
+  def logp_fn(seqs):
+    ids = np.zeros((len(seqs), width), np.int32)
+    for i, q in enumerate(seqs):
+      ids[i, : len(q)] = q
+    lengths = np.asarray([len(q) for q in seqs], np.int32)
+    return next_fn(jnp.asarray(ids), jnp.asarray(lengths))
 
   def penalty(seq, cand):
     n = config.ngram_size
     if n == 0 or len(seq) < n - 1:
       return 0.0
-    ctx = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
+    ctx = tuple(seq[len(seq) - n + 1 :]) if n > 1 else ()
     gram = ctx + (cand,)
-    grams = {tuple(seq[j - n + 1:j + 1]) for j in range(n - 1, len(seq))}
+    grams = {tuple(seq[j - n + 1 : j + 1]) for j in range(n - 1, len(seq))}
     pen = config.ngram_penalty if gram in grams else 0.0
     for p in prior:
-      pg = {tuple(p[j - n + 1:j + 1]) for j in range(n - 1, len(p))}
+      pg = {tuple(p[j - n + 1 : j + 1]) for j in range(n - 1, len(p))}
       if gram in pg:
         pen += config.prior_penalty
     return pen
 
   def select(sources, shared):
     kg, g = config.beams_per_group, config.num_groups
-    logps = np.asarray(logp_fn(jnp.asarray([s for s, _ in sources])))
+    logps = np.asarray(logp_fn([s for s, _ in sources]))
     used = np.zeros(len(bag))
     out = []
     for group in range(g):
@@ -68,8 +94,15 @@ def reference(model, prompts, bag, config, prior=()):
         seq, score = sources[si]
         for m, tok in enumerate(bag):
           total = score + logps[si, tok] - penalty(seq, tok)
-          cands.append((total - config.diversity_penalty * used[m],
-                        (si - lo) * len(bag) + m, total, seq + [tok], m))
+          cands.append(
+            (
+              total - config.diversity_penalty * used[m],
+              (si - lo) * len(bag) + m,
+              total,
+              seq + [tok],
+              m,
+            )
+          )
       cands.sort(key=lambda c: (-c[0], c[1]))
       for c in cands[:kg]:
         out.append((c[3], c[2]))
@@ -79,10 +112,12 @@ def reference(model, prompts, bag, config, prior=()):
 
   starts = []
   for p in prompts:
-    lp = np.asarray(jax.nn.log_softmax(
-        model.logits(model.params, jnp.asarray([p]))[0], -1))
-    starts.append((list(p), float(sum(lp[t - 1, p[t]]
-                                      for t in range(1, len(p))))))
+    lp = np.asarray(
+      jax.nn.log_softmax(model.logits(model.params, jnp.asarray([p]))[0], -1)
+    )
+    starts.append(
+      (list(p), float(sum(lp[t - 1, p[t]] for t in range(1, len(p)))))
+    )
   beams = select(starts, shared=True)
   for _ in range(config.length - 1):
     beams = select(beams, shared=False)
@@ -91,11 +126,17 @@ def reference(model, prompts, bag, config, prior=()):
 
 
 CASES = [
-    ('gpt2', bs.BeamSearchConfig(num_beams=4, length=5)),
-    ('llama', bs.BeamSearchConfig(num_beams=4, length=5, ngram_size=1,
-                                  ngram_penalty=1.5)),
-    ('llama', bs.BeamSearchConfig(num_beams=6, num_groups=3,
-                                  diversity_penalty=0.7, length=4)),
+  ('gpt2', bs.BeamSearchConfig(num_beams=4, length=5)),
+  (
+    'llama',
+    bs.BeamSearchConfig(num_beams=4, length=5, ngram_size=1, ngram_penalty=1.5),
+  ),
+  (
+    'llama',
+    bs.BeamSearchConfig(
+      num_beams=6, num_groups=3, diversity_penalty=0.7, length=4
+    ),
+  ),
 ]
 
 
@@ -105,13 +146,16 @@ def test_kernel_matches_python_reference(family, config):
   prompts = [[1, 5], [1, 9], [1, 17]]
   bag = [5, 9, 17, 22, 23, 40, 41, 60]
   fn = jax.jit(bs.beam_search, static_argnames=('model', 'config'))
-  out = fn(model, model.params, jnp.asarray([prompts]), jnp.asarray(bag),
-           config=config)
+  out = fn(
+    model, model.params, jnp.asarray([prompts]), jnp.asarray(bag), config=config
+  )
   ref = reference(model, prompts, bag, config)
   assert out.tokens.shape == (1, config.num_beams, 2 + config.length)
-  got = [(list(map(int, t)), float(s))
-         for t, s in zip(out.tokens[0], out.scores[0])]
-  for (gt, gs), (rt, rs) in zip(got, ref):
+  got = [
+    (list(map(int, t)), float(s))
+    for t, s in zip(out.tokens[0], out.scores[0], strict=True)
+  ]
+  for (gt, gs), (rt, rs) in zip(got, ref, strict=True):
     assert gt == rt
     assert gs == pytest.approx(rs, abs=1e-4)
   # Every generated token comes from the bag.
@@ -126,10 +170,15 @@ def test_prior_ngrams_are_penalised_and_match_reference():
   first = reference(model, prompts, bag, config)[0][0]
   prior = np.zeros((2, 6), np.int32)
   prior[0] = first
-  out = bs.beam_search(model, model.params, jnp.asarray([prompts]),
-                       jnp.asarray(bag), config=config,
-                       prior=jnp.asarray(prior),
-                       prior_lengths=jnp.asarray([6, 0]))
+  out = bs.beam_search(
+    model,
+    model.params,
+    jnp.asarray([prompts]),
+    jnp.asarray(bag),
+    config=config,
+    prior=jnp.asarray(prior),
+    prior_lengths=jnp.asarray([6, 0]),
+  )
   ref = reference(model, prompts, bag, config, prior=[first])
   assert list(map(int, out.tokens[0, 0])) == ref[0][0]
   assert float(out.scores[0, 0]) == pytest.approx(ref[0][1], abs=1e-4)
@@ -140,14 +189,19 @@ def test_scores_are_log_probabilities_without_repeats():
   model = tiny('gpt2')
   config = CASES[0][1]  # bigram ban; compiled already
   out = jax.jit(bs.beam_search, static_argnames=('model', 'config'))(
-      model, model.params, jnp.asarray([[[1, 7], [1, 8], [1, 9]]] * 2),
-      jnp.arange(10, 18), config=config)
+    model,
+    model.params,
+    jnp.asarray([[[1, 7], [1, 8], [1, 9]]] * 2),
+    jnp.arange(10, 18),
+    config=config,
+  )
   ids = out.tokens.reshape(-1, out.tokens.shape[-1])
   logp = model.token_log_probs(model.params, ids).sum(-1)
-  np.testing.assert_allclose(np.asarray(logp).reshape(2, 4),
-                             np.asarray(out.scores), atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(logp).reshape(2, 4), np.asarray(out.scores), atol=1e-4
+  )
   for seq in np.asarray(ids):
-    grams = list(zip(seq[:-1], seq[1:]))
+    grams = list(zip(seq[:-1], seq[1:], strict=True))
     assert len(grams) == len(set(grams))
   # Best first within each search.
   assert np.all(np.diff(np.asarray(out.scores), axis=1) <= 0)
@@ -183,7 +237,9 @@ def test_sharded_searches_equal_one_device():
   if jax.device_count() < 2:
     pytest.skip('needs several (fake) devices')
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+
   from leakjax import sharding  # pylint: disable=g-import-not-at-top
+
   model = tiny('llama')
   config = bs.BeamSearchConfig(num_beams=2, length=3)
   n = 2 * (jax.device_count() // 2)
@@ -193,12 +249,15 @@ def test_sharded_searches_equal_one_device():
   fn = jax.jit(bs.beam_search, static_argnames=('model', 'config'))
   single = fn(model, model.params, prompts, bag, config=config)
   sharded_prompts = jax.device_put(
-      prompts, NamedSharding(mesh, PartitionSpec('data')))
+    prompts, NamedSharding(mesh, PartitionSpec('data'))
+  )
   multi = fn(model, model.params, sharded_prompts, bag, config=config)
-  np.testing.assert_array_equal(np.asarray(single.tokens),
-                                np.asarray(multi.tokens))
-  np.testing.assert_allclose(np.asarray(single.scores),
-                             np.asarray(multi.scores), atol=1e-5)
+  np.testing.assert_array_equal(
+    np.asarray(single.tokens), np.asarray(multi.tokens)
+  )
+  np.testing.assert_allclose(
+    np.asarray(single.scores), np.asarray(multi.scores), atol=1e-5
+  )
 
 
 def test_prompts_from_capitalised_bag_tokens():
@@ -210,16 +269,19 @@ def test_prompts_from_capitalised_bag_tokens():
   assert all(p[0] == tok.bos_id for p in prompts)
   assert bs.make_prompts(tok, tok.encode(' the cat')) == [[tok.bos_id]]
   arr, mask = bs.prompt_batches(prompts + [[tok.bos_id, 5]], per_search=2)
-  assert arr.shape == (2, 2, 2) and mask.tolist() == [[True, True],
-                                                       [True, False]]
+  assert arr.shape == (2, 2, 2) and mask.tolist() == [
+    [True, True],
+    [True, False],
+  ]
   arr, mask = bs.prompt_batches(prompts, per_search=1, pad_to=4)
   assert arr.shape == (4, 1, 2) and mask.sum() == 2
 
 
 def test_best_sequences_deduplicates_and_drops_dead_beams():
   result = bs.BeamResult(
-      tokens=jnp.asarray([[[1, 2], [1, 3]], [[1, 2], [1, 4]]]),
-      scores=jnp.asarray([[-1.0, -3.0], [-1.0, -math.inf]]),
-      prompt_length=1)
+    tokens=jnp.asarray([[[1, 2], [1, 3]], [[1, 2], [1, 4]]]),
+    scores=jnp.asarray([[-1.0, -3.0], [-1.0, -math.inf]]),
+    prompt_length=1,
+  )
   best = bs.best_sequences(result)
   assert best == [(-1.0, [1, 2]), (-3.0, [1, 3])]

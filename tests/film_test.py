@@ -14,16 +14,16 @@ from experiments import film as film_exp
 from leakjax import fl
 from leakjax.attacks import bag_of_words as bow
 from leakjax.attacks import beam_search as bs
-from leakjax.attacks import film
-from leakjax.attacks import metrics
+from leakjax.attacks import film, metrics
 from leakjax.attacks import reorder as ro
-from leakjax.models import get_path
-from leakjax.models import gpt2
+from leakjax.models import get_path, gpt2
 from leakjax.tokenization import gpt2_tokenizer
 
-SECRETS = ('Anna Berg moved the Oslo meeting to Friday.',
-           'Please call Tom Reed about the Denver contract.',
-           'The Zephyr order for Austin has not arrived.')
+SECRETS = (
+  'Anna Berg moved the Oslo meeting to Friday.',
+  'Please call Tom Reed about the Denver contract.',
+  'The Zephyr order for Austin has not arrived.',
+)
 
 
 @functools.cache
@@ -53,15 +53,17 @@ def test_film_recovers_a_memorised_sentence_from_its_gradient():
   model = memorising_model()
   tok = model.tokenizer
   ids, mask = tok.encode_batch([SECRETS[0]], add_bos=True)
-  grads = fl.client_gradient(model, model.params, jnp.asarray(ids),
-                             jnp.asarray(mask))
+  grads = fl.client_gradient(
+    model, model.params, jnp.asarray(ids), jnp.asarray(mask)
+  )
   config = film.FilmConfig(
-      beam=bs.BeamSearchConfig(num_beams=4, length=12, prior_penalty=100.0),
-      reorder=ro.ReorderConfig(phrase_steps=2, token_steps=2,
-                               num_candidates=4),
-      repetitions=2)
-  result = film.recover(model, model.params, grads, config=config,
-                        key=jax.random.key(0))
+    beam=bs.BeamSearchConfig(num_beams=4, length=12, prior_penalty=100.0),
+    reorder=ro.ReorderConfig(phrase_steps=2, token_steps=2, num_candidates=4),
+    repetitions=2,
+  )
+  result = film.recover(
+    model, model.params, grads, config=config, key=jax.random.key(0)
+  )
   truth = set(ids[0].tolist())
   p, r = metrics.bag_precision_recall(result.bag.ids, truth)
   assert p == 1.0 and r >= 0.9
@@ -72,7 +74,8 @@ def test_film_recovers_a_memorised_sentence_from_its_gradient():
   assert len(result.recoveries) == 2
   assert result.recoveries[1].beam_text != result.recoveries[0].beam_text
   assert result.recoveries[0].prior_score <= (
-      result.recoveries[0].initial_prior_score)
+    result.recoveries[0].initial_prior_score
+  )
 
 
 def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
@@ -80,43 +83,67 @@ def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
   the inputs (test 1 of the tied bag method), so the bag survives."""
   model = memorising_model()
   ids, mask = model.tokenizer.encode_batch([SECRETS[1]], add_bos=True)
-  grads = fl.client_gradient(model, model.params, jnp.asarray(ids),
-                             jnp.asarray(mask),
-                             defense=fl.freeze_embeddings(model))
+  grads = fl.client_gradient(
+    model,
+    model.params,
+    jnp.asarray(ids),
+    jnp.asarray(mask),
+    defense=fl.freeze_embeddings(model),
+  )
   rows = get_path(grads, model.paths.word_embeddings)
   assert not np.asarray(rows).any()
-  assert bow.bag_of_words(model, model.params, grads,
-                          method='nonzero').ids.size == 0
+  assert (
+    bow.bag_of_words(model, model.params, grads, method='nonzero').ids.size == 0
+  )
   bag = bow.bag_of_words(model, model.params, grads, method='tied')
   inputs = set(ids[0, :-1].tolist())  # the last token is only a target
   assert set(bag.ids.tolist()) == inputs
 
 
-SMOKE = dict(model=film_exp.GPT2_TINY, batch_sizes=(2,), num_batches=1,
-             train_steps=1, train_batch_size=4, learning_rate=1e-3,
-             eval_fraction=0.0,
-             num_beams=(2,), length=6, max_prompts=2, phrase_steps=1,
-             token_steps=1, reorder_candidates=2, max_sentences=12)
+SMOKE = dict(
+  model=film_exp.GPT2_TINY,
+  batch_sizes=(2,),
+  num_batches=1,
+  train_steps=1,
+  train_batch_size=4,
+  learning_rate=1e-3,
+  eval_fraction=0.0,
+  num_beams=(2,),
+  length=6,
+  max_prompts=2,
+  phrase_steps=1,
+  token_steps=1,
+  reorder_candidates=2,
+  max_sentences=12,
+)
 
 
 def test_experiment_smoke_and_resume(tmp_path):
   cfg = film_exp.FilmExperimentConfig(**SMOKE)
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
   for b in (2,):
-    for name in ('rouge1', 'rouge2', 'rougeL', 'nerr', 'bag_precision',
-                 'bag_recall'):
+    for name in (
+      'rouge1',
+      'rouge2',
+      'rougeL',
+      'nerr',
+      'bag_precision',
+      'bag_recall',
+    ):
       assert f'{name}@b={b}' in summary
     assert 0 <= summary[f'rougeL@b={b}'] <= 1
   assert summary['bag_precision@b=2'] == 1.0
-  rows = [json.loads(x) for x in
-          (tmp_path / 'results.jsonl').read_text().splitlines()]
+  rows = [
+    json.loads(x) for x in (tmp_path / 'results.jsonl').read_text().splitlines()
+  ]
   assert len(rows) == 1 and rows[0]['b'] == 2
   assert len(rows[0]['originals']) == 2 and rows[0]['recovered']
   md = (tmp_path / 'summary.md').read_text()
   assert '| b=2 | 1 |' in md and 'paper' in md  # Table-10 layout
   assert (tmp_path / 'film_vs_batch_size.png').stat().st_size > 1000
   assert json.loads((tmp_path / 'config.json').read_text())['model'] == (
-      film_exp.GPT2_TINY)
+    film_exp.GPT2_TINY
+  )
   # Resuming recomputes nothing and gives the same summary.
   again = film_exp.run_experiment(cfg, tmp_path, progress=False)
   assert again == summary
@@ -125,8 +152,8 @@ def test_experiment_smoke_and_resume(tmp_path):
 
 def test_experiment_bag_mode_with_defenses(tmp_path):
   cfg = film_exp.FilmExperimentConfig(
-      **{**SMOKE, 'batch_sizes': (2,)}, mode='bag',
-      defenses=('none', 'dp:10'))
+    **{**SMOKE, 'batch_sizes': (2,)}, mode='bag', defenses=('none', 'dp:10')
+  )
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
   assert 'bag_precision@b=2,defense=none,method=tied' in summary
   assert 'bag_recall@b=2,defense=none,method=norm_oracle' in summary

@@ -41,15 +41,18 @@ def test_nerr_counts_verbatim_entities_on_word_boundaries():
 
 def test_named_entities_keeps_appendix_b1_types():
   ents = metrics.named_entities(
-      ['Victor Lang flew to Houston for Enron on Monday.'])
+    ['Victor Lang flew to Houston for Enron on Monday.']
+  )
   assert 'Victor Lang' in ents[0]
   assert 'Houston' in ents[0]
   assert not any('Monday' in e for e in ents[0])  # DATE is not a B.1 type
 
 
 def test_best_of_batch_takes_the_best_original_per_metric():
-  originals = ['Greg Hall sent the report to Boston.',
-               'The weather was cold all week.']
+  originals = [
+    'Greg Hall sent the report to Boston.',
+    'The weather was cold all week.',
+  ]
   pred = 'The weather was cold all week in Boston.'
   out = metrics.best_of_batch(originals, pred)
   direct = [metrics.rouge(pred, o) for o in originals]
@@ -64,8 +67,9 @@ def test_best_of_batch_takes_the_best_original_per_metric():
 
 
 def test_best_of_batch_nerr_is_nan_without_entities():
-  out = metrics.best_of_batch(['it was cold.'], 'it was cold.',
-                              entities=[set()])
+  out = metrics.best_of_batch(
+    ['it was cold.'], 'it was cold.', entities=[set()]
+  )
   assert math.isnan(out['nerr'])
   assert out['rougeL'] == 1.0
   with pytest.raises(LeakjaxError):
@@ -73,14 +77,19 @@ def test_best_of_batch_nerr_is_nan_without_entities():
 
 
 def test_sentence_matching_table3_definitions():
-  originals = ['alpha beta gamma delta', 'one two three four',
-               'red green blue yellow']
+  originals = [
+    'alpha beta gamma delta',
+    'one two three four',
+    'red green blue yellow',
+  ]
   preds = ['alpha beta gamma delta', 'zzz yyy', 'one two three four']
   out = metrics.sentence_matching(originals, preds)
   assert out['recall'] == pytest.approx(2 / 3)
   assert out['precision'] == pytest.approx(2 / 3)
-  assert metrics.sentence_matching(originals, []) == {'recall': 0.0,
-                                                      'precision': 0.0}
+  assert metrics.sentence_matching(originals, []) == {
+    'recall': 0.0,
+    'precision': 0.0,
+  }
 
 
 def test_bag_precision_recall():

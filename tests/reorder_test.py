@@ -9,27 +9,30 @@ import numpy as np
 import pytest
 
 from leakjax.attacks import reorder as ro
-from leakjax.models import gpt2
-from leakjax.models import lm_loss
+from leakjax.models import gpt2, lm_loss
 
 VOCAB = 100
 
 
 @functools.cache
 def tiny():
-  return gpt2.init_model(gpt2.GPT2Config.tiny(vocab_size=VOCAB, n_positions=32,
-                                              n_layer=1),
-                         key=jax.random.key(5))
+  return gpt2.init_model(
+    gpt2.GPT2Config.tiny(vocab_size=VOCAB, n_positions=32, n_layer=1),
+    key=jax.random.key(5),
+  )
 
 
-TOKENS = jnp.asarray([1, 40, 11, 12, 13, 14, 15, 16, 17, 18, 0, 0, 0], jnp.int32)
+TOKENS = jnp.asarray(
+  [1, 40, 11, 12, 13, 14, 15, 16, 17, 18, 0, 0, 0], jnp.int32
+)
 LENGTH = 10
 
 
 @pytest.mark.parametrize('seed', range(6))
 def test_permute_phrases_permutes_pieces_after_the_prefix(seed):
-  fn = jax.jit(functools.partial(ro.permute_phrases, fixed=2, min_cuts=2,
-                                 max_cuts=4))
+  fn = jax.jit(
+    functools.partial(ro.permute_phrases, fixed=2, min_cuts=2, max_cuts=4)
+  )
   out = np.asarray(fn(jax.random.key(seed), TOKENS, LENGTH))
   assert list(out[:2]) == [1, 40]
   assert list(out[LENGTH:]) == [0, 0, 0]
@@ -40,9 +43,15 @@ def test_permute_phrases_permutes_pieces_after_the_prefix(seed):
 
 
 def test_permute_phrases_moves_something():
-  moved = [not np.array_equal(
-      ro.permute_phrases(jax.random.key(s), TOKENS, LENGTH, fixed=2,
-                         min_cuts=3, max_cuts=5), TOKENS) for s in range(10)]
+  moved = [
+    not np.array_equal(
+      ro.permute_phrases(
+        jax.random.key(s), TOKENS, LENGTH, fixed=2, min_cuts=3, max_cuts=5
+      ),
+      TOKENS,
+    )
+    for s in range(10)
+  ]
   assert sum(moved) >= 8
 
 
@@ -50,8 +59,14 @@ def test_edit_tokens_swap_delete_insert():
   bag = jnp.asarray([70, 71, 72])
   kinds = collections.Counter()
   for s in range(40):
-    out, n = ro.edit_tokens(jax.random.key(s), TOKENS, jnp.int32(LENGTH), bag,
-                            jnp.ones(3, bool), fixed=2)
+    out, n = ro.edit_tokens(
+      jax.random.key(s),
+      TOKENS,
+      jnp.int32(LENGTH),
+      bag,
+      jnp.ones(3, bool),
+      fixed=2,
+    )
     out, n = np.asarray(out), int(n)
     assert list(out[:2]) == [1, 40] and not out[n:].any()
     body = collections.Counter(out[2:n].tolist())
@@ -73,18 +88,26 @@ def test_edit_tokens_swap_delete_insert():
 def test_edit_tokens_respects_full_rows():
   full = jnp.arange(1, 9, dtype=jnp.int32)
   for s in range(20):
-    out, n = ro.edit_tokens(jax.random.key(s), full, jnp.int32(8),
-                            jnp.asarray([50]), jnp.ones(1, bool), fixed=1)
+    out, n = ro.edit_tokens(
+      jax.random.key(s),
+      full,
+      jnp.int32(8),
+      jnp.asarray([50]),
+      jnp.ones(1, bool),
+      fixed=1,
+    )
     assert int(n) <= 8
 
 
 def test_truncate_at_first_sentence_end():
   is_end = jnp.zeros(VOCAB, bool).at[13].set(True).at[16].set(True)
-  out, n = ro.truncate_at_punctuation(TOKENS, jnp.int32(LENGTH), is_end,
-                                      fixed=2)
+  out, n = ro.truncate_at_punctuation(
+    TOKENS, jnp.int32(LENGTH), is_end, fixed=2
+  )
   assert int(n) == 5 and list(np.asarray(out)[:6]) == [1, 40, 11, 12, 13, 0]
-  out, n = ro.truncate_at_punctuation(TOKENS, jnp.int32(LENGTH),
-                                      jnp.zeros(VOCAB, bool), fixed=2)
+  out, n = ro.truncate_at_punctuation(
+    TOKENS, jnp.int32(LENGTH), jnp.zeros(VOCAB, bool), fixed=2
+  )
   assert int(n) == LENGTH
 
 
@@ -92,57 +115,79 @@ def test_candidate_scores_match_one_gradient_per_candidate():
   model = tiny()
   ids = jnp.asarray([[1, 5, 6, 7, 0], [1, 7, 6, 5, 9], [1, 9, 9, 0, 0]])
   mask = (jnp.arange(5)[None] < jnp.asarray([4, 5, 3])[:, None]).astype(
-      jnp.int32)
+    jnp.int32
+  )
   paths = ro.default_grad_paths(model.params)
   assert paths == (('h_0',), ('ln_f',))
   fn = jax.jit(functools.partial(ro.candidate_scores, model, beta=2.0))
   scores, ppl, norm = fn(model.params, ids, mask)
+
   @jax.jit
   def one(params, ids1, mask1):  # the plain per-candidate gradient
     def loss(p):
-      return lm_loss(model.logits(p, ids1[None], mask1[None]), ids1[None],
-                     mask1[None])
+      return lm_loss(
+        model.logits(p, ids1[None], mask1[None]), ids1[None], mask1[None]
+      )
+
     return jax.value_and_grad(loss)(params)
 
   for i in range(3):
     value, g = one(model.params, ids[i], mask[i])
     sub = [g['h_0'], g['ln_f']]
-    want = jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree.leaves(sub)))
+    want = jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(sub)))
     assert float(ppl[i]) == pytest.approx(float(jnp.exp(value)), rel=1e-4)
     assert float(norm[i]) == pytest.approx(float(want), rel=1e-4)
-    assert float(scores[i]) == pytest.approx(float(ppl[i] + 2 * norm[i]),
-                                             rel=1e-5)
-  chunked = ro.candidate_scores(model, model.params, ids, mask, beta=2.0,
-                                chunk=2)
-  np.testing.assert_allclose(np.asarray(chunked[0]), np.asarray(scores),
-                             rtol=1e-5)
+    assert float(scores[i]) == pytest.approx(
+      float(ppl[i] + 2 * norm[i]), rel=1e-5
+    )
+  chunked = ro.candidate_scores(
+    model, model.params, ids, mask, beta=2.0, chunk=2
+  )
+  np.testing.assert_allclose(
+    np.asarray(chunked[0]), np.asarray(scores), rtol=1e-5
+  )
 
 
 def test_reorder_only_improves_and_reports_the_final_score():
   model = tiny()
-  config = ro.ReorderConfig(phrase_steps=3, token_steps=3, num_candidates=4,
-                            min_cuts=1, max_cuts=3)
+  config = ro.ReorderConfig(
+    phrase_steps=3, token_steps=3, num_candidates=4, min_cuts=1, max_cuts=3
+  )
   is_end = jnp.zeros(VOCAB, bool).at[15].set(True)
   fn = jax.jit(functools.partial(ro.reorder, model, config=config))
-  state = fn(model.params, TOKENS, jnp.int32(LENGTH), jnp.asarray([30, 31]),
-             key=jax.random.key(0), is_end=is_end)
+  state = fn(
+    model.params,
+    TOKENS,
+    jnp.int32(LENGTH),
+    jnp.asarray([30, 31]),
+    key=jax.random.key(0),
+    is_end=is_end,
+  )
   assert int(state.step) == 1 + 3 + 3
   assert float(state.score) <= float(state.initial_score)
   n = int(state.length)
   toks = np.asarray(state.tokens)
   assert list(toks[:2]) == [1, 40] and not toks[n:].any()
-  mask = (jnp.arange(TOKENS.shape[0]) < n).astype(jnp.int32)
-  s, _, _ = ro.candidate_scores(model, model.params, jnp.asarray(toks)[None],
-                                mask[None])
+  # S of the result and of the input, in one jitted call.
+  width = TOKENS.shape[0]
+  both = jnp.stack([jnp.asarray(toks), TOKENS])
+  masks = (jnp.arange(width)[None] < jnp.asarray([[n], [LENGTH]])).astype(
+    jnp.int32
+  )
+  s, _, _ = jax.jit(functools.partial(ro.candidate_scores, model))(
+    model.params, both, masks
+  )
   assert float(s[0]) == pytest.approx(float(state.score), rel=1e-4)
-  start, _, _ = ro.candidate_scores(
-      model, model.params, TOKENS[None],
-      (jnp.arange(TOKENS.shape[0]) < LENGTH).astype(jnp.int32)[None])
-  assert float(start[0]) == pytest.approx(float(state.initial_score),
-                                          rel=1e-4)
+  assert float(s[1]) == pytest.approx(float(state.initial_score), rel=1e-4)
   # Same key, same result; explicit keys only.
-  again = fn(model.params, TOKENS, jnp.int32(LENGTH), jnp.asarray([30, 31]),
-             key=jax.random.key(0), is_end=is_end)
+  again = fn(
+    model.params,
+    TOKENS,
+    jnp.int32(LENGTH),
+    jnp.asarray([30, 31]),
+    key=jax.random.key(0),
+    is_end=is_end,
+  )
   assert np.array_equal(np.asarray(again.tokens), toks)
 
 
@@ -150,5 +195,14 @@ def test_sentence_end_mask():
   class Tok:
     def token_strings(self):
       return ['a', '.', ' ?', '!.', ',', ' the', '...', '']
+
   assert ro.sentence_end_mask(Tok()).tolist() == [
-      False, True, True, True, False, False, True, False]
+    False,
+    True,
+    True,
+    True,
+    False,
+    False,
+    True,
+    False,
+  ]

@@ -60,8 +60,9 @@ PyTree = Any
 
 
 # ------------------------------------------------------- untied / defended
-def nonzero_rows(grad_rows: Float[Array, 'V d'], atol: float = 0.0
-                 ) -> Bool[Array, 'V']:
+def nonzero_rows(
+  grad_rows: Float[Array, 'V d'], atol: float = 0.0
+) -> Bool[Array, 'V']:
   """Rows with an entry of magnitude > atol (FILM Sec. 4.2; pruning 6.3)."""
   return jnp.any(jnp.abs(grad_rows) > atol, axis=-1)
 
@@ -71,8 +72,9 @@ def dp_threshold(noise_std: float, dim: int) -> float:
   return float(noise_std) * math.sqrt(2.0 * math.log(dim))
 
 
-def dp_rows(grad_rows: Float[Array, 'V d'], noise_std: float
-            ) -> Bool[Array, 'V']:
+def dp_rows(
+  grad_rows: Float[Array, 'V d'], noise_std: float
+) -> Bool[Array, 'V']:
   """Rows whose max |entry| exceeds τ = σ√(2 log d) (FILM Sec. 6.3).
 
   Args:
@@ -85,8 +87,9 @@ def dp_rows(grad_rows: Float[Array, 'V d'], noise_std: float
   return jnp.max(jnp.abs(grad_rows), axis=-1) > tau
 
 
-def max_length_from_positions(grad_positions: Float[Array, 'P d'],
-                              atol: float = 0.0) -> Int[Array, '']:
+def max_length_from_positions(
+  grad_positions: Float[Array, 'P d'], atol: float = 0.0
+) -> Int[Array, '']:
   """Longest sentence, in tokens with BOS, from position gradients (Sec. 4.2).
 
   Positions past the longest sentence only see padding, whose loss is
@@ -105,8 +108,9 @@ def norm_scores(grad_rows: Float[Array, 'V d']) -> Float[Array, 'V']:
   return jnp.linalg.norm(grad_rows.astype(jnp.float32), axis=-1)
 
 
-def target_scores(grad_rows: Float[Array, 'V d'],
-                  embeddings: Float[Array, 'V d']) -> Float[Array, 'V']:
+def target_scores(
+  grad_rows: Float[Array, 'V d'], embeddings: Float[Array, 'V d']
+) -> Float[Array, 'V']:
   """t_v = −∇W[v]·(w_v − w̄): ≤ 0 for tokens absent from the batch.
 
   See the module docstring (test 2). With a tied head the logit of v at
@@ -118,8 +122,11 @@ def target_scores(grad_rows: Float[Array, 'V d'],
   return -jnp.sum(grad_rows.astype(jnp.float32) * centred, axis=-1)
 
 
-def _span_basis(first_layer_grad: Float[Array, 'd out'],
-                min_gap_decades: float, max_rank_fraction: float):
+def _span_basis(
+  first_layer_grad: Float[Array, 'd out'],
+  min_gap_decades: float,
+  max_rank_fraction: float,
+):
   """Orthonormal basis of the column space, its rank, and whether valid."""
   g = first_layer_grad.astype(jnp.float32)
   u, s, _ = jnp.linalg.svd(g, full_matrices=False)  # u [d, r]
@@ -127,18 +134,17 @@ def _span_basis(first_layer_grad: Float[Array, 'd out'],
   logs = jnp.log10(s / s[0] + 1e-30)
   gaps = logs[:-1] - logs[1:]
   rank = jnp.argmax(gaps) + 1
-  valid = ((gaps[rank - 1] >= min_gap_decades)
-           & (rank <= max_rank_fraction * d))
+  valid = (gaps[rank - 1] >= min_gap_decades) & (rank <= max_rank_fraction * d)
   keep = jnp.arange(u.shape[1]) < rank
   return u * keep[None, :], rank, valid
 
 
 def input_span_residuals(
-    first_layer_grad: Float[Array, 'd out'],
-    inputs: Float[Array, 'V d'],
-    *,
-    min_gap_decades: float = 1.0,
-    max_rank_fraction: float = 0.9,
+  first_layer_grad: Float[Array, 'd out'],
+  inputs: Float[Array, 'V d'],
+  *,
+  min_gap_decades: float = 1.0,
+  max_rank_fraction: float = 0.9,
 ) -> tuple[Float[Array, 'V'], Int[Array, ''], Bool[Array, '']]:
   """Relative distance of each normalised input embedding to the input span.
 
@@ -154,8 +160,9 @@ def input_span_residuals(
   Returns:
     `(residual [V], rank, valid)`: ‖(I − QQᵀ)x̂_v‖ / ‖x̂_v‖.
   """
-  q, rank, valid = _span_basis(first_layer_grad, min_gap_decades,
-                               max_rank_fraction)
+  q, rank, valid = _span_basis(
+    first_layer_grad, min_gap_decades, max_rank_fraction
+  )
   x = inputs.astype(jnp.float32)
   res = x - (x @ q) @ q.T
   rel = jnp.linalg.norm(res, axis=-1) / (jnp.linalg.norm(x, axis=-1) + 1e-30)
@@ -163,15 +170,15 @@ def input_span_residuals(
 
 
 def layer_norm_span_residuals(
-    first_layer_grad: Float[Array, 'd out'],
-    embeddings: Float[Array, 'V d'],
-    positions: Float[Array, 'P d'],
-    scale: Float[Array, 'd'],
-    bias: Float[Array, 'd'],
-    eps: float,
-    *,
-    min_gap_decades: float = 1.0,
-    max_rank_fraction: float = 0.9,
+  first_layer_grad: Float[Array, 'd out'],
+  embeddings: Float[Array, 'V d'],
+  positions: Float[Array, 'P d'],
+  scale: Float[Array, 'd'],
+  bias: Float[Array, 'd'],
+  eps: float,
+  *,
+  min_gap_decades: float = 1.0,
+  max_rank_fraction: float = 0.9,
 ) -> tuple[Float[Array, 'V'], Int[Array, ''], Bool[Array, '']]:
   """:func:`input_span_residuals` for GPT-2: inputs LN(w_v + p_t) per position.
 
@@ -184,8 +191,9 @@ def layer_norm_span_residuals(
   Returns:
     `(residual [V], rank, valid)`.
   """
-  q, rank, valid = _span_basis(first_layer_grad, min_gap_decades,
-                               max_rank_fraction)
+  q, rank, valid = _span_basis(
+    first_layer_grad, min_gap_decades, max_rank_fraction
+  )
   d = embeddings.shape[-1]
 
   def proj(x):  # R x
@@ -198,15 +206,20 @@ def layer_norm_span_residuals(
   gv, gt = cv * scale, ct * scale
   a, b, c = proj(gv), proj(gt), proj(bias[None].astype(jnp.float32))[0]
   # [V, P] inner products
-  s2 = ((cv * cv).sum(-1)[:, None] + 2 * cv @ ct.T
-        + (ct * ct).sum(-1)[None, :]) / d + eps
+  s2 = (
+    (cv * cv).sum(-1)[:, None] + 2 * cv @ ct.T + (ct * ct).sum(-1)[None, :]
+  ) / d + eps
   s = jnp.sqrt(s2)
-  res2 = (((a * a).sum(-1)[:, None] + 2 * a @ b.T + (b * b).sum(-1)[None])
-          / s2 + 2 * ((a @ c)[:, None] + (b @ c)[None]) / s + c @ c)
-  full2 = (((gv * gv).sum(-1)[:, None] + 2 * gv @ gt.T
-            + (gt * gt).sum(-1)[None]) / s2
-           + 2 * ((gv @ bias)[:, None] + (gt @ bias)[None]) / s
-           + bias @ bias)
+  res2 = (
+    ((a * a).sum(-1)[:, None] + 2 * a @ b.T + (b * b).sum(-1)[None]) / s2
+    + 2 * ((a @ c)[:, None] + (b @ c)[None]) / s
+    + c @ c
+  )
+  full2 = (
+    ((gv * gv).sum(-1)[:, None] + 2 * gv @ gt.T + (gt * gt).sum(-1)[None]) / s2
+    + 2 * ((gv @ bias)[:, None] + (gt @ bias)[None]) / s
+    + bias @ bias
+  )
   rel = jnp.sqrt(jnp.maximum(res2, 0.0) / (full2 + 1e-30))
   return rel.min(-1), rank, valid
 
@@ -269,13 +282,13 @@ class BagEvidence:
 
 
 def tied_bag(
-    grad_rows: Float[Array, 'V d'],
-    embeddings: Float[Array, 'V d'],
-    span_residual: Float[Array, 'V'] | None = None,
-    span_valid: Bool[Array, ''] | None = None,
-    span_rank: Int[Array, ''] | None = None,
-    *,
-    config: TiedBagConfig = TiedBagConfig(),
+  grad_rows: Float[Array, 'V d'],
+  embeddings: Float[Array, 'V d'],
+  span_residual: Float[Array, 'V'] | None = None,
+  span_valid: Bool[Array, ''] | None = None,
+  span_rank: Int[Array, ''] | None = None,
+  *,
+  config: TiedBagConfig = TiedBagConfig(),
 ) -> Bool[Array, 'V']:
   """The bag for a tied embedding (module docstring, tests 1-3).
 
@@ -297,20 +310,25 @@ def tied_bag(
     bool `[V]`.
   """
   t = target_scores(grad_rows, embeddings)
-  bag = ((t > config.target_tolerance * jnp.max(jnp.abs(t)))
-         & (robust_z(t) > config.target_z))
+  bag = (t > config.target_tolerance * jnp.max(jnp.abs(t))) & (
+    robust_z(t) > config.target_z
+  )
   norms = norm_scores(grad_rows)
   w = embeddings.astype(jnp.float32)
   alignment = t / (norms * jnp.linalg.norm(w - w.mean(0), axis=-1) + 1e-30)
-  outliers = ((robust_z(jnp.log(norms + 1e-30)) > config.norm_z)
-              & (alignment > config.min_alignment))
+  outliers = (robust_z(jnp.log(norms + 1e-30)) > config.norm_z) & (
+    alignment > config.min_alignment
+  )
   if span_residual is None:
     return bag | outliers
   span = span_residual < config.span_tolerance
   if span_rank is not None:
     order = jnp.argsort(span_residual)
-    closest = jnp.zeros(span.shape, bool).at[order].set(
-        jnp.arange(span.shape[0]) < span_rank)
+    closest = (
+      jnp.zeros(span.shape, bool)
+      .at[order]
+      .set(jnp.arange(span.shape[0]) < span_rank)
+    )
     span &= closest
   return bag | jnp.where(span_valid, span, outliers)
 
@@ -323,15 +341,17 @@ def first_layer_input_grad(model: Model, grads: PyTree) -> jax.Array | None:
   """
   if model.family == 'llama':
     attn = grads['layers_0']['attn']
-    return jnp.concatenate([attn[n]['kernel'] for n in
-                            ('q_proj', 'k_proj', 'v_proj')], axis=1)
+    return jnp.concatenate(
+      [attn[n]['kernel'] for n in ('q_proj', 'k_proj', 'v_proj')], axis=1
+    )
   if model.family == 'gpt2':
     return grads['h_0']['attn']['c_attn']['kernel']
   return None
 
 
-def span_residuals(model: Model, params: PyTree, grads: PyTree,
-                   max_positions: int | None = None):
+def span_residuals(
+  model: Model, params: PyTree, grads: PyTree, max_positions: int | None = None
+):
   """Test 1 of :func:`tied_bag` for the model's family, or None.
 
   Returns:
@@ -345,15 +365,17 @@ def span_residuals(model: Model, params: PyTree, grads: PyTree,
     scale = params['layers_0']['attn_norm']['scale']
     eps = model.config.rms_norm_eps
     w32 = w.astype(jnp.float32)
-    x = scale * w32 * jax.lax.rsqrt(jnp.mean(w32 * w32, -1, keepdims=True)
-                                   + eps)
+    x = (
+      scale * w32 * jax.lax.rsqrt(jnp.mean(w32 * w32, -1, keepdims=True) + eps)
+    )
     return input_span_residuals(g1, x)
   pos = get_path(params, model.paths.position_embeddings)
   if max_positions is not None:
     pos = pos[:max_positions]
   ln = params['h_0']['ln_1']
-  return layer_norm_span_residuals(g1, w, pos, ln['scale'], ln['bias'],
-                                   model.config.layer_norm_epsilon)
+  return layer_norm_span_residuals(
+    g1, w, pos, ln['scale'], ln['bias'], model.config.layer_norm_epsilon
+  )
 
 
 @dataclasses.dataclass
@@ -376,10 +398,16 @@ class Bag:
   evidence: BagEvidence | None = None
 
 
-def bag_of_words(model: Model, params: PyTree, grads: PyTree, *,
-                 method: str = 'auto', noise_std: float | None = None,
-                 config: TiedBagConfig = TiedBagConfig(),
-                 baseline_z: float = 8.0) -> Bag:
+def bag_of_words(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  *,
+  method: str = 'auto',
+  noise_std: float | None = None,
+  config: TiedBagConfig = TiedBagConfig(),
+  baseline_z: float = 8.0,
+) -> Bag:
   """The bag of words of a batch from its gradient (FILM Sec. 4.2).
 
   Args:
@@ -400,7 +428,8 @@ def bag_of_words(model: Model, params: PyTree, grads: PyTree, *,
   """
   rows = get_path(grads, model.paths.word_embeddings)
   tied = model.paths.lm_head is None and getattr(
-      model.config, 'tie_word_embeddings', False)
+    model.config, 'tie_word_embeddings', False
+  )
   if method == 'auto':
     method = 'dp' if noise_std else ('tied' if tied else 'nonzero')
   max_len = None
@@ -412,8 +441,9 @@ def bag_of_words(model: Model, params: PyTree, grads: PyTree, *,
     mask = nonzero_rows(rows)
   elif method == 'dp':
     if noise_std is None:
-      raise LeakjaxError("method='dp' needs noise_std",
-                         'pass the DP noise std of the gradient')
+      raise LeakjaxError(
+        "method='dp' needs noise_std", 'pass the DP noise std of the gradient'
+      )
     mask = dp_rows(rows, noise_std)
   elif method == 'norm':
     z = robust_z(jnp.log(norm_scores(rows) + 1e-30))
@@ -422,25 +452,51 @@ def bag_of_words(model: Model, params: PyTree, grads: PyTree, *,
     w = model.word_embeddings(params)
     span = span_residuals(model, params, grads, max_len)
     if span is None:
-      res, rank, valid = (jnp.ones(rows.shape[:1]), jnp.array(0),
-                          jnp.array(False))
+      res, rank, valid = (
+        jnp.ones(rows.shape[:1]),
+        jnp.array(0),
+        jnp.array(False),
+      )
     else:
       res, rank, valid = span
     mask = tied_bag(rows, w, res, valid, rank, config=config)
     evidence = BagEvidence(
-        span_residual=res, span_rank=rank, span_valid=valid,
-        target=target_scores(rows, w),
-        norm_z=robust_z(jnp.log(norm_scores(rows) + 1e-30)))
+      span_residual=res,
+      span_rank=rank,
+      span_valid=valid,
+      target=target_scores(rows, w),
+      norm_z=robust_z(jnp.log(norm_scores(rows) + 1e-30)),
+    )
   else:
-    raise LeakjaxError(f'unknown bag-of-words method {method!r}',
-                       "use 'auto', 'nonzero', 'dp', 'tied' or 'norm'")
+    raise LeakjaxError(
+      f'unknown bag-of-words method {method!r}',
+      "use 'auto', 'nonzero', 'dp', 'tied' or 'norm'",
+    )
   mask = np.asarray(mask)
-  return Bag(ids=np.flatnonzero(mask), mask=mask, max_length=max_len,
-             method=method, evidence=evidence)
+  return Bag(
+    ids=np.flatnonzero(mask),
+    mask=mask,
+    max_length=max_len,
+    method=method,
+    evidence=evidence,
+  )
 
 
-__all__ = ['Bag', 'BagEvidence', 'TiedBagConfig', 'bag_of_words', 'dp_rows',
-           'dp_threshold', 'first_layer_input_grad',
-           'input_span_residuals', 'layer_norm_span_residuals',
-           'max_length_from_positions', 'nonzero_rows', 'norm_scores',
-           'robust_z', 'span_residuals', 'target_scores', 'tied_bag']
+__all__ = [
+  'Bag',
+  'BagEvidence',
+  'TiedBagConfig',
+  'bag_of_words',
+  'dp_rows',
+  'dp_threshold',
+  'first_layer_input_grad',
+  'input_span_residuals',
+  'layer_norm_span_residuals',
+  'max_length_from_positions',
+  'nonzero_rows',
+  'norm_scores',
+  'robust_z',
+  'span_residuals',
+  'target_scores',
+  'tied_bag',
+]

@@ -84,13 +84,17 @@ class BeamSearchConfig:
 
   def __post_init__(self):
     if self.num_beams < 1 or self.num_groups < 1 or self.length < 1:
-      raise LeakjaxError('num_beams, num_groups and length must be >= 1, got'
-                         f' {self.num_beams}, {self.num_groups},'
-                         f' {self.length}')
+      raise LeakjaxError(
+        'num_beams, num_groups and length must be >= 1, got'
+        f' {self.num_beams}, {self.num_groups},'
+        f' {self.length}'
+      )
     if self.num_beams % self.num_groups:
       raise LeakjaxError(
-          f'num_beams={self.num_beams} is not a multiple of'
-          f' num_groups={self.num_groups}', 'make the groups equal in size')
+        f'num_beams={self.num_beams} is not a multiple of'
+        f' num_groups={self.num_groups}',
+        'make the groups equal in size',
+      )
     if self.ngram_size < 0:
       raise LeakjaxError(f'ngram_size must be >= 0, got {self.ngram_size}')
     if self.ngram_penalty < 0 or self.prior_penalty < 0:
@@ -135,10 +139,10 @@ class BeamResult:
 
 # --------------------------------------------------------------- n-grams
 def ngram_followers(
-    seq: Int[Array, 'T'],
-    seq_length: Int[Array, ''],
-    context: Int[Array, 'n1'],
-    candidates: Int[Array, 'M'],
+  seq: Int[Array, 'T'],
+  seq_length: Int[Array, ''],
+  context: Int[Array, 'n1'],
+  candidates: Int[Array, 'M'],
 ) -> Bool[Array, 'M']:
   """Which candidates would complete an n-gram already in `seq`.
 
@@ -170,8 +174,9 @@ def _context(tokens: Int[Array, 'T'], length, n1: int) -> Int[Array, 'n1']:
   return lax.dynamic_slice(tokens, (jnp.maximum(length - n1, 0),), (n1,))
 
 
-def _penalties(tokens, length, bag_ids, prior, prior_lengths,
-               config: BeamSearchConfig) -> Float[Array, 'M']:
+def _penalties(
+  tokens, length, bag_ids, prior, prior_lengths, config: BeamSearchConfig
+) -> Float[Array, 'M']:
   """ρ for repeated n-grams + prior penalty, per bag token, for one beam."""
   n = config.ngram_size
   if n == 0:
@@ -182,18 +187,22 @@ def _penalties(tokens, length, bag_ids, prior, prior_lengths,
   penalty = jnp.where(seen, config.ngram_penalty, 0.0)
   if prior is not None:
     # [R, Tp] -> [R, M] -> [M]
-    in_prior = jax.vmap(ngram_followers, in_axes=(0, 0, None, None))(
-        prior, prior_lengths, context, bag_ids).any(0) & has_context
+    in_prior = (
+      jax.vmap(ngram_followers, in_axes=(0, 0, None, None))(
+        prior, prior_lengths, context, bag_ids
+      ).any(0)
+      & has_context
+    )
     penalty += jnp.where(in_prior, config.prior_penalty, 0.0)
   return penalty.astype(jnp.float32)
 
 
 # ------------------------------------------------------------- selection
 def _select(
-    total: Float[Array, 'sources M'],
-    config: BeamSearchConfig,
-    *,
-    shared: bool,
+  total: Float[Array, 'sources M'],
+  config: BeamSearchConfig,
+  *,
+  shared: bool,
 ) -> tuple[Int[Array, 'k'], Int[Array, 'k'], Float[Array, 'k']]:
   """Per-group top-k with the diversity penalty.
 
@@ -216,7 +225,7 @@ def _select(
     if shared:
       pool, offset = total, 0
     else:
-      pool, offset = total[group * kg:(group + 1) * kg], group * kg
+      pool, offset = total[group * kg : (group + 1) * kg], group * kg
     steered = pool - config.diversity_penalty * used[None, :]
     width = min(kg, steered.size)
     # [sources, M] -> [sources * M] -> top kg
@@ -233,25 +242,28 @@ def _select(
     sources.append(source + offset)
     tokens.append(token)
     scores.append(score)
-  return (jnp.concatenate(sources), jnp.concatenate(tokens),
-          jnp.concatenate(scores))
+  return (
+    jnp.concatenate(sources),
+    jnp.concatenate(tokens),
+    jnp.concatenate(scores),
+  )
 
 
 # ----------------------------------------------------------------- kernel
 def _search_one(
-    model: Model,
-    params: PyTree,
-    prompts: Int[Array, 'Z P'],
-    prompt_mask: Bool[Array, 'Z'],
-    bag_ids: Int[Array, 'M'],
-    bag_mask: Bool[Array, 'M'],
-    prior: Int[Array, 'R Tp'] | None,
-    prior_lengths: Int[Array, 'R'] | None,
-    config: BeamSearchConfig,
+  model: Model,
+  params: PyTree,
+  prompts: Int[Array, 'Z P'],
+  prompt_mask: Bool[Array, 'Z'],
+  bag_ids: Int[Array, 'M'],
+  bag_mask: Bool[Array, 'M'],
+  prior: Int[Array, 'R Tp'] | None,
+  prior_lengths: Int[Array, 'R'] | None,
+  config: BeamSearchConfig,
 ) -> tuple[Int[Array, 'k T'], Float[Array, 'k']]:
   """One beam search from a pool of prompts (Alg. 1 with π¹ = prompts)."""
   num_prompts, p = prompts.shape
-  k, total_len = config.num_beams, p + config.length
+  total_len = p + config.length
   bag_ok = jnp.where(bag_mask, 0.0, _NEG_INF)  # [M]
 
   # Prefill: log P(prompt) and the first bag distribution of every prompt.
@@ -259,19 +271,25 @@ def _search_one(
   logits, cache = model.decode(params, prompts, cache)  # [Z, P, V]
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   prompt_scores = jnp.take_along_axis(
-      logp[:, :-1], prompts[:, 1:, None], axis=-1)[..., 0].sum(-1)  # [Z]
+    logp[:, :-1], prompts[:, 1:, None], axis=-1
+  )[..., 0].sum(-1)  # [Z]
   prompt_scores = jnp.where(prompt_mask, prompt_scores, _NEG_INF)
   tokens0 = jnp.zeros((num_prompts, total_len), jnp.int32)
   tokens0 = tokens0.at[:, :p].set(prompts)
   pen0 = jax.vmap(_penalties, in_axes=(0, None, None, None, None, None))(
-      tokens0, p, bag_ids, prior, prior_lengths, config)  # [Z, M]
-  total0 = (prompt_scores[:, None] + logp[:, -1, bag_ids] + bag_ok[None]
-            - pen0)  # [Z, M]
+    tokens0, p, bag_ids, prior, prior_lengths, config
+  )  # [Z, M]
+  total0 = (
+    prompt_scores[:, None] + logp[:, -1, bag_ids] + bag_ok[None] - pen0
+  )  # [Z, M]
   source, token, scores = _select(total0, config, shared=True)
   tokens = tokens0[source].at[:, p].set(bag_ids[token])  # [k, T]
   state = BeamState(
-      step=jnp.array(1, jnp.int32), tokens=tokens, scores=scores,
-      cache=jax.tree.map(lambda x: x[source], cache))
+    step=jnp.array(1, jnp.int32),
+    tokens=tokens,
+    scores=scores,
+    cache=jax.tree.map(lambda x: x[source], cache),
+  )
 
   def cond(state: BeamState):
     return state.step < config.length
@@ -282,15 +300,21 @@ def _search_one(
     logits, cache = model.decode(params, last, state.cache)  # [k, 1, V]
     logp = jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1)
     pen = jax.vmap(_penalties, in_axes=(0, None, None, None, None, None))(
-        state.tokens, length, bag_ids, prior, prior_lengths, config)
+      state.tokens, length, bag_ids, prior, prior_lengths, config
+    )
     # [k, V] -> [k, M]: only bag tokens may follow.
     total = state.scores[:, None] + logp[:, bag_ids] + bag_ok[None] - pen
     source, token, scores = _select(total, config, shared=False)
     tokens = state.tokens[source]
     tokens = lax.dynamic_update_slice_in_dim(
-        tokens, bag_ids[token][:, None], length, axis=1)
-    return BeamState(step=state.step + 1, tokens=tokens, scores=scores,
-                     cache=jax.tree.map(lambda x: x[source], cache))
+      tokens, bag_ids[token][:, None], length, axis=1
+    )
+    return BeamState(
+      step=state.step + 1,
+      tokens=tokens,
+      scores=scores,
+      cache=jax.tree.map(lambda x: x[source], cache),
+    )
 
   state = lax.while_loop(cond, body, state)
   order = jnp.argsort(-state.scores)
@@ -298,16 +322,16 @@ def _search_one(
 
 
 def beam_search(
-    model: Model,
-    params: PyTree,
-    prompts: Int[Array, 'S Z P'],
-    bag_ids: Int[Array, 'M'],
-    *,
-    config: BeamSearchConfig,
-    prompt_mask: Bool[Array, 'S Z'] | None = None,
-    bag_mask: Bool[Array, 'M'] | None = None,
-    prior: Int[Array, 'R Tp'] | None = None,
-    prior_lengths: Int[Array, 'R'] | None = None,
+  model: Model,
+  params: PyTree,
+  prompts: Int[Array, 'S Z P'],
+  bag_ids: Int[Array, 'M'],
+  *,
+  config: BeamSearchConfig,
+  prompt_mask: Bool[Array, 'S Z'] | None = None,
+  bag_mask: Bool[Array, 'M'] | None = None,
+  prior: Int[Array, 'R Tp'] | None = None,
+  prior_lengths: Int[Array, 'R'] | None = None,
 ) -> BeamResult:
   """Bag-restricted beam search, batched over S independent searches.
 
@@ -335,8 +359,9 @@ def beam_search(
   prompts = jnp.asarray(prompts, jnp.int32)
   bag_ids = jnp.asarray(bag_ids, jnp.int32)
   if prompts.ndim != 3:
-    raise LeakjaxError(f'prompts must be [searches, prompts, length], got'
-                       f' shape {prompts.shape}')
+    raise LeakjaxError(
+      f'prompts must be [searches, prompts, length], got shape {prompts.shape}'
+    )
   if prompt_mask is None:
     prompt_mask = jnp.ones(prompts.shape[:2], bool)
   if bag_mask is None:
@@ -347,11 +372,21 @@ def beam_search(
     prior = jnp.asarray(prior, jnp.int32)
     prior_lengths = jnp.asarray(prior_lengths, jnp.int32)
   tokens, scores = jax.vmap(
-      _search_one, in_axes=(None, None, 0, 0, None, None, None, None, None))(
-          model, params, prompts, prompt_mask, bag_ids, bag_mask, prior,
-          prior_lengths, config)
-  return BeamResult(tokens=tokens, scores=scores,
-                    prompt_length=prompts.shape[2])
+    _search_one, in_axes=(None, None, 0, 0, None, None, None, None, None)
+  )(
+    model,
+    params,
+    prompts,
+    prompt_mask,
+    bag_ids,
+    bag_mask,
+    prior,
+    prior_lengths,
+    config,
+  )
+  return BeamResult(
+    tokens=tokens, scores=scores, prompt_length=prompts.shape[2]
+  )
 
 
 # ---------------------------------------------------------------- prompts
@@ -362,12 +397,16 @@ def capitalised_tokens(tokenizer, bag_ids: Sequence[int]) -> list[int]:
   sentence, so only tokens whose first character is upper case qualify.
   """
   strings = tokenizer.token_strings()
-  return [int(t) for t in bag_ids
-          if strings[int(t)][:1].isupper()]
+  return [int(t) for t in bag_ids if strings[int(t)][:1].isupper()]
 
 
-def make_prompts(tokenizer, bag_ids: Sequence[int], *, use_bos: bool = True,
-                 mode: str = 'capital') -> list[list[int]]:
+def make_prompts(
+  tokenizer,
+  bag_ids: Sequence[int],
+  *,
+  use_bos: bool = True,
+  mode: str = 'capital',
+) -> list[list[int]]:
   """Start prompts for the beam search (FILM Sec. 4.3).
 
   Args:
@@ -383,21 +422,27 @@ def make_prompts(tokenizer, bag_ids: Sequence[int], *, use_bos: bool = True,
     A list of prompts, all of the same length.
   """
   if mode not in ('capital', 'bos'):
-    raise LeakjaxError(f'unknown prompt mode {mode!r}',
-                       "use 'capital' or 'bos'")
+    raise LeakjaxError(
+      f'unknown prompt mode {mode!r}', "use 'capital' or 'bos'"
+    )
   bos = [tokenizer.bos_id] if use_bos and tokenizer.bos_id is not None else []
   capital = [bos + [t] for t in capitalised_tokens(tokenizer, bag_ids)]
   if mode == 'capital' and capital:
     return capital
   if not bos:
-    raise LeakjaxError('no BOS token and no capitalised bag token to start'
-                       ' the beam search from', 'pass prompts explicitly')
+    raise LeakjaxError(
+      'no BOS token and no capitalised bag token to start the beam search from',
+      'pass prompts explicitly',
+    )
   return [bos]
 
 
-def prompt_batches(prompts: Sequence[Sequence[int]], *, per_search: int = 1,
-                   pad_to: int | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def prompt_batches(
+  prompts: Sequence[Sequence[int]],
+  *,
+  per_search: int = 1,
+  pad_to: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
   """Packs prompts into `[S, Z, P]` searches with a validity mask.
 
   Args:
@@ -414,22 +459,24 @@ def prompt_batches(prompts: Sequence[Sequence[int]], *, per_search: int = 1,
     raise LeakjaxError('no prompts to start the beam search from')
   lengths = {len(p) for p in prompts}
   if len(lengths) != 1 or 0 in lengths:
-    raise LeakjaxError(f'prompts must share one positive length, got'
-                       f' {sorted(lengths)}')
+    raise LeakjaxError(
+      f'prompts must share one positive length, got {sorted(lengths)}'
+    )
   z = max(1, per_search)
   s = -(-len(prompts) // z)
   if pad_to:
     s = -(-s // pad_to) * pad_to
   arr = np.zeros((s * z, lengths.pop()), np.int32)
   mask = np.zeros((s * z,), bool)
-  arr[:len(prompts)] = np.asarray(prompts, np.int32)
-  mask[:len(prompts)] = True
-  arr[len(prompts):] = arr[0]  # padding rows: valid ids, masked out
+  arr[: len(prompts)] = np.asarray(prompts, np.int32)
+  mask[: len(prompts)] = True
+  arr[len(prompts) :] = arr[0]  # padding rows: valid ids, masked out
   return arr.reshape(s, z, -1), mask.reshape(s, z)
 
 
-def best_sequences(result: BeamResult, top: int | None = None
-                   ) -> list[tuple[float, list[int]]]:
+def best_sequences(
+  result: BeamResult, top: int | None = None
+) -> list[tuple[float, list[int]]]:
   """All finished beams of all searches as `(score, tokens)`, best first."""
   tokens = np.asarray(result.tokens).reshape(-1, result.tokens.shape[-1])
   scores = np.asarray(result.scores).reshape(-1)
@@ -448,6 +495,14 @@ def best_sequences(result: BeamResult, top: int | None = None
   return out
 
 
-__all__ = ['BeamResult', 'BeamSearchConfig', 'BeamState', 'beam_search',
-           'best_sequences', 'capitalised_tokens', 'make_prompts',
-           'ngram_followers', 'prompt_batches']
+__all__ = [
+  'BeamResult',
+  'BeamSearchConfig',
+  'BeamState',
+  'beam_search',
+  'best_sequences',
+  'capitalised_tokens',
+  'make_prompts',
+  'ngram_followers',
+  'prompt_batches',
+]

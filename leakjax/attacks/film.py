@@ -127,36 +127,52 @@ def _beam_fn(model: Model, config: bs.BeamSearchConfig):
 
 @functools.lru_cache(maxsize=32)
 def _reorder_fn(model: Model, config: ro.ReorderConfig, grad_paths):
-  return jax.jit(functools.partial(ro.reorder, model, config=config,
-                                   grad_paths=grad_paths))
+  return jax.jit(
+    functools.partial(ro.reorder, model, config=config, grad_paths=grad_paths)
+  )
+
+
+@functools.lru_cache(maxsize=32)
+def _log_prob_fn(model: Model):
+  return jax.jit(model.token_log_probs)
 
 
 def _pad(ids: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
   m = max(1, -(-len(ids) // bucket) * bucket)
   out = np.zeros((m,), np.int32)
   mask = np.zeros((m,), bool)
-  out[:len(ids)] = ids
-  mask[:len(ids)] = True
+  out[: len(ids)] = ids
+  mask[: len(ids)] = True
   if len(ids):
-    out[len(ids):] = ids[0]
+    out[len(ids) :] = ids[0]
   return out, mask
 
 
-def _rank_prompts(model: Model, params, prompts: list[list[int]],
-                  limit: int | None) -> list[list[int]]:
+def _rank_prompts(
+  model: Model, params, prompts: list[list[int]], limit: int | None
+) -> list[list[int]]:
   """Keeps the `limit` prompts the model finds likeliest."""
   if limit is None or len(prompts) <= limit:
     return prompts
-  ids = jnp.asarray(prompts, jnp.int32)
-  logp = jax.jit(model.token_log_probs)(params, ids).sum(-1)
-  order = np.argsort(-np.asarray(logp), kind='stable')[:limit]
+  # Rows padded to a multiple of 64 (one compilation for most batches).
+  rows = -(-len(prompts) // 64) * 64
+  ids = np.asarray(prompts + [prompts[0]] * (rows - len(prompts)), np.int32)
+  logp = _log_prob_fn(model)(params, jnp.asarray(ids)).sum(-1)
+  order = np.argsort(-np.asarray(logp)[: len(prompts)], kind='stable')
+  order = order[:limit]
   return [prompts[i] for i in sorted(order)]
 
 
-def recover(model: Model, params: PyTree, grads: PyTree, *,
-            config: FilmConfig, key: jax.Array,
-            noise_std: float | None = None,
-            bag: bow.Bag | None = None) -> FilmResult:
+def recover(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  *,
+  config: FilmConfig,
+  key: jax.Array,
+  noise_std: float | None = None,
+  bag: bow.Bag | None = None,
+) -> FilmResult:
   """Runs FILM on one observed gradient.
 
   Args:
@@ -173,18 +189,28 @@ def recover(model: Model, params: PyTree, grads: PyTree, *,
   """
   tok = model.tokenizer
   if tok is None:
-    raise LeakjaxError('FILM needs the model tokenizer (capitalised prompts'
-                       ' and decoding)', 'load the model with its tokenizer')
+    raise LeakjaxError(
+      'FILM needs the model tokenizer (capitalised prompts and decoding)',
+      'load the model with its tokenizer',
+    )
   if bag is None:
-    bag = bow.bag_of_words(model, params, grads, method=config.bag_method,
-                           noise_std=noise_std, config=config.tied)
+    bag = bow.bag_of_words(
+      model,
+      params,
+      grads,
+      method=config.bag_method,
+      noise_std=noise_std,
+      config=config.tied,
+    )
   bag_ids = [int(i) for i in bag.ids if i != tok.bos_id]
   if not bag_ids:
-    raise LeakjaxError('the recovered bag of words is empty',
-                       'the gradient carries no embedding information'
-                       ' (frozen embeddings?)')
-  prompts = bs.make_prompts(tok, bag_ids, use_bos=config.use_bos,
-                            mode=config.prompt_mode)
+    raise LeakjaxError(
+      'the recovered bag of words is empty',
+      'the gradient carries no embedding information (frozen embeddings?)',
+    )
+  prompts = bs.make_prompts(
+    tok, bag_ids, use_bos=config.use_bos, mode=config.prompt_mode
+  )
   prompts = _rank_prompts(model, params, prompts, config.max_prompts)
   # One pool (Alg. 1) is padded to a multiple of 8 prompts, fewer shapes.
   per_search = config.prompts_per_search or -(-len(prompts) // 8) * 8
@@ -192,7 +218,8 @@ def recover(model: Model, params: PyTree, grads: PyTree, *,
   beam_cfg = config.beam
   if bag.max_length is not None:  # Sec. 4.2: the longest sentence's length
     beam_cfg = dataclasses.replace(
-        beam_cfg, length=max(1, bag.max_length - prompt_arr.shape[-1]))
+      beam_cfg, length=max(1, bag.max_length - prompt_arr.shape[-1])
+    )
   bag_arr, bag_mask = _pad(np.asarray(bag_ids, np.int32), config.bag_bucket)
   width = prompt_arr.shape[-1] + beam_cfg.length
   prior = np.zeros((max(1, config.repetitions), width), np.int32)
@@ -201,33 +228,46 @@ def recover(model: Model, params: PyTree, grads: PyTree, *,
   recoveries = []
   for rep in range(config.repetitions):
     use_prior = config.repetitions > 1
-    out = beam_fn(params, jnp.asarray(prompt_arr), jnp.asarray(bag_arr),
-                  prompt_mask=jnp.asarray(prompt_mask),
-                  bag_mask=jnp.asarray(bag_mask),
-                  prior=jnp.asarray(prior) if use_prior else None,
-                  prior_lengths=jnp.asarray(prior_len) if use_prior else None)
+    out = beam_fn(
+      params,
+      jnp.asarray(prompt_arr),
+      jnp.asarray(bag_arr),
+      prompt_mask=jnp.asarray(prompt_mask),
+      bag_mask=jnp.asarray(bag_mask),
+      prior=jnp.asarray(prior) if use_prior else None,
+      prior_lengths=jnp.asarray(prior_len) if use_prior else None,
+    )
     best = bs.best_sequences(out, top=1)
     if not best:
-      raise LeakjaxError('beam search found no sentence',
-                         'the bag is too small for the requested length')
+      raise LeakjaxError(
+        'beam search found no sentence',
+        'the bag is too small for the requested length',
+      )
     score, tokens = best[0]
-    prior[rep, :len(tokens)] = tokens
+    prior[rep, : len(tokens)] = tokens
     prior_len[rep] = len(tokens)
     text = _decode(tok, tokens)
-    recoveries.append(Recovery(text=text, tokens=tokens, beam_text=text,
-                               beam_score=score))
+    recoveries.append(
+      Recovery(text=text, tokens=tokens, beam_text=text, beam_score=score)
+    )
   if config.reorder is not None:
     rcfg = config.reorder
     fixed = min(rcfg.fixed_prefix, prompt_arr.shape[-1])
     rcfg = dataclasses.replace(rcfg, fixed_prefix=max(1, fixed))
     reorder_fn = _reorder_fn(model, rcfg, config.grad_paths)
     is_end = jnp.asarray(ro.sentence_end_mask(tok, model.config.vocab_size))
-    for i, rec in enumerate(recoveries[:config.reorder_top]):
+    for i, rec in enumerate(recoveries[: config.reorder_top]):
       toks, length = ro.pad_sequences([rec.tokens], width + 8)
-      state = reorder_fn(params, jnp.asarray(toks[0]), jnp.asarray(length[0]),
-                         jnp.asarray(bag_arr), key=jax.random.fold_in(key, i),
-                         is_end=is_end, bag_mask=jnp.asarray(bag_mask))
-      new = np.asarray(state.tokens)[:int(state.length)].tolist()
+      state = reorder_fn(
+        params,
+        jnp.asarray(toks[0]),
+        jnp.asarray(length[0]),
+        jnp.asarray(bag_arr),
+        key=jax.random.fold_in(key, i),
+        is_end=is_end,
+        bag_mask=jnp.asarray(bag_mask),
+      )
+      new = np.asarray(state.tokens)[: int(state.length)].tolist()
       rec.tokens = new
       rec.text = _decode(tok, new)
       rec.prior_score = float(state.score)

@@ -50,8 +50,9 @@ def _rouge_scorer():
   try:
     from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise LeakjaxError('the rouge-score package is not installed',
-                       'pip install rouge-score') from None
+    raise LeakjaxError(
+      'the rouge-score package is not installed', 'pip install rouge-score'
+    ) from None
   return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
 
 
@@ -61,16 +62,18 @@ def rouge(prediction: str, reference: str) -> dict[str, float]:
   return {name: float(scores[name].fmeasure) for name in ROUGE_TYPES}
 
 
-def rouge_matrix(references: Sequence[str],
-                 predictions: Sequence[str]) -> dict[str, np.ndarray]:
+def rouge_matrix(
+  references: Sequence[str], predictions: Sequence[str]
+) -> dict[str, np.ndarray]:
   """ROUGE F of every (reference, prediction) pair.
 
   Returns:
     `{'rouge1', 'rouge2', 'rougeL'}` -> float64 `[len(references),
     len(predictions)]`.
   """
-  out = {name: np.zeros((len(references), len(predictions)))
-         for name in ROUGE_TYPES}
+  out = {
+    name: np.zeros((len(references), len(predictions))) for name in ROUGE_TYPES
+  }
   for i, ref in enumerate(references):
     for j, pred in enumerate(predictions):
       for name, value in rouge(pred, ref).items():
@@ -87,23 +90,29 @@ def load_spacy(name: str = SPACY_MODEL):
     LeakjaxError: spaCy or the model is not installed.
   """
   if importlib.util.find_spec('spacy') is None:
-    raise LeakjaxError('NERR needs spaCy, which is not installed',
-                       SPACY_INSTALL)
+    raise LeakjaxError(
+      'NERR needs spaCy, which is not installed', SPACY_INSTALL
+    )
   import spacy  # pylint: disable=g-import-not-at-top
+
   try:
     return spacy.load(name, disable=['parser', 'lemmatizer'])
   except OSError:
-    raise LeakjaxError(f'the spaCy model {name!r} is not installed',
-                       SPACY_INSTALL) from None
+    raise LeakjaxError(
+      f'the spaCy model {name!r} is not installed', SPACY_INSTALL
+    ) from None
 
 
-def named_entities(texts: Sequence[str], nlp=None,
-                   types: Iterable[str] = ENTITY_TYPES) -> list[set[str]]:
+def named_entities(
+  texts: Sequence[str], nlp=None, types: Iterable[str] = ENTITY_TYPES
+) -> list[set[str]]:
   """The set of named-entity strings of each text (Appendix B.1 types)."""
   nlp = nlp or load_spacy()
   types = frozenset(types)
-  return [{e.text for e in doc.ents if e.label_ in types}
-          for doc in nlp.pipe(list(texts))]
+  return [
+    {e.text for e in doc.ents if e.label_ in types}
+    for doc in nlp.pipe(list(texts))
+  ]
 
 
 def _contains(text: str, entity: str) -> bool:
@@ -123,9 +132,13 @@ def nerr(entities: set[str], prediction: str) -> float:
 
 
 # --------------------------------------------------------------- matching
-def best_of_batch(originals: Sequence[str], prediction: str, *,
-                  entities: Sequence[set[str]] | None = None,
-                  nlp=None) -> dict[str, float]:
+def best_of_batch(
+  originals: Sequence[str],
+  prediction: str,
+  *,
+  entities: Sequence[set[str]] | None = None,
+  nlp=None,
+) -> dict[str, float]:
   """Scores of one recovered sentence against the private batch it came from.
 
   FILM recovers one sentence per batch and scores it against the batch
@@ -155,9 +168,11 @@ def best_of_batch(originals: Sequence[str], prediction: str, *,
   return out
 
 
-def sentence_matching(originals: Sequence[str],
-                      predictions: Sequence[str],
-                      threshold: float = LEAK_THRESHOLD) -> dict[str, float]:
+def sentence_matching(
+  originals: Sequence[str],
+  predictions: Sequence[str],
+  threshold: float = LEAK_THRESHOLD,
+) -> dict[str, float]:
   """Multi-sentence recovery recall/precision (FILM Sec. 6.2, Table 3).
 
   Returns:
@@ -168,13 +183,16 @@ def sentence_matching(originals: Sequence[str],
   if not originals or not predictions:
     return {'recall': 0.0, 'precision': 0.0}
   hits = rouge_matrix(originals, predictions)['rougeL'] > threshold
-  return {'recall': float(hits.any(1).mean()),
-          'precision': float(hits.any(0).mean())}
+  return {
+    'recall': float(hits.any(1).mean()),
+    'precision': float(hits.any(0).mean()),
+  }
 
 
 # -------------------------------------------------------------------- bag
-def bag_precision_recall(recovered: Iterable[int],
-                         true: Iterable[int]) -> tuple[float, float]:
+def bag_precision_recall(
+  recovered: Iterable[int], true: Iterable[int]
+) -> tuple[float, float]:
   """Token-set precision and recall (FILM Sec. 6.3).
 
   Precision of an empty recovered set is 1 (nothing wrong was claimed);
@@ -187,6 +205,16 @@ def bag_precision_recall(recovered: Iterable[int],
   return precision, recall
 
 
-__all__ = ['ENTITY_TYPES', 'LEAK_THRESHOLD', 'ROUGE_TYPES', 'bag_precision_recall',
-           'best_of_batch', 'load_spacy', 'named_entities', 'nerr', 'rouge',
-           'rouge_matrix', 'sentence_matching']
+__all__ = [
+  'ENTITY_TYPES',
+  'LEAK_THRESHOLD',
+  'ROUGE_TYPES',
+  'bag_precision_recall',
+  'best_of_batch',
+  'load_spacy',
+  'named_entities',
+  'nerr',
+  'rouge',
+  'rouge_matrix',
+  'sentence_matching',
+]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import flax.struct
 import jax
@@ -79,13 +79,15 @@ class ReorderConfig:
 
   def __post_init__(self):
     if not 1 <= self.min_cuts <= self.max_cuts:
-      raise LeakjaxError('need 1 <= min_cuts <= max_cuts, got'
-                         f' {self.min_cuts}, {self.max_cuts}')
+      raise LeakjaxError(
+        f'need 1 <= min_cuts <= max_cuts, got {self.min_cuts}, {self.max_cuts}'
+      )
     if self.num_candidates < 1 or self.phrase_steps < 0 or self.token_steps < 0:
       raise LeakjaxError('num_candidates must be >= 1 and steps >= 0')
     if self.fixed_prefix < 1:
-      raise LeakjaxError('fixed_prefix must be >= 1 (the first token has no'
-                         ' log-probability)')
+      raise LeakjaxError(
+        'fixed_prefix must be >= 1 (the first token has no log-probability)'
+      )
 
 
 @flax.struct.dataclass
@@ -117,8 +119,11 @@ def default_grad_paths(params: PyTree) -> tuple[ParamPath, ...]:
   `h_11`); the final norm is `final_norm` or `ln_f` if present. A model
   without numbered blocks (LSTMs) uses all parameters.
   """
-  numbered = [(int(m.group(2)), k) for k in params
-              if (m := re.fullmatch(r'(.*)_(\d+)', k))]
+  numbered = [
+    (int(m.group(2)), k)
+    for k in params
+    if (m := re.fullmatch(r'(.*)_(\d+)', k))
+  ]
   if not numbered:
     return ((),)
   paths = [(max(numbered)[1],)]
@@ -127,31 +132,34 @@ def default_grad_paths(params: PyTree) -> tuple[ParamPath, ...]:
 
 
 def _selected(path: ParamPath, prefixes: Sequence[ParamPath]) -> bool:
-  return any(path[:len(p)] == tuple(p) for p in prefixes)
+  return any(path[: len(p)] == tuple(p) for p in prefixes)
 
 
-def split_params(params: PyTree, prefixes: Sequence[ParamPath]
-                 ) -> tuple[dict, dict]:
+def split_params(
+  params: PyTree, prefixes: Sequence[ParamPath]
+) -> tuple[dict, dict]:
   """`(subset, rest)` flat dicts: leaves under any of `prefixes` vs others."""
   flat = traverse_util.flatten_dict(params)
   subset = {k: v for k, v in flat.items() if _selected(k, prefixes)}
   if not subset:
-    raise LeakjaxError(f'no parameter under {list(prefixes)}',
-                       'pick paths that exist in model.params')
+    raise LeakjaxError(
+      f'no parameter under {list(prefixes)}',
+      'pick paths that exist in model.params',
+    )
   rest = {k: v for k, v in flat.items() if k not in subset}
   return subset, rest
 
 
 # ---------------------------------------------------------------- scoring
 def candidate_scores(
-    model: Model,
-    params: PyTree,
-    ids: Int[Array, 'C T'],
-    mask: Int[Array, 'C T'],
-    *,
-    beta: float = 1.0,
-    grad_paths: Sequence[ParamPath] | None = None,
-    chunk: int | None = None,
+  model: Model,
+  params: PyTree,
+  ids: Int[Array, 'C T'],
+  mask: Int[Array, 'C T'],
+  *,
+  beta: float = 1.0,
+  grad_paths: Sequence[ParamPath] | None = None,
+  chunk: int | None = None,
 ) -> tuple[Float[Array, 'C'], Float[Array, 'C'], Float[Array, 'C']]:
   """S(x) = perplexity + β‖∇L(x)‖ of C candidates at once (FILM Eq. 4).
 
@@ -170,9 +178,11 @@ def candidate_scores(
       full = traverse_util.unflatten_dict({**rest, **sub})
       logits = model.logits(full, ids1[None], mask1[None])
       return lm_loss(logits, ids1[None], mask1[None])
+
     loss, grads = jax.value_and_grad(loss_fn)(subset)
-    sq = sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
-             for g in jax.tree.leaves(grads))
+    sq = sum(
+      jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads)
+    )
     return loss, jnp.sqrt(sq)
 
   if chunk is None or chunk >= ids.shape[0]:
@@ -183,14 +193,15 @@ def candidate_scores(
   return ppl + beta * norm, ppl, norm
 
 
-def pad_sequences(seqs: Sequence[Sequence[int]], width: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def pad_sequences(
+  seqs: Sequence[Sequence[int]], width: int
+) -> tuple[np.ndarray, np.ndarray]:
   """`(tokens int32 [N, width], lengths int32 [N])`, zero padded."""
   out = np.zeros((len(seqs), width), np.int32)
   lengths = np.zeros((len(seqs),), np.int32)
   for i, s in enumerate(seqs):
     s = list(s)[:width]
-    out[i, :len(s)] = s
+    out[i, : len(s)] = s
     lengths[i] = len(s)
   return out, lengths
 
@@ -203,12 +214,20 @@ def _mask(length, width: int):
 def _uniform_int(key, low, high):
   """Uniform int in [low, high) for traced bounds (high > low assumed)."""
   u = jax.random.uniform(key)
-  return jnp.minimum(low + jnp.floor(u * (high - low)).astype(jnp.int32),
-                     high - 1)
+  return jnp.minimum(
+    low + jnp.floor(u * (high - low)).astype(jnp.int32), high - 1
+  )
 
 
-def permute_phrases(key, tokens: Int[Array, 'T'], length, *, fixed: int,
-                    min_cuts: int, max_cuts: int) -> Int[Array, 'T']:
+def permute_phrases(
+  key,
+  tokens: Int[Array, 'T'],
+  length,
+  *,
+  fixed: int,
+  min_cuts: int,
+  max_cuts: int,
+) -> Int[Array, 'T']:
   """Cuts `tokens[fixed:length]` at p random places and permutes the pieces.
 
   FILM Sec. 4.4 (phrase-wise, after Malkin et al. 2021). Tokens before
@@ -222,24 +241,32 @@ def permute_phrases(key, tokens: Int[Array, 'T'], length, *, fixed: int,
   noise = jnp.where(cut_ok, jax.random.uniform(k_pos, (width,)), 2.0)
   order = jnp.argsort(noise)
   num_cuts = _uniform_int(k_num, min_cuts, max_cuts + 1)
-  is_cut = jnp.zeros((width,), bool).at[order].set(
-      (jnp.arange(width) < num_cuts) & (noise[order] < 2.0))
+  is_cut = (
+    jnp.zeros((width,), bool)
+    .at[order]
+    .set((jnp.arange(width) < num_cuts) & (noise[order] < 2.0))
+  )
   segment = jnp.cumsum(is_cut)  # [T], 0 .. num_cuts
   num_segments = segment[jnp.maximum(length - 1, 0)] + 1
   # Random order of the existing segments; missing ones sort last.
   seg_ids = jnp.arange(max_cuts + 1)
-  seg_keys = jnp.where(seg_ids < num_segments,
-                       jax.random.uniform(k_perm, (max_cuts + 1,)), 2.0)
+  seg_keys = jnp.where(
+    seg_ids < num_segments, jax.random.uniform(k_perm, (max_cuts + 1,)), 2.0
+  )
   rank = jnp.argsort(jnp.argsort(seg_keys))  # segment -> new slot
   movable = (pos >= fixed) & (pos < length)
-  slot = jnp.where(movable, rank[jnp.minimum(segment, max_cuts)] + 1,
-                   jnp.where(pos < fixed, 0, max_cuts + 2))
+  slot = jnp.where(
+    movable,
+    rank[jnp.minimum(segment, max_cuts)] + 1,
+    jnp.where(pos < fixed, 0, max_cuts + 2),
+  )
   new_order = jnp.argsort(slot * width + pos)
   return tokens[new_order]
 
 
-def edit_tokens(key, tokens: Int[Array, 'T'], length, bag_ids, bag_mask, *,
-                fixed: int) -> tuple[Int[Array, 'T'], Int[Array, '']]:
+def edit_tokens(
+  key, tokens: Int[Array, 'T'], length, bag_ids, bag_mask, *, fixed: int
+) -> tuple[Int[Array, 'T'], Int[Array, '']]:
   """One random token-wise move (FILM Sec. 4.4): swap, delete or insert.
 
   Returns:
@@ -255,8 +282,7 @@ def edit_tokens(key, tokens: Int[Array, 'T'], length, bag_ids, bag_mask, *,
   # swap i <-> j
   swapped = tokens.at[i].set(tokens[j]).at[j].set(tokens[i])
   # delete i: shift left after i
-  deleted = jnp.where(pos < i, tokens,
-                      jnp.take(tokens, pos + 1, mode='clip'))
+  deleted = jnp.where(pos < i, tokens, jnp.take(tokens, pos + 1, mode='clip'))
   deleted = jnp.where(pos >= length - 1, 0, deleted)
   # insert a bag token at i: shift right from i
   logits = jnp.where(bag_mask, 0.0, -jnp.inf)
@@ -266,16 +292,21 @@ def edit_tokens(key, tokens: Int[Array, 'T'], length, bag_ids, bag_mask, *,
   can_delete = length > fixed + 1
   can_insert = (length < width) & bag_mask.any()
   out = jnp.select(
-      [op == 0, (op == 1) & can_delete, (op == 2) & can_insert],
-      [swapped, deleted, inserted], tokens)
+    [op == 0, (op == 1) & can_delete, (op == 2) & can_insert],
+    [swapped, deleted, inserted],
+    tokens,
+  )
   new_length = jnp.select(
-      [(op == 1) & can_delete, (op == 2) & can_insert],
-      [length - 1, length + 1], length)
+    [(op == 1) & can_delete, (op == 2) & can_insert],
+    [length - 1, length + 1],
+    length,
+  )
   return out, new_length
 
 
-def truncate_at_punctuation(tokens: Int[Array, 'T'], length,
-                            is_end: Bool[Array, 'V'], *, fixed: int):
+def truncate_at_punctuation(
+  tokens: Int[Array, 'T'], length, is_end: Bool[Array, 'V'], *, fixed: int
+):
   """`(tokens, length)` cut after the first sentence end at/after `fixed`."""
   pos = jnp.arange(tokens.shape[0])
   hit = is_end[tokens] & (pos >= fixed) & (pos < length)
@@ -286,17 +317,17 @@ def truncate_at_punctuation(tokens: Int[Array, 'T'], length,
 
 # ------------------------------------------------------------------ search
 def reorder(
-    model: Model,
-    params: PyTree,
-    tokens: Int[Array, 'T'],
-    length: Int[Array, ''],
-    bag_ids: Int[Array, 'M'],
-    *,
-    key: jax.Array,
-    config: ReorderConfig,
-    is_end: Bool[Array, 'V'] | None = None,
-    bag_mask: Bool[Array, 'M'] | None = None,
-    grad_paths: Sequence[ParamPath] | None = None,
+  model: Model,
+  params: PyTree,
+  tokens: Int[Array, 'T'],
+  length: Int[Array, ''],
+  bag_ids: Int[Array, 'M'],
+  *,
+  key: jax.Array,
+  config: ReorderConfig,
+  is_end: Bool[Array, 'V'] | None = None,
+  bag_mask: Bool[Array, 'M'] | None = None,
+  grad_paths: Sequence[ParamPath] | None = None,
 ) -> ReorderState:
   """Reorders one sentence under S(x) (FILM Sec. 4.4). Jit-able.
 
@@ -332,24 +363,29 @@ def reorder(
   phrase_end = 1 + config.phrase_steps
   total_steps = phrase_end + config.token_steps
   if config.truncate and is_end is not None:
-    cut, cut_len = truncate_at_punctuation(tokens, length, is_end,
-                                           fixed=fixed)
+    cut, cut_len = truncate_at_punctuation(tokens, length, is_end, fixed=fixed)
   else:
     cut, cut_len = tokens, length
 
   def propose(k, s: ReorderState):
     """One candidate: step 0 truncation, then phrase-, then token-wise."""
     k_phrase, k_token = jax.random.split(k)
-    phrase = permute_phrases(k_phrase, s.tokens, s.length, fixed=fixed,
-                             min_cuts=config.min_cuts,
-                             max_cuts=config.max_cuts)
-    edited, edited_len = edit_tokens(k_token, s.tokens, s.length, bag_ids,
-                                     bag_mask, fixed=fixed)
+    phrase = permute_phrases(
+      k_phrase,
+      s.tokens,
+      s.length,
+      fixed=fixed,
+      min_cuts=config.min_cuts,
+      max_cuts=config.max_cuts,
+    )
+    edited, edited_len = edit_tokens(
+      k_token, s.tokens, s.length, bag_ids, bag_mask, fixed=fixed
+    )
     is_phrase = s.step < phrase_end
-    new = jnp.where(s.step == 0, cut,
-                    jnp.where(is_phrase, phrase, edited))
-    new_len = jnp.where(s.step == 0, cut_len,
-                        jnp.where(is_phrase, s.length, edited_len))
+    new = jnp.where(s.step == 0, cut, jnp.where(is_phrase, phrase, edited))
+    new_len = jnp.where(
+      s.step == 0, cut_len, jnp.where(is_phrase, s.length, edited_len)
+    )
     return new, new_len
 
   def cond(s: ReorderState):
@@ -364,22 +400,33 @@ def reorder(
     lengths = lengths.at[0].set(jnp.where(first, s.length, lengths[0]))
     masks = jax.vmap(_mask, in_axes=(0, None))(lengths, width)
     scores, _, _ = candidate_scores(
-        model, params, cand, masks, beta=config.beta,
-        grad_paths=grad_paths, chunk=config.grad_chunk)  # [C]
+      model,
+      params,
+      cand,
+      masks,
+      beta=config.beta,
+      grad_paths=grad_paths,
+      chunk=config.grad_chunk,
+    )  # [C]
     best = jnp.argmin(scores)
     better = scores[best] < s.score
     return ReorderState(
-        step=s.step + 1,
-        tokens=jnp.where(better, cand[best], s.tokens),
-        length=jnp.where(better, lengths[best], s.length),
-        score=jnp.where(better, scores[best], s.score),
-        initial_score=jnp.where(first, scores[0], s.initial_score),
-        accepted=s.accepted + (better & ~first).astype(jnp.int32))
+      step=s.step + 1,
+      tokens=jnp.where(better, cand[best], s.tokens),
+      length=jnp.where(better, lengths[best], s.length),
+      score=jnp.where(better, scores[best], s.score),
+      initial_score=jnp.where(first, scores[0], s.initial_score),
+      accepted=s.accepted + (better & ~first).astype(jnp.int32),
+    )
 
-  init = ReorderState(step=jnp.array(0, jnp.int32), tokens=tokens,
-                      length=length, score=jnp.array(jnp.inf, jnp.float32),
-                      initial_score=jnp.array(jnp.inf, jnp.float32),
-                      accepted=jnp.array(0, jnp.int32))
+  init = ReorderState(
+    step=jnp.array(0, jnp.int32),
+    tokens=tokens,
+    length=length,
+    score=jnp.array(jnp.inf, jnp.float32),
+    initial_score=jnp.array(jnp.inf, jnp.float32),
+    accepted=jnp.array(0, jnp.int32),
+  )
   return lax.while_loop(cond, body, init)
 
 
@@ -394,7 +441,16 @@ def sentence_end_mask(tokenizer, vocab_size: int | None = None) -> np.ndarray:
   return out
 
 
-__all__ = ['ReorderConfig', 'ReorderState', 'candidate_scores',
-           'default_grad_paths', 'edit_tokens', 'pad_sequences',
-           'permute_phrases', 'reorder', 'sentence_end_mask', 'split_params',
-           'truncate_at_punctuation']
+__all__ = [
+  'ReorderConfig',
+  'ReorderState',
+  'candidate_scores',
+  'default_grad_paths',
+  'edit_tokens',
+  'pad_sequences',
+  'permute_phrases',
+  'reorder',
+  'sentence_end_mask',
+  'split_params',
+  'truncate_at_punctuation',
+]
