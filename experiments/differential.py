@@ -55,7 +55,7 @@ from absl import flags, logging
 
 from experiments import common
 from leakjax import data as data_lib
-from leakjax import io
+from leakjax import io, sharding
 from leakjax import train as train_lib
 from leakjax.attacks import differential as dlib
 from leakjax.errors import LeakjaxError
@@ -344,11 +344,19 @@ def fit(model, rows, eval_rows, config: train_lib.TrainConfig,
 
 # ----------------------------------------------------------------- attacks
 class Attack:
-  """DS kernel and jitted searches for one M against many M'."""
+  """DS kernel and jitted searches for one M against many M'.
 
-  def __init__(self, model, cfg: DifferentialConfig):
+  With a `mesh` both are data-parallel over its `'data'` axis (issue 8):
+  the DS batch is padded to a multiple of the axis size and split over it,
+  the search splits its beam rows (`dlib.beam_search(mesh=...)`), and the
+  parameters of M and M' are replicated. Results equal the unsharded ones
+  up to float32 rounding.
+  """
+
+  def __init__(self, model, cfg: DifferentialConfig, mesh=None):
     self.model = model
     self.cfg = cfg
+    self.mesh = mesh
     self.bos = model.tokenizer.bos_id
     vocab = model.config.vocab_size
     self._score = jax.jit(functools.partial(
@@ -361,9 +369,12 @@ class Attack:
         for n in range(1, CANARY_LENGTH + 1)}
 
   def scores(self, params, params_prime, ids: np.ndarray, num_context: int):
-    s = self._score(params, params_prime, jnp.asarray(ids),
+    ids, num = sharding.pad_to_multiple(np.asarray(ids, np.int32),
+                                        sharding.data_size(self.mesh))
+    s = self._score(*sharding.replicate((params, params_prime), self.mesh),
+                    sharding.shard_batch(jnp.asarray(ids), self.mesh),
                     num_context=num_context)
-    return jax.device_get(s)
+    return jax.tree.map(lambda x: x[:num], jax.device_get(s))
 
   def search(self, params, params_prime, context: Sequence[int],
              length: int) -> dlib.SearchResult:
@@ -372,9 +383,10 @@ class Attack:
       self._searches[key] = jax.jit(functools.partial(
           dlib.beam_search, self.model, self.model, widths=self.widths[length],
           length=length, num_groups=self.cfg.num_groups,
-          score=self.cfg.score))
-    result = self._searches[key](params, params_prime,
-                                 jnp.asarray(context, jnp.int32))
+          score=self.cfg.score, mesh=self.mesh))
+    result = self._searches[key](
+        *sharding.replicate((params, params_prime), self.mesh),
+        jnp.asarray(context, jnp.int32))
     return jax.device_get(dlib.ranked(result, self.cfg.score))
 
 
@@ -476,8 +488,12 @@ def dr_cell(dr: int, num_found: int | None) -> str:
 
 # --------------------------------------------------------------- experiment
 def run_experiment(cfg: DifferentialConfig, workdir: str | Path, *,
-                   progress: bool = True) -> dict[str, float]:
-  """Runs everything (resuming from `workdir`); returns the summary."""
+                   progress: bool = True, mesh=None) -> dict[str, float]:
+  """Runs everything (resuming from `workdir`); returns the summary.
+
+  `mesh` (see :func:`data_mesh`) shards DS scoring and the DR search; it
+  does not change the results, so it is not part of `cfg`.
+  """
   workdir = Path(workdir)
   writer = io.ExperimentWriter(workdir, cfg)
   sentences = read_sentences(cfg.data, max_sentences=cfg.max_sentences,
@@ -508,7 +524,7 @@ def run_experiment(cfg: DifferentialConfig, workdir: str | Path, *,
   model, base_ppl = fit(fresh(cfg.seed), rows_d, rows_eval, base_cfg,
                         models_dir / 'base', progress=progress)
   base_seconds = time.perf_counter() - start
-  attack = Attack(model, cfg)
+  attack = Attack(model, cfg, mesh)
   logging.info('M: perplexity %.1f (%d parameters), %.0f s', base_ppl,
                model.num_params, base_seconds)
 
@@ -830,14 +846,31 @@ def config_from_flags() -> DifferentialConfig:
       top=f.top, seed=f.seed)
 
 
+def data_mesh(spec: str | None):
+  """`--mesh` as a mesh with a `'data'` axis; None without the flag.
+
+  Raises LeakjaxError (before any training) for a malformed spec, more
+  devices than are visible, or no `'data'` axis.
+  """
+  if not spec:
+    return None
+  mesh = sharding.make_mesh(spec)
+  if sharding.DATA_AXIS not in mesh.shape:
+    raise LeakjaxError(
+        f'--mesh {spec!r} has no {sharding.DATA_AXIS!r} axis',
+        'DS scoring and the DR search split candidates over data:N')
+  return mesh
+
+
 def main(argv):
   del argv
-  if flags.FLAGS.mesh:
-    logging.warning('--mesh is not used by this experiment yet (issue 8);'
-                    ' it runs on the default device')
+  mesh = data_mesh(flags.FLAGS.mesh)
+  if mesh is not None:
+    logging.info('DS scoring and DR search sharded over %s',
+                 dict(mesh.shape))
   cfg = config_from_flags()
   start = time.perf_counter()
-  summary = run_experiment(cfg, flags.FLAGS.workdir)
+  summary = run_experiment(cfg, flags.FLAGS.workdir, mesh=mesh)
   print((Path(flags.FLAGS.workdir) / 'summary.md').read_text())
   print(f'Wrote {flags.FLAGS.workdir}/summary.json ({len(summary)} keys) in'
         f' {time.perf_counter() - start:.0f} s')

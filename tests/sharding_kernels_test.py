@@ -12,12 +12,15 @@ batch of 16), and must really be spread over the 8 devices.
 Kernels: FILM beam search (`attacks.beam_search`, the search axis), the
 reorder scorer (`attacks.reorder.candidate_scores`, per-candidate gradient
 norms), differential scores (`attacks.differential.differential_score`, the
-sequence axis), and embedding inversion (`attacks.embedding_inversion`:
-hidden states of a batch, then BEI and HEI ids).
+sequence axis), the differential-rank search (`attacks.differential.
+beam_search(mesh=...)`, the beam rows of every step, also as the experiment
+runs it) and embedding inversion (`attacks.embedding_inversion`: hidden
+states of a batch, then BEI and HEI ids).
 """
 
 import functools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -155,3 +158,149 @@ def test_embedding_inversion_sharded_over_batch(model, mesh):
   np.testing.assert_array_equal(bei1, bei8)
   # HEI at layer 0 reads the input embeddings (plus positions): mostly right.
   assert (np.asarray(hei1[0]) == ids).mean() > 0.5
+
+
+def _random_lstm(seed: int, vocab: int = 37):
+  """A tiny word LSTM with O(1) random weights: DS differs a lot per word."""
+  from leakjax.models import lstm  # pylint: disable=g-import-not-at-top
+  from leakjax.tokenization import WordTokenizer  # pylint: disable=g-import-not-at-top
+
+  config = lstm.LSTMConfig(
+    vocab_size=vocab, embed_dim=8, hidden_size=16, num_layers=2
+  )
+  words = WordTokenizer.build([' '.join(f'w{i}' for i in range(vocab))], vocab)
+  model = lstm.init_model(config, key=jax.random.key(seed), tokenizer=words)
+  leaves, tree = jax.tree.flatten(model.params)
+  keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
+  leaves = [
+    x + 0.8 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)
+  ]
+  return model.replace(params=jax.tree.unflatten(tree, leaves))
+
+
+def _head_rows(jitted, args, vocab: int = 37) -> set[int]:
+  """Row counts of the `[rows, vocab]` output-layer matmuls, per device."""
+  hlo = jitted.lower(*args).compile().as_text()
+  return {int(r) for r in re.findall(rf'f32\[(\d+),{vocab}\]\S* dot\(', hlo)}
+
+
+@pytest.mark.parametrize(
+  'groups,score,context,tokens,chunk_rows',
+  [
+    # Whole vocabulary, beams 37/18/9: no width divides 8, padded chunks.
+    (1, 'ds', (1,), None, None),
+    # Group beam search over a subset T, a known prefix, several chunks.
+    (2, 'rel_ds', (1, 5), tuple(range(2, 31)), 5),
+  ],
+)
+def test_differential_rank_search_sharded_over_beams(
+  mesh, groups, score, context, tokens, chunk_rows
+):
+  dlib = pytest.importorskip('leakjax.attacks.differential')
+  m, mp = _random_lstm(0), _random_lstm(1)
+  num_tokens = m.config.vocab_size if tokens is None else len(tokens)
+  widths = dlib.halving_widths(num_tokens, 3, num_groups=groups)
+  tokens = None if tokens is None else jnp.asarray(tokens, jnp.int32)
+
+  def search(params, params_prime, context, *, mesh=None):
+    result = dlib.beam_search(
+      m,
+      mp,
+      params,
+      params_prime,
+      context,
+      tokens,
+      widths=widths,
+      length=3,
+      num_groups=groups,
+      score=score,
+      chunk_rows=chunk_rows,
+      mesh=mesh,
+    )
+    return result.sequences, result.ds, result.rel_ds
+
+  context = jnp.asarray(context, jnp.int32)
+  single = jax.jit(search)
+  sharded = jax.jit(functools.partial(search, mesh=mesh))
+  seq1, ds1, rel1 = single(m.params, mp.params, context)
+  seq8, ds8, rel8 = sharded(m.params, mp.params, context)
+
+  # The candidate scoring really is split: each device decodes 1/8 of the
+  # (padded) beam rows of a chunk.
+  args = (m.params, mp.params, context)
+  rows1, rows8 = _head_rows(single, args), _head_rows(sharded, args)
+  assert max(rows1) > NUM_DEVICES, rows1
+  assert max(rows8) <= -(-max(rows1) // NUM_DEVICES), (rows1, rows8)
+  assert seq1.shape == (groups, widths[-1] // groups, 3)
+  np.testing.assert_array_equal(seq1, seq8)
+  np.testing.assert_allclose(ds1, ds8, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(rel1, rel8, rtol=1e-5, atol=1e-6)
+  # Non-trivial: distinct sequences with distinct, sorted scores.
+  ranked = np.asarray(ds1 if score == 'ds' else rel1)
+  distinct = {tuple(s) for s in np.asarray(seq1).reshape(-1, 3)}
+  assert len(distinct) == widths[-1]
+  assert (np.diff(ranked, axis=-1) <= 0).all()
+  assert np.unique(ranked).size == ranked.size
+
+
+def test_differential_rank_search_rejects_a_mesh_without_data_axis(mesh):
+  dlib = pytest.importorskip('leakjax.attacks.differential')
+  from leakjax.errors import LeakjaxError  # pylint: disable=g-import-not-at-top
+
+  m = _random_lstm(0, vocab=7)
+  other = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ('model',))
+  with pytest.raises(LeakjaxError, match="'data'"):
+    dlib.beam_search(
+      m,
+      m,
+      m.params,
+      m.params,
+      jnp.array([1]),
+      widths=(7,),
+      length=1,
+      mesh=other,
+    )
+
+
+def test_differential_experiment_shards_ds_and_dr_search(mesh):
+  exp = pytest.importorskip('experiments.differential')
+  m, mp = _random_lstm(0), _random_lstm(1)
+  cfg = exp.DifferentialConfig(data='', vocab_size=37, min_width=16)
+  one, eight = exp.Attack(m, cfg), exp.Attack(m, cfg, mesh)
+  bos = m.tokenizer.bos_id
+  ids = np.asarray(
+    [[bos, 3, 4, 5, 6, 7], [bos, 9, 8, 7, 6, 5], [bos, 2, 2, 2, 2, 2]], np.int32
+  )  # 3 rows: padded to 8
+  s1 = one.scores(m.params, mp.params, ids, 1)
+  s8 = eight.scores(m.params, mp.params, ids, 1)
+  assert s8.ds.shape == (3,)
+  np.testing.assert_allclose(s1.ds, s8.ds, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(s1.rel_ds, s8.rel_ds, rtol=1e-5, atol=1e-6)
+  found1 = one.search(m.params, mp.params, [bos, 3], 3)  # widths 37/18/16
+  found8 = eight.search(m.params, mp.params, [bos, 3], 3)
+  assert found1.sequences.shape == (1, 16, 3)
+  np.testing.assert_array_equal(found1.sequences, found8.sequences)
+  np.testing.assert_allclose(found1.ds, found8.ds, rtol=1e-5, atol=1e-6)
+  assert np.unique(np.asarray(found1.ds)).size == 16
+  # The experiment's jitted search splits the 37 beam rows of step 2 (padded
+  # to 40) over 8 devices.
+  args = (m.params, mp.params, jnp.asarray([bos, 3], jnp.int32))
+  assert max(_head_rows(eight._searches[(2, 3)], args)) == 40 // NUM_DEVICES
+
+
+@pytest.mark.parametrize(
+  'spec,match',
+  [
+    ('data:16', 'needs 16 devices, 8 are visible'),
+    ('model:2', "no 'data' axis"),
+    ('data:x', 'bad --mesh'),
+  ],
+)
+def test_differential_experiment_mesh_errors(mesh, spec, match):
+  exp = pytest.importorskip('experiments.differential')
+  from leakjax.errors import LeakjaxError  # pylint: disable=g-import-not-at-top
+
+  with pytest.raises(LeakjaxError, match=match):
+    exp.data_mesh(spec)
+  assert exp.data_mesh(None) is None
+  assert dict(exp.data_mesh('data:4').shape) == {'data': 4}

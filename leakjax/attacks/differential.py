@@ -22,7 +22,9 @@ most from `M` to `M'` reveal the update `D' \\ D`.
   returned sequences whose DS exceeds that of a given sequence is a lower
   bound on its differential rank `DR(s) = |{s' in T^n : DS(s') > DS(s)}|`.
 
-All functions are pure; the caller owns `jit`:
+All functions are pure; the caller owns `jit` (and the placement of the
+inputs; `beam_search(..., mesh=)` splits each step's beam rows over a mesh's
+`'data'` axis, issue 8):
 
 >>> search = jax.jit(functools.partial(                        # doctest: +SKIP
 ...     beam_search, model, model_prime,
@@ -49,7 +51,9 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from leakjax import sharding
 from leakjax.errors import LeakjaxError
 
 PyTree = Any
@@ -284,7 +288,8 @@ def _merge_leading(tree: PyTree, num_axes: int) -> PyTree:
 
 def _search_step(model, model_prime, params, params_prime, tokens,
                  num_tokens: int, state: BeamState, width: int,
-                 chunk_rows: int, score: str) -> BeamState:
+                 chunk_rows: int, score: str,
+                 mesh: Mesh | None = None) -> BeamState:
   """Extends every sequence by every token of T; keeps the best `width`.
 
   Algorithm 1 lines 3-4 for all groups at once: the `G*W*|T|` candidate
@@ -292,82 +297,112 @@ def _search_step(model, model_prime, params, params_prime, tokens,
   and chunk, a `lax.map`, so memory is `O(G*chunk_rows*V)`), each chunk
   keeps its best `width` per group with `lax.top_k`, and a last `top_k`
   over the chunk winners picks the `width` best per group.
+
+  A chunk's `c*G` decode rows are laid out row-major (`[c, G]`) so that,
+  with a `mesh`, splitting them into equal contiguous blocks over the
+  `'data'` axis splits every group's rows evenly over the devices; the
+  chunk is then padded up to a multiple of the data-axis size `P`, and each
+  device's `c/P` rows keep their best `width` candidates before the last
+  `top_k` (`P = 1` without a mesh).
   """
   groups, beam = state.ds.shape
   chunk = min(chunk_rows, beam)
+  if mesh is not None:  # whole rows per device; padded rows are discarded
+    chunk = -(-chunk // sharding.data_size(mesh)) * sharding.data_size(mesh)
   num_chunks = -(-beam // chunk)
   pad = num_chunks * chunk - beam
 
   parent_score = state.ds if score == 'ds' else state.rel_ds
   other_score = state.rel_ds if score == 'ds' else state.ds
-  last, cache, cache_prime = state.last, state.cache, state.cache_prime
+  last = state.last
+  cache = _reshape_leading(state.cache, (groups, beam))  # [G, W, ...]
+  cache_prime = _reshape_leading(state.cache_prime, (groups, beam))
   if pad:  # Padded rows score -inf and are never kept.
-    parent_score = jnp.pad(parent_score, ((0, 0), (0, pad)),
-                           constant_values=-jnp.inf)
-    other_score = jnp.pad(other_score, ((0, 0), (0, pad)))
-    last = jnp.pad(last, ((0, 0), (0, pad)))
-    pad_rows = lambda x: jnp.concatenate(  # [G*W, ...] -> [G, W+pad, ...]
-        [x.reshape((groups, beam) + x.shape[1:]),
-         jnp.zeros((groups, pad) + x.shape[1:], x.dtype)], axis=1)
-    cache = jax.tree.map(pad_rows, cache)
-    cache_prime = jax.tree.map(pad_rows, cache_prime)
-  else:
-    cache = _reshape_leading(cache, (groups, beam))
-    cache_prime = _reshape_leading(cache_prime, (groups, beam))
+    pad_rows = lambda x, **kw: jnp.pad(  # [G, W, ...] -> [G, W+pad, ...]
+        x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), **kw)
+    parent_score = pad_rows(parent_score, constant_values=-jnp.inf)
+    other_score = pad_rows(other_score)
+    # Copies of real rows (not zeros) keep the models' inputs valid.
+    last = pad_rows(last, mode='edge')
+    cache = jax.tree.map(functools.partial(pad_rows, mode='edge'), cache)
+    cache_prime = jax.tree.map(functools.partial(pad_rows, mode='edge'),
+                               cache_prime)
 
-  def to_chunks(x):  # [G, C*c, ...] -> [C, G, c, ...]
+  def to_chunks(x):  # [G, C*c, ...] -> [C, c, G, ...]
     x = x.reshape((groups, num_chunks, chunk) + x.shape[2:])
-    return jnp.moveaxis(x, 1, 0)
+    return jnp.moveaxis(x, 0, 2)
+
+  def shard_axis_1(x):  # [C, c, G, ...] or [G, P, ...] over the data axis
+    if mesh is None:
+      return x
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, PartitionSpec(None, sharding.DATA_AXIS)))
 
   xs = (to_chunks(parent_score), to_chunks(other_score), to_chunks(last),
         jax.tree.map(to_chunks, cache), jax.tree.map(to_chunks, cache_prime))
-  keep = min(width, chunk * num_tokens)
+  xs = jax.tree.map(shard_axis_1, xs)  # [C, c, G, ...], c over 'data'
+  # With a mesh each device keeps its own best `keep` candidates first
+  # (a top-k along a sharded axis would gather all of them); the final
+  # top-k over chunks and parts breaks ties by index like one top-k.
+  parts = sharding.data_size(mesh)
+  part_rows = chunk // parts
+  keep = min(width, part_rows * num_tokens)
+
+  def to_parts(x):  # [c*G, k] -> [c, G, k] -> [G, P, c/P, k], P over 'data'
+    x = jnp.swapaxes(x.reshape(chunk, groups, -1), 0, 1)
+    return shard_axis_1(x.reshape(groups, parts, part_rows, -1))
 
   other = 'rel_ds' if score == 'ds' else 'ds'
+  group_ids = jnp.arange(groups)[:, None]
 
   def score_chunk(x):
-    p_score, p_other, p_last, p_cache, p_cache_prime = x  # [G, c, ...]
-    last_rows = p_last.reshape(-1)  # [G, c] -> [G*c]
+    p_score, p_other, p_last, p_cache, p_cache_prime = x  # [c, G, ...]
+    last_rows = p_last.reshape(-1)  # [c, G] -> [c*G]
     cur, new_cache = _next_token(model, params, tokens, last_rows,
                                  _merge_leading(p_cache, 2))
     new, new_cache_prime = _next_token(model_prime, params_prime, tokens,
                                        last_rows,
                                        _merge_leading(p_cache_prime, 2))
-    tok_score = _token_score(score, cur, new)  # [G*c, |T|]
-    # [G*c, |T|] -> [G, c*|T|]: all extensions of a group's chunk.
-    cand = (p_score[:, :, None] + tok_score.reshape(groups, chunk, -1)
-            ).reshape(groups, -1)
-    values, flat = jax.lax.top_k(cand, keep)  # [G, keep]
-    # The other score only for the kept candidates.
-    row = flat // num_tokens  # [G, keep] in [0, c)
-    at = lambda x: jnp.take_along_axis(
-        x.reshape(groups, -1), flat, axis=1)  # [G*c, |T|] -> [G, keep]
-    per_row = lambda x: jnp.take_along_axis(
-        x.reshape(groups, chunk), row, axis=1)  # [G*c, 1] -> [G, keep]
-    others = jnp.take_along_axis(p_other, row, axis=1) + _token_score(
-        other, cur, new, at, per_row)
-    new_caches = (_reshape_leading(new_cache, (groups, chunk)),
-                  _reshape_leading(new_cache_prime, (groups, chunk)))
+    tok_score = _token_score(score, cur, new)  # [c*G, |T|]
+    # [G, P, c/P, |T|] -> [G, P, c/P*|T|]: a group's chunk extensions, in
+    # P parts of whole rows (one per device).
+    cand = (to_parts(p_score.reshape(-1, 1))
+            + to_parts(tok_score)).reshape(groups, parts, -1)
+    values, local = jax.lax.top_k(shard_axis_1(cand), keep)  # [G, P, keep]
+    # The other score only for the kept candidates, gathered per part.
+    row = local // num_tokens  # [G, P, keep] in [0, c/P)
+    at = lambda x: jnp.take_along_axis(  # [c*G, |T|] -> [G, P, keep]
+        to_parts(x).reshape(groups, parts, -1), local, axis=2)
+    per_row = lambda x: jnp.take_along_axis(  # [c*G, 1] -> [G, P, keep]
+        to_parts(x)[..., 0], row, axis=2)
+    others = jnp.take_along_axis(to_parts(p_other.reshape(-1, 1))[..., 0],
+                                 row, axis=2)
+    others = others + _token_score(other, cur, new, at, per_row)
+    # Part-local -> chunk-local flat index; [G, P, keep] -> [G, P*keep].
+    flat = local + jnp.arange(parts)[:, None] * (part_rows * num_tokens)
+    values, others, flat = (x.reshape(groups, -1)
+                            for x in (values, others, flat))
+    new_caches = (_reshape_leading(new_cache, (chunk, groups)),
+                  _reshape_leading(new_cache_prime, (chunk, groups)))
     return values, others, flat, new_caches
 
   values, others, flat, (new_cache, new_cache_prime) = jax.lax.map(
-      score_chunk, xs)  # [C, G, keep], caches [C, G, c, ...]
+      score_chunk, xs)  # [C, G, P*keep], caches [C, c, G, ...]
   # Chunk-local flat index -> (row within group, token index).
   chunk_ids = jnp.arange(num_chunks, dtype=jnp.int32)[:, None, None]
-  rows = chunk_ids * chunk + flat // num_tokens  # [C, G, keep]
+  rows = chunk_ids * chunk + flat // num_tokens  # [C, G, P*keep]
   tok = flat % num_tokens
-  merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(groups, -1)  # [G, C*keep]
+  # [C, G, P*keep] -> [G, C*P*keep]
+  merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(groups, -1)
   values, others, rows, tok = map(merge, (values, others, rows, tok))
   values, best = jax.lax.top_k(values, width)  # [G, width]
   others = jnp.take_along_axis(others, best, axis=1)
   parents = jnp.take_along_axis(rows, best, axis=1)  # [G, width] in [0, W)
   tok = jnp.take_along_axis(tok, best, axis=1)
 
-  group_ids = jnp.arange(groups)[:, None]
-  def gather_rows(x):  # [C, G, c, ...] -> [G, width, ...] -> [G*width, ...]
-    x = jnp.moveaxis(x, 0, 1).reshape((groups, num_chunks * chunk)
-                                      + x.shape[3:])
-    return x[group_ids, parents].reshape((groups * width,) + x.shape[2:])
+  def gather_rows(x):  # [C, c, G, ...] -> [G, width, ...] -> [G*width, ...]
+    x = x.reshape((num_chunks * chunk,) + x.shape[2:])
+    return x[parents, group_ids].reshape((groups * width,) + x.shape[2:])
 
   token_ids = tok if tokens is None else tokens[tok]
   sequences = jnp.concatenate(
@@ -402,6 +437,7 @@ def beam_search(
     num_groups: int = 1,
     score: str = 'ds',
     chunk_rows: int | None = None,
+    mesh: Mesh | None = None,
 ) -> SearchResult:
   """Algorithm 1: the sequences of T^n with the highest differential score.
 
@@ -423,6 +459,21 @@ def beam_search(
   a transformer, `widths[0]` KV caches of `len(context) + length` tokens,
   so use narrower widths with SmolLM2 than |T| = 49,152).
 
+  Sharding (issue 8): with a `mesh` the search is data-parallel over the
+  beam sequences. Every step's chunk of beam rows is split over the mesh's
+  `'data'` axis with `jax.lax.with_sharding_constraint` and the parameters
+  are constrained to be replicated, so each device decodes its rows on both
+  models, scores their `rows * |T|` extensions and keeps its best `width`
+  with a local `top_k`; only those winners (and then the decode caches of
+  the rows that survive the step) cross devices. A chunk is padded up to a
+  multiple of the data-axis size with copies of a real row whose candidates
+  score -inf and are never kept, and the two-level top-k breaks ties by
+  index like one top-k, so the result does not depend on the mesh (up to
+  float32 rounding of the per-device matmuls). Sharding constraints rather
+  than `shard_map` keep one code path for one device and many and leave
+  the rest of the placement to the caller's `jit`; the mesh is an argument
+  because the beam axis only exists inside the search.
+
   Args:
     model: :class:`leakjax.models.Model` M (only its pure `init_cache` and
       `decode` are used).
@@ -441,8 +492,12 @@ def beam_search(
     score: 'ds' (Algorithm 1) or 'rel_ds' (rank by the relative DS, which
       the paper finds more robust to different random initializations).
     chunk_rows: beam sequences per group scored together; default: as many
-      as fit `DEFAULT_CHUNK_CANDIDATES` candidate scores. Results do not
-      depend on it.
+      as fit `DEFAULT_CHUNK_CANDIDATES` candidate scores per device.
+      Results do not depend on it.
+    mesh: optional `jax.sharding.Mesh` with a `'data'` axis (see
+      :func:`leakjax.sharding.make_mesh`) over which every step's beam rows
+      are split; None runs wherever `jit` puts the inputs. Call the search
+      under `jit`.
 
   Returns:
     :class:`SearchResult` with `[G, widths[-1] / G]` sequences (token ids,
@@ -463,8 +518,16 @@ def beam_search(
         f' {model_prime.config.vocab_size}', 'compare snapshots of one model')
   num_tokens = vocab_size if tokens is None else int(tokens.shape[0])
   widths = _check_widths(widths, length, num_tokens, num_groups)
-  if chunk_rows is None:
-    chunk_rows = max(1, DEFAULT_CHUNK_CANDIDATES // (num_groups * num_tokens))
+  if mesh is not None and sharding.DATA_AXIS not in mesh.shape:
+    raise LeakjaxError(
+        f'the mesh has axes {tuple(mesh.shape)}, none named'
+        f' {sharding.DATA_AXIS!r}', "build it with make_mesh('data:N')")
+  if chunk_rows is None:  # the same memory per device with a mesh
+    chunk_rows = (max(1, DEFAULT_CHUNK_CANDIDATES // (num_groups * num_tokens))
+                  * sharding.data_size(mesh))
+  if mesh is not None:
+    params, params_prime = jax.lax.with_sharding_constraint(
+        (params, params_prime), sharding.replicated(mesh))
   if tokens is not None:
     tokens = jnp.asarray(tokens, jnp.int32)
 
@@ -482,7 +545,7 @@ def beam_search(
       last=context[-1:].reshape(1, 1), cache=cache, cache_prime=cache_prime)
   step = functools.partial(_search_step, model, model_prime, params,
                            params_prime, tokens, num_tokens,
-                           chunk_rows=chunk_rows, score=score)
+                           chunk_rows=chunk_rows, score=score, mesh=mesh)
   # Step 1 runs as one group; its |T| one-token sequences are then ranked
   # and split into the G groups.
   state = step(state, widths[0])
