@@ -117,3 +117,31 @@ def pad_to_multiple(x, multiple: int, axis: int = 0):
 
 def data_size(mesh: Mesh | None) -> int:
   return 1 if mesh is None else mesh.shape[DATA_AXIS]
+
+
+def check_data_axis(mesh: Mesh | None) -> None:
+  """Raises LeakjaxError if `mesh` is given but has no `'data'` axis."""
+  if mesh is not None and DATA_AXIS not in mesh.shape:
+    raise LeakjaxError(
+        f'the mesh has axes {tuple(mesh.shape)}, none named {DATA_AXIS!r}',
+        f"build it with make_mesh('{DATA_AXIS}:N')")
+
+
+def constrain_batch(tree, mesh: Mesh | None):
+  """Inside a kernel: every leaf's leading axis split over `'data'`.
+
+  The `jax.lax.with_sharding_constraint` counterpart of :func:`shard_batch`
+  (the leading axis must divide evenly); a no-op with `mesh=None`.
+  """
+  if mesh is None:
+    return tree
+  return jax.tree.map(
+      lambda x: jax.lax.with_sharding_constraint(
+          x, batch_sharding(mesh, x.ndim)), tree)
+
+
+def constrain_replicated(tree, mesh: Mesh | None):
+  """Inside a kernel: every leaf on all devices (model parameters)."""
+  if mesh is None:
+    return tree
+  return jax.lax.with_sharding_constraint(tree, replicated(mesh))

@@ -31,11 +31,18 @@ with `vmap`:
 Cost per search and step: one decode of `k` tokens (≈ 2·k·params FLOPs plus
 attention over the cache), a `[k, bag]` gather, the n-gram test (k·T·bag
 compares) and a top-k over `k/G · bag` candidates per group.
+
+Scale-out (issue 8): with `mesh=` the k beams of every search are split
+over the mesh's `'data'` axis (`with_sharding_constraint` on the tokens,
+scores and KV cache; parameters replicated), so each device decodes k/N
+beams per step. The per-group top-k and the cache reordering gather across
+devices; the results equal the unsharded ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Sequence
 
@@ -44,8 +51,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int
 
+from leakjax import sharding
 from leakjax.errors import LeakjaxError
 from leakjax.models.base import Model
 
@@ -108,6 +117,9 @@ class BeamSearchConfig:
 @flax.struct.dataclass
 class BeamState:
   """The loop carry of one search (k = num_beams, T = prompt + length).
+
+  With a mesh, k here is `kp`: num_beams padded to a multiple of the
+  devices with dead beams (see :func:`beam_search`).
 
   Attributes:
     step: int32 `[]`, tokens generated so far after the prompt.
@@ -260,14 +272,38 @@ def _search_one(
   prior: Int[Array, 'R Tp'] | None,
   prior_lengths: Int[Array, 'R'] | None,
   config: BeamSearchConfig,
+  mesh: Mesh | None = None,
 ) -> tuple[Int[Array, 'k T'], Float[Array, 'k']]:
-  """One beam search from a pool of prompts (Alg. 1 with π¹ = prompts)."""
+  """One beam search from a pool of prompts (Alg. 1 with π¹ = prompts).
+
+  With a `mesh` the beam rows are padded to `kp`, a multiple of the data
+  axis size N, with dead beams (copies of beam 0, score -inf) that no
+  selection reads, and split over the devices; the prompt rows are split
+  too when N divides Z.
+  """
   num_prompts, p = prompts.shape
   total_len = p + config.length
   bag_ok = jnp.where(bag_mask, 0.0, _NEG_INF)  # [M]
+  k = config.num_beams
+  kp = -(-k // sharding.data_size(mesh)) * sharding.data_size(mesh)
+  split_beams = functools.partial(sharding.constrain_batch, mesh=mesh)
+
+  def pad_beams(source, token, scores):
+    """`[k]` selections -> `[kp]`: dead rows that copy beam 0."""
+    if kp == k:
+      return source, token, scores
+    zeros = jnp.zeros((kp - k,), source.dtype)
+    dead = jnp.full((kp - k,), _NEG_INF, scores.dtype)
+    return (
+      jnp.concatenate([source, zeros]),
+      jnp.concatenate([token, zeros]),
+      jnp.concatenate([scores, dead]),
+    )
 
   # Prefill: log P(prompt) and the first bag distribution of every prompt.
   cache = model.init_cache(num_prompts, total_len)
+  if num_prompts % sharding.data_size(mesh) == 0:
+    prompts, cache = split_beams((prompts, cache))
   logits, cache = model.decode(params, prompts, cache)  # [Z, P, V]
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   prompt_scores = jnp.take_along_axis(
@@ -282,14 +318,15 @@ def _search_one(
   total0 = (
     prompt_scores[:, None] + logp[:, -1, bag_ids] + bag_ok[None] - pen0
   )  # [Z, M]
-  source, token, scores = _select(total0, config, shared=True)
-  tokens = tokens0[source].at[:, p].set(bag_ids[token])  # [k, T]
+  source, token, scores = pad_beams(*_select(total0, config, shared=True))
+  tokens = tokens0[source].at[:, p].set(bag_ids[token])  # [kp, T]
   state = BeamState(
     step=jnp.array(1, jnp.int32),
     tokens=tokens,
     scores=scores,
     cache=jax.tree.map(lambda x: x[source], cache),
   )
+  state = _split_state(state, mesh)
 
   def cond(state: BeamState):
     return state.step < config.length
@@ -297,28 +334,41 @@ def _search_one(
   def body(state: BeamState) -> BeamState:
     length = p + state.step
     last = lax.dynamic_slice_in_dim(state.tokens, length - 1, 1, axis=1)
-    logits, cache = model.decode(params, last, state.cache)  # [k, 1, V]
+    logits, cache = model.decode(params, last, state.cache)  # [kp, 1, V]
     logp = jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1)
     pen = jax.vmap(_penalties, in_axes=(0, None, None, None, None, None))(
       state.tokens, length, bag_ids, prior, prior_lengths, config
     )
-    # [k, V] -> [k, M]: only bag tokens may follow.
+    # [kp, V] -> [kp, M]: only bag tokens may follow.
     total = state.scores[:, None] + logp[:, bag_ids] + bag_ok[None] - pen
-    source, token, scores = _select(total, config, shared=False)
+    # Sources are < k: the groups read rows [0, k), never the dead rows.
+    source, token, scores = pad_beams(*_select(total, config, shared=False))
     tokens = state.tokens[source]
     tokens = lax.dynamic_update_slice_in_dim(
       tokens, bag_ids[token][:, None], length, axis=1
     )
-    return BeamState(
-      step=state.step + 1,
-      tokens=tokens,
-      scores=scores,
-      cache=jax.tree.map(lambda x: x[source], cache),
+    return _split_state(
+      BeamState(
+        step=state.step + 1,
+        tokens=tokens,
+        scores=scores,
+        cache=jax.tree.map(lambda x: x[source], cache),
+      ),
+      mesh,
     )
 
   state = lax.while_loop(cond, body, state)
-  order = jnp.argsort(-state.scores)
-  return state.tokens[order], state.scores[order]
+  scores = state.scores[:k]  # [kp] -> [k]: drop the dead padding rows
+  order = jnp.argsort(-scores)
+  return state.tokens[order], scores[order]
+
+
+def _split_state(state: BeamState, mesh: Mesh | None) -> BeamState:
+  """Splits the beam axis of tokens, scores and cache over the mesh."""
+  tokens, scores, cache = sharding.constrain_batch(
+    (state.tokens, state.scores, state.cache), mesh
+  )
+  return state.replace(tokens=tokens, scores=scores, cache=cache)
 
 
 def beam_search(
@@ -332,13 +382,23 @@ def beam_search(
   bag_mask: Bool[Array, 'M'] | None = None,
   prior: Int[Array, 'R Tp'] | None = None,
   prior_lengths: Int[Array, 'R'] | None = None,
+  mesh: Mesh | None = None,
 ) -> BeamResult:
   """Bag-restricted beam search, batched over S independent searches.
 
   Each search starts from its own pool of Z prompts (Alg. 1: π¹ = P); to
   give every capitalised start word its own k beams, put one prompt in each
-  search (:func:`prompt_batches`). Pure and jit-able (`model`, `config`
-  static); the S axis is the one to shard over devices.
+  search (:func:`prompt_batches`). Pure and jit-able (`model`, `config`,
+  `mesh` static).
+
+  Two ways to use several devices: shard the S axis of the inputs (many
+  searches, e.g. one per prompt), or pass `mesh` to split the k beams of
+  each search (FILM's default single pool has S = 1). With a `mesh` the
+  parameters are constrained to be replicated, and if N (the data-axis
+  size) does not divide k the beams are padded to the next multiple of N
+  with dead rows that are decoded but never selected: any `--num_beams`
+  works, at the cost of the idle rows (k = 32 on 8 devices pads nothing).
+  Results equal the unsharded ones (scores up to float32 rounding).
 
   Args:
     model: any leakjax model (uses `init_cache` and `decode`).
@@ -351,6 +411,9 @@ def beam_search(
     prior: int32 `[R, Tp]`, earlier recovered sequences whose n-grams are
       penalised with `config.prior_penalty` (Sec. 4.5); None for none.
     prior_lengths: int32 `[R]`, valid tokens of each prior row (0 = unused).
+    mesh: optional `jax.sharding.Mesh` with a `'data'` axis
+      (:func:`leakjax.sharding.make_mesh`) over which the beams of every
+      search are split; None: no sharding constraints.
 
   Returns:
     A :class:`BeamResult` with `tokens [S, k, P + L]` and `scores [S, k]`,
@@ -371,10 +434,12 @@ def beam_search(
   if prior is not None:
     prior = jnp.asarray(prior, jnp.int32)
     prior_lengths = jnp.asarray(prior_lengths, jnp.int32)
+  sharding.check_data_axis(mesh)
+  params = sharding.constrain_replicated(params, mesh)
   tokens, scores = jax.vmap(
-    _search_one, in_axes=(None, None, 0, 0, None, None, None, None, None)
+    functools.partial(_search_one, model, config=config, mesh=mesh),
+    in_axes=(None, 0, 0, None, None, None, None),
   )(
-    model,
     params,
     prompts,
     prompt_mask,
@@ -382,7 +447,6 @@ def beam_search(
     bag_mask,
     prior,
     prior_lengths,
-    config,
   )
   return BeamResult(
     tokens=tokens, scores=scores, prompt_length=prompts.shape[2]

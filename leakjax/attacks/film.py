@@ -15,9 +15,13 @@ taken at:
 >>> result.sentences[0]                                       # +SKIP
 'Volume mgmt is trying to clear up these issues.'
 
-The jitted kernels are cached per (model, config), so attacking many
+The jitted kernels are cached per (model, config, mesh), so attacking many
 batches compiles each kernel once per bag size bucket (bags are padded to
 a multiple of `bag_bucket`).
+
+On several devices, `recover(..., mesh=make_mesh('data:N'))` splits the
+beams of the search and the candidates of each reordering step over the N
+devices (parameters replicated); the recovered sentences are the same.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
+from leakjax import sharding
 from leakjax.attacks import bag_of_words as bow
 from leakjax.attacks import beam_search as bs
 from leakjax.attacks import reorder as ro
@@ -121,14 +127,20 @@ class FilmResult:
 
 # ------------------------------------------------------------ jit caches
 @functools.lru_cache(maxsize=32)
-def _beam_fn(model: Model, config: bs.BeamSearchConfig):
-  return jax.jit(functools.partial(bs.beam_search, model, config=config))
+def _beam_fn(model: Model, config: bs.BeamSearchConfig, mesh: Mesh | None):
+  return jax.jit(
+    functools.partial(bs.beam_search, model, config=config, mesh=mesh)
+  )
 
 
 @functools.lru_cache(maxsize=32)
-def _reorder_fn(model: Model, config: ro.ReorderConfig, grad_paths):
+def _reorder_fn(
+  model: Model, config: ro.ReorderConfig, grad_paths, mesh: Mesh | None
+):
   return jax.jit(
-    functools.partial(ro.reorder, model, config=config, grad_paths=grad_paths)
+    functools.partial(
+      ro.reorder, model, config=config, grad_paths=grad_paths, mesh=mesh
+    )
   )
 
 
@@ -172,6 +184,7 @@ def recover(
   key: jax.Array,
   noise_std: float | None = None,
   bag: bow.Bag | None = None,
+  mesh: Mesh | None = None,
 ) -> FilmResult:
   """Runs FILM on one observed gradient.
 
@@ -183,10 +196,20 @@ def recover(
     key: a `jax.random.key` (reordering).
     noise_std: per-coordinate DP noise std, for the DP bag threshold.
     bag: use this bag instead of extracting one (ablations).
+    mesh: optional `jax.sharding.Mesh` with a `'data'` axis of N devices
+      (:func:`leakjax.sharding.make_mesh`). The beam search splits its k
+      beams over it and each reordering step its C candidates; the
+      parameters are replicated (bag extraction runs unsharded). k and C
+      need not be multiples of N: the kernels pad with rows whose results
+      are dropped (idle devices, never different results), so choose
+      `--num_beams` / `--reorder_candidates` as multiples of N to use
+      every device. Results equal the unsharded run (scores up to float32
+      rounding).
 
   Returns:
     A :class:`FilmResult`.
   """
+  sharding.check_data_axis(mesh)
   tok = model.tokenizer
   if tok is None:
     raise LeakjaxError(
@@ -212,6 +235,9 @@ def recover(
     tok, bag_ids, use_bos=config.use_bos, mode=config.prompt_mode
   )
   prompts = _rank_prompts(model, params, prompts, config.max_prompts)
+  # The sharded kernels below read the parameters on every device (a
+  # no-op copy if the caller replicated them already).
+  params = sharding.replicate(params, mesh)
   # One pool (Alg. 1) is padded to a multiple of 8 prompts, fewer shapes.
   per_search = config.prompts_per_search or -(-len(prompts) // 8) * 8
   prompt_arr, prompt_mask = bs.prompt_batches(prompts, per_search=per_search)
@@ -224,7 +250,7 @@ def recover(
   width = prompt_arr.shape[-1] + beam_cfg.length
   prior = np.zeros((max(1, config.repetitions), width), np.int32)
   prior_len = np.zeros((max(1, config.repetitions),), np.int32)
-  beam_fn = _beam_fn(model, beam_cfg)
+  beam_fn = _beam_fn(model, beam_cfg, mesh)
   recoveries = []
   for rep in range(config.repetitions):
     use_prior = config.repetitions > 1
@@ -254,7 +280,7 @@ def recover(
     rcfg = config.reorder
     fixed = min(rcfg.fixed_prefix, prompt_arr.shape[-1])
     rcfg = dataclasses.replace(rcfg, fixed_prefix=max(1, fixed))
-    reorder_fn = _reorder_fn(model, rcfg, config.grad_paths)
+    reorder_fn = _reorder_fn(model, rcfg, config.grad_paths, mesh)
     is_end = jnp.asarray(ro.sentence_end_mask(tok, model.config.vocab_size))
     for i, rec in enumerate(recoveries[: config.reorder_top]):
       toks, length = ro.pad_sequences([rec.tokens], width + 8)

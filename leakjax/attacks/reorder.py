@@ -24,6 +24,11 @@ norms of all candidates come from one `vmap(grad)` over a parameter subset
 final norm (:func:`default_grad_paths`): it costs one forward pass plus a
 backward pass through one block, and the authors' implementation also
 takes the norm of a single layer's gradient.
+
+Scale-out (issue 8): with `mesh=` the C candidates of every step are split
+over the mesh's `'data'` axis and the parameters replicated, so each device
+takes the gradients of C/N candidates; C need not divide evenly (padding,
+see :func:`candidate_scores`).
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 from jax import lax
+from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int
 
+from leakjax import sharding
 from leakjax.errors import LeakjaxError
 from leakjax.models.base import Model, lm_loss
 
@@ -160,6 +167,7 @@ def candidate_scores(
   beta: float = 1.0,
   grad_paths: Sequence[ParamPath] | None = None,
   chunk: int | None = None,
+  mesh: Mesh | None = None,
 ) -> tuple[Float[Array, 'C'], Float[Array, 'C'], Float[Array, 'C']]:
   """S(x) = perplexity + β‖∇L(x)‖ of C candidates at once (FILM Eq. 4).
 
@@ -167,9 +175,25 @@ def candidate_scores(
   candidate's own mean token loss with respect to the parameters under
   `grad_paths` (default :func:`default_grad_paths`).
 
+  With a `mesh` (a `'data'` axis of N devices) the candidates are split
+  over the devices and the parameters replicated. If N does not divide C,
+  the last candidate is repeated up to a multiple of N and the copies'
+  scores are dropped, so any C works (C = 16 on 8 devices pads nothing).
+  `chunk` then counts each device's rows per `lax.map` step. The scores
+  equal the unsharded ones up to float32 rounding.
+
   Returns:
     `(scores, perplexities, grad_norms)`, float32 `[C]`.
   """
+  sharding.check_data_axis(mesh)
+  num, width = ids.shape
+  n = sharding.data_size(mesh)
+  if mesh is not None:
+    # [C, T] -> [Cp, T], Cp a multiple of N, split over the devices.
+    ids, _ = sharding.pad_to_multiple(ids, n)
+    mask, _ = sharding.pad_to_multiple(mask, n)
+    ids, mask = sharding.constrain_batch((ids, mask), mesh)
+    params = sharding.constrain_replicated(params, mesh)
   paths = default_grad_paths(params) if grad_paths is None else grad_paths
   subset, rest = split_params(params, paths)
 
@@ -185,11 +209,21 @@ def candidate_scores(
     )
     return loss, jnp.sqrt(sq)
 
-  if chunk is None or chunk >= ids.shape[0]:
+  if chunk is None or chunk * n >= ids.shape[0]:
     loss, norm = jax.vmap(one)(ids, mask)
-  else:
+  elif mesh is None:
     loss, norm = lax.map(lambda a: one(*a), (ids, mask), batch_size=chunk)
-  ppl = jnp.exp(loss)
+  else:
+    # [Cp, T] -> [N, Cp/N, T]: every device maps over its own rows.
+    ids, mask = sharding.constrain_batch(
+      (ids.reshape(n, -1, width), mask.reshape(n, -1, width)), mesh
+    )
+    loss, norm = jax.vmap(
+      lambda i, m: lax.map(lambda a: one(*a), (i, m), batch_size=chunk)
+    )(ids, mask)
+    loss, norm = loss.reshape(-1), norm.reshape(-1)  # [N, Cp/N] -> [Cp]
+  ppl = jnp.exp(loss[:num])
+  norm = norm[:num]
   return ppl + beta * norm, ppl, norm
 
 
@@ -328,6 +362,7 @@ def reorder(
   is_end: Bool[Array, 'V'] | None = None,
   bag_mask: Bool[Array, 'M'] | None = None,
   grad_paths: Sequence[ParamPath] | None = None,
+  mesh: Mesh | None = None,
 ) -> ReorderState:
   """Reorders one sentence under S(x) (FILM Sec. 4.4). Jit-able.
 
@@ -348,6 +383,8 @@ def reorder(
       None skips truncation.
     bag_mask: bool `[M]`, valid entries of `bag_ids`.
     grad_paths: parameter subset of the gradient norm.
+    mesh: optional mesh with a `'data'` axis over which each step's C
+      candidates are split (:func:`candidate_scores`; any C works).
 
   Returns:
     The final :class:`ReorderState` (`initial_score` is S of the input).
@@ -407,6 +444,7 @@ def reorder(
       beta=config.beta,
       grad_paths=grad_paths,
       chunk=config.grad_chunk,
+      mesh=mesh,
     )  # [C]
     best = jnp.argmin(scores)
     better = scores[best] < s.score
