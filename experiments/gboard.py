@@ -45,7 +45,7 @@ from absl import flags, logging
 
 from experiments import common
 from leakjax import data as data_lib
-from leakjax import fl, io
+from leakjax import fl, io, sharding
 from leakjax import train as train_lib
 from leakjax.attacks import gboard
 from leakjax.errors import LeakjaxError
@@ -477,6 +477,48 @@ _RECONSTRUCT = jax.jit(gboard.reconstruct_sentences, static_argnums=0,
                        static_argnames=('length', 'bos_id'))
 
 
+def make_mesh(spec: str | None):
+  """`--mesh` as a device mesh; None (one device) when unset on 1 device."""
+  if spec is None and jax.device_count() == 1:
+    return None
+  return sharding.make_mesh(spec)
+
+
+def reconstruct_candidates(model, params0, params1, words: np.ndarray, *,
+                           length: int, bos_id: int,
+                           mesh=None) -> gboard.Reconstruction:
+  """:func:`gboard.reconstruct_sentences` for the recovered `words`.
+
+  The candidate axis (one start word per recovered word) is padded to a
+  power of two, then to a multiple of the mesh's data axis, and placed on
+  that axis; θ0, θ1 and the allowed-word mask are replicated. Each
+  candidate's generation and score only read its own row, so the result
+  equals the one-device result (tested in tests/gboard_test.py).
+
+  Args:
+    model: the parameter-free model (a static argument of the kernel).
+    params0: θ0.
+    params1: θ1 (or the scaled θ1).
+    words: bool `[vocab]`, the recovered words.
+    length: words per sentence.
+    bos_id: the `<S>` id.
+    mesh: a mesh with a 'data' axis, or None for one device.
+
+  Returns:
+    The :class:`gboard.Reconstruction` (`scores` -inf on padding).
+  """
+  count = int(np.count_nonzero(words))
+  slots = 1 << max(math.ceil(math.log2(max(count, 1))), 0)
+  n = sharding.data_size(mesh)
+  starts, valid = gboard.padded_indices(words, size=-(-slots // n) * n)
+  starts, valid = sharding.shard_batch((jnp.asarray(starts),
+                                        jnp.asarray(valid)), mesh)
+  params0, params1, allowed = sharding.replicate(
+      (params0, params1, jnp.asarray(words)), mesh)
+  return _RECONSTRUCT(model, params0, params1, starts, valid, allowed,
+                      length=length, bos_id=bos_id)
+
+
 def _token_f1(cands: Sequence[Sequence[str]], true_words: set[str]) -> float:
   words = {w for c in cands for w in c}
   hits = len(words & true_words)
@@ -488,7 +530,8 @@ def _token_f1(cands: Sequence[Sequence[str]], true_words: set[str]) -> float:
 
 def attack(model, params0, params1, ds: Dataset, cfg: Config, *,
            scales: Sequence[float] = (0.0,), reconstruct: bool = True,
-           save_delta: Path | None = None) -> list[dict[str, Any]]:
+           save_delta: Path | None = None, mesh=None
+           ) -> list[dict[str, Any]]:
   """Word recovery and sentence reconstruction on one θ1; rows per scale.
 
   `model` should be one parameter-free copy (`model.replace(params=None)`)
@@ -520,8 +563,17 @@ def attack(model, params0, params1, ds: Dataset, cfg: Config, *,
                                     np.asarray(candidates))
   row.update(oracle_threshold=thr, oracle_f1=f1)
   rows_update = gboard.output_rows_update(model, params0, params1)
-  auto = np.asarray(gboard.recover_words_auto(delta, rows_update, candidates,
-                                              q=cfg.fdr_q))
+  rows0 = gboard.output_rows(model, params0)
+  bias0 = gboard.output_bias(model, params0)
+  auto = np.asarray(gboard.recover_words_auto(
+      delta, rows_update, candidates, rows0=rows0, bias0=bias0, q=cfg.fdr_q))
+  # The same rule with the older row-residual rescue, for comparison.
+  old = np.asarray(gboard.recover_words_auto(delta, rows_update, candidates,
+                                             q=cfg.fdr_q))
+  row['rescue_f1'] = gboard.word_metrics(
+      [vocab[k] for k in np.flatnonzero(old)], ds.true_words, vocab_set).f1
+  row['num_convex'] = int(gboard.convexity_violations(
+      delta, rows_update, rows0, bias0, candidates).sum())
   masks['auto'] = auto
   m = gboard.word_metrics([vocab[k] for k in np.flatnonzero(auto)],
                           ds.true_words, vocab_set)
@@ -553,19 +605,19 @@ def attack(model, params0, params1, ds: Dataset, cfg: Config, *,
                    **{f'levenshtein_{k}': 0.0
                       for k in gboard.KEEP_RULES + ('topn',)}})
     return rows
-  starts, valid = gboard.padded_indices(words)
+  num_valid = int(words.sum())
   refs = ds.sentences
   for s in scales:
     p1 = params1 if s == 0 else gboard.scale_update(params0, params1, s)
     t0 = time.perf_counter()
-    out = jax.block_until_ready(_RECONSTRUCT(
-        model, params0, p1, jnp.asarray(starts), jnp.asarray(valid),
-        jnp.asarray(words), length=cfg.sentence_length, bos_id=tok.bos_id))
+    out = jax.block_until_ready(reconstruct_candidates(
+        model, params0, p1, words, length=cfg.sentence_length,
+        bos_id=tok.bos_id, mesh=mesh))
     seconds = time.perf_counter() - t0  # includes a compile per new M
     tokens, scores = np.asarray(out.tokens), np.asarray(out.scores)
     as_words = lambda idx, tokens=tokens: [
         tuple(vocab[t] for t in tokens[i, 1:]) for i in idx]
-    order = np.argsort(-scores, kind='stable')[:int(valid.sum())]
+    order = np.argsort(-scores, kind='stable')[:num_valid]
     keep = {'topn': order[:ds.n_k]}
     for k in gboard.KEEP_RULES:
       keep[k] = gboard.select_sentences(tokens, scores, words, rule=k)
@@ -574,8 +626,8 @@ def attack(model, params0, params1, ds: Dataset, cfg: Config, *,
     kept_w = as_words(keep[cfg.keep_rule])
     recall_view = gboard.best_match_ratios(refs, kept_w)
     rows.append({
-        **row, 'scale': s, 'num_candidates': int(valid.sum()),
-        'padded_candidates': len(starts), 'reconstruct_seconds': seconds,
+        **row, 'scale': s, 'num_candidates': num_valid,
+        'padded_candidates': len(tokens), 'reconstruct_seconds': seconds,
         'num_kept': len(kept_w),
         **{f'num_kept_{k}': len(v) for k, v in keep.items()},
         'levenshtein': float(lev[cfg.keep_rule].mean()) if len(kept_w)
@@ -609,8 +661,14 @@ def _plan(cfg: Config, ds: Dataset):
   return plans
 
 
-def run_experiment(cfg: Config, workdir: str | Path) -> dict[str, float]:
-  """Runs the whole sweep (resuming from `results.jsonl`); returns summary."""
+def run_experiment(cfg: Config, workdir: str | Path, *,
+                   mesh=None) -> dict[str, float]:
+  """Runs the whole sweep (resuming from `results.jsonl`); returns summary.
+
+  `mesh` (from `--mesh`, see :func:`make_mesh`) places the sentence
+  candidates on its data axis; it does not change any result, so it is
+  not part of the config.
+  """
   workdir = Path(workdir)
   writer = io.ExperimentWriter(workdir, cfg)
   corpora = load_corpora(cfg)
@@ -640,7 +698,7 @@ def run_experiment(cfg: Config, workdir: str | Path) -> dict[str, float]:
         delta_file = (workdir / 'deltas' / f'{name}_E{e}.npy'
                       if noise == 'dpsgd' else None)
         for r in attack(model, params0, params1, ds, cfg, scales=scales,
-                        save_delta=delta_file):
+                        save_delta=delta_file, mesh=mesh):
           writer.add_result({**where, 'E': e, **r})
         if noise == 'none':
           for i, s in enumerate(cfg.single_sigmas):
@@ -648,7 +706,7 @@ def run_experiment(cfg: Config, workdir: str | Path) -> dict[str, float]:
                                  defenses_lib.gaussian_noise_like(
                                      params1, s, key=jax.random.fold_in(
                                          tkey, 1000 * e + i)))
-            for r in attack(model, params0, noisy, ds, cfg):
+            for r in attack(model, params0, noisy, ds, cfg, mesh=mesh):
               writer.add_result({**where, 'noise': 'single', 'sigma': s,
                                  'E': e, **r})
       logging.info('n_k=%d d=%d B=%s %s σ=%g: E=%s in %.0fs (total %.0fs)',
@@ -664,7 +722,7 @@ def run_experiment(cfg: Config, workdir: str | Path) -> dict[str, float]:
 # ----------------------------------------------------------------- summary
 _MEANS = ('f1', 'f1_upper', 'precision', 'recall', 'zero_f1',
           'universal_f1', 'fdr_f1', 'auto_f1', 'oracle_f1', 'stouffer_f1',
-          'num_rescued', 'drift_to_noise', 'auto_num_recovered',
+          'rescue_f1', 'num_convex', 'num_rescued', 'drift_to_noise', 'auto_num_recovered',
           'coverage', 'levenshtein', 'levenshtein_topn',
           'levenshtein_cover', 'levenshtein_words', 'levenshtein_gap',
           'levenshtein_recall', 'recon_f1', 'num_kept', 'exact_fraction',
@@ -749,7 +807,9 @@ def render_markdown(cfg: Config, summary, writer, corpora, pre_info, model,
           continue
         up = _get(summary, 'f1_upper', **p)
         rows.append([b, e, n_k, _get(summary, 'zero_f1', **p),
-                     _get(summary, 'fdr_f1', **p), f1,
+                     _get(summary, 'fdr_f1', **p),
+                     _get(summary, 'rescue_f1', **p),
+                     _get(summary, 'num_convex', **p), f1,
                      _get(summary, 'oracle_f1', **p), up, f1 / up,
                      _get(summary, 'recon_f1', **p),
                      _get(summary, 'levenshtein_cover', **p),
@@ -761,7 +821,10 @@ def render_markdown(cfg: Config, summary, writer, corpora, pre_info, model,
   lines += ['## Word recovery and reconstruction, no noise (Figs. 2, 3)', '',
             'F1 over distinct words ("rule" = the no-oracle rule'
             f' `{cfg.threshold_rule}`; "bias fdr" = the bias threshold'
-            ' alone; B >= n_k is listed only as B=full); "upper" = F1 of'
+            ' alone; "old" = the rule with the row-residual rescue instead'
+            ' of the convexity test; "convex flags" = words whose bias fell'
+            ' that the convexity test adds; B >= n_k is listed only as'
+            ' B=full); "upper" = F1 of'
             ' returning exactly the'
             ' true in-vocabulary words. Lev. = mean over kept'
             ' reconstructions of the best word-level Levenshtein ratio'
@@ -770,7 +833,8 @@ def render_markdown(cfg: Config, summary, writer, corpora, pre_info, model,
             ' reconstruction; "recon F1" = word F1 of the kept'
             f' reconstructions ({cfg.keep_rule} rule, Fig. 3 x-axis).', '',
             io.markdown_table(
-                ['B', 'E', 'n_k', 'F1 Alg.2', 'F1 bias fdr', 'F1 rule',
+                ['B', 'E', 'n_k', 'F1 Alg.2', 'F1 bias fdr',
+                 'F1 bias+row rescue (old)', 'convex flags', 'F1 rule',
                  'F1 oracle bias cut', 'F1 upper', 'rule/upper', 'recon F1',
                  'Lev. cover',
                  'Lev. words', 'Lev. gap', 'Lev. top-n_k', 'Lev. recall',
@@ -991,7 +1055,7 @@ def _magnitude_plot(ax, cfg, model, datasets, workdir: Path):
 def main(argv):
   del argv
   cfg = config_from_flags(FLAGS)
-  summary = run_experiment(cfg, FLAGS.workdir)
+  summary = run_experiment(cfg, FLAGS.workdir, mesh=make_mesh(FLAGS.mesh))
   for k in sorted(summary):
     if k.startswith(('f1@', 'levenshtein@')) and 'noise=none' in k:
       print(f'{k}: {summary[k]:.3f}')

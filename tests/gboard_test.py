@@ -108,6 +108,41 @@ def test_noise_scale_and_threshold_rules():
   assert f1 == 1.0 and fdr <= thr + 3 * sigma
 
 
+def test_max_f1_cut_trades_precision_for_recall():
+  # 200 typed words 3 noise scales up among 9000 N(0, 1) entries: the FDR
+  # cut (precision ~0.95) drops about half of them; the estimated-F1 cut
+  # keeps more and scores a higher F1.
+  rng = np.random.default_rng(7)
+  num, typed = 9000, np.arange(200)
+  z = rng.normal(size=num)
+  z[typed] += 3.0
+  truth = np.zeros(num, bool)
+  truth[typed] = True
+
+  def f1(mask):
+    tp = (mask & truth).sum()
+    return 2 * tp / (mask.sum() + truth.sum())
+
+  z = jnp.asarray(z, jnp.float32)
+  cut = float(gboard.max_f1_cut(z))
+  fdr = float(gboard.choose_threshold(z, 'fdr'))
+  assert 0 < cut < fdr
+  assert f1(np.asarray(z) > cut) > f1(np.asarray(z) > fdr) + 0.05
+  assert float(jax.jit(gboard.max_f1_cut)(z)) == pytest.approx(cut)
+  # choose_threshold's 'maxf1' is the same cut on the robust z-scores.
+  center, scale = gboard.robust_noise_scale(z)
+  assert float(gboard.choose_threshold(z, 'maxf1')) == pytest.approx(
+      float(center + scale * gboard.max_f1_cut((z - center) / scale)),
+      rel=1e-5)
+  # Only eligible entries count; with none eligible nothing is kept.
+  assert math.isinf(float(gboard.max_f1_cut(z, eligible=jnp.zeros(num,
+                                                                  bool))))
+  # Pure noise: (almost) nothing passes (slack: 3 null std; 0 gives
+  # hundreds here).
+  noise = jnp.asarray(rng.normal(size=num), jnp.float32)
+  assert int((noise > gboard.max_f1_cut(noise)).sum()) <= 10
+
+
 def test_threshold_without_noise_stays_near_zero():
   # Noise-free: untyped words drift down by η Σ p (tiny), typed go up.
   rng = np.random.default_rng(1)
@@ -165,6 +200,74 @@ def test_rescue_and_auto_without_noise():
   assert set(np.flatnonzero(auto).tolist()) == typed
   f = jax.jit(gboard.recover_words_auto)
   np.testing.assert_array_equal(f(delta, rows, cand), auto)
+
+
+@functools.cache
+def _peaked_update(typed_count: int):
+  """FedSGD (η = 0.001) on a peaked random CIFG-LSTM, V = 2000.
+
+  16 random sentences; the word the model predicts most often
+  (`Σ_t p_tk ≈ 11` over the 64 targets) ends the first `typed_count`
+  sentences. Returns `(delta, rows, rows0, bias0, typed ids, that word)`.
+  """
+  cfg = lstm.CIFGConfig(vocab_size=2000, embed_dim=8, units=10, proj_dim=8)
+  model = lstm.init_model(cfg, key=jax.random.key(0))
+  leaves, tree = jax.tree.flatten(model.params)
+  keys = jax.random.split(jax.random.key(5), len(leaves))
+  params = jax.tree.unflatten(tree, [
+      jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+  rng = np.random.default_rng(0)
+  ids = rng.integers(2, cfg.vocab_size, (16, 5)).astype(np.int32)
+  ids[:, 0] = 1
+  probs = jax.nn.softmax(model.logits(params, jnp.asarray(ids))[:, :-1])
+  word = int(jnp.argmax(probs.sum((0, 1))))
+  ids = ids[np.all(ids[:, 1:] != word, axis=1)][:16]
+  ids[:typed_count, -1] = word  # the last word: a target, never an input
+  model = model.replace(params=None)
+  config = gboard.client_config(1, None, learning_rate=ETA,
+                                words_per_sentence=4)
+  params1 = UPDATE(model, params, jnp.asarray(ids), None, config,
+                   key=jax.random.key(0)).params
+  return (gboard.bias_update(model, params, params1),
+          gboard.output_rows_update(model, params, params1),
+          gboard.output_rows(model, params), gboard.output_bias(model, params),
+          set(ids[:, 1:].ravel().tolist()), word)
+
+
+def test_convexity_finds_typed_word_whose_bias_fell():
+  delta, rows, rows0, bias0, typed, word = _peaked_update(8)
+  cand = gboard.candidate_mask(delta.shape[0])
+  # Typed 8 times but predicted ~11 times: the bias fell, Algorithm 2 and
+  # the bias rule miss it.
+  assert float(delta[word]) < 0
+  bias_rule = gboard.recover_words(
+      delta, gboard.choose_threshold(delta, 'fdr', candidates=cand), cand)
+  assert set(np.flatnonzero(bias_rule).tolist()) == typed - {word}
+  flagged = gboard.convexity_violations(delta, rows, rows0, bias0, cand)
+  np.testing.assert_array_equal(np.flatnonzero(flagged), [word])
+  jitted = jax.jit(gboard.convexity_violations)(delta, rows, rows0, bias0,
+                                                cand)
+  np.testing.assert_array_equal(jitted, flagged)
+  auto = gboard.recover_words_auto(delta, rows, cand, rows0=rows0,
+                                   bias0=bias0)
+  assert set(np.flatnonzero(auto).tolist()) == typed
+  with pytest.raises(LeakjaxError):
+    gboard.recover_words_auto(delta, rows, cand, rows0=rows0)
+
+
+def test_convexity_flags_nothing_untyped():
+  # The same data without that word: every fallen bias is an untyped
+  # word's, all on one convex function, so nothing is flagged.
+  delta, rows, rows0, bias0, typed, word = _peaked_update(0)
+  assert word not in typed
+  cand = gboard.candidate_mask(delta.shape[0])
+  assert not gboard.convexity_violations(delta, rows, rows0, bias0,
+                                         cand).any()
+  # Pure noise: no word's bias fell by 10 noise scales.
+  noise = jax.random.normal(jax.random.key(1), delta.shape) * 1e-3
+  noise_rows = jax.random.normal(jax.random.key(2), rows.shape) * 1e-3
+  assert not gboard.convexity_violations(noise, noise_rows, rows0, bias0,
+                                         cand).any()
 
 
 def test_auto_uses_rows_under_noise():
@@ -246,6 +349,34 @@ def test_batched_reconstruction_matches_reference(jit):
                                atol=1e-6)
     assert set(tokens[2:]) <= set(np.flatnonzero(allowed))
   assert np.all(np.isneginf(np.asarray(out.scores)[~valid]))
+
+
+@pytest.mark.skipif(jax.device_count() < 2,
+                    reason='needs >= 2 devices (tests/conftest.py fakes 8)')
+@pytest.mark.parametrize('spec', ['data:-1', 'data:3'])
+def test_reconstruction_on_a_mesh_matches_one_device(spec):
+  from experiments import gboard as experiment  # noqa: PLC0415
+  model = _model(scale=0.7)
+  params0 = model.params
+  ids = _sentences(3, seed=4)
+  params1 = UPDATE(model, params0, jnp.asarray(ids), None, MEMORISE,
+                   key=jax.random.key(1)).params
+  words = np.zeros(TINY.vocab_size, bool)
+  words[np.unique(ids[:, 1:])] = True  # 11 words: 16 slots, 18 on 3
+  bare = model.replace(params=None)
+  kw = dict(length=4, bos_id=1)
+  one = experiment.reconstruct_candidates(bare, params0, params1, words, **kw)
+  mesh = experiment.make_mesh(spec)
+  many = experiment.reconstruct_candidates(bare, params0, params1, words,
+                                           mesh=mesh, **kw)
+  n = mesh.shape['data']
+  assert n >= 2 and many.tokens.shape[0] % n == 0
+  assert len(many.tokens.sharding.device_set) == n
+  m = one.tokens.shape[0]
+  np.testing.assert_array_equal(many.tokens[:m], one.tokens)
+  np.testing.assert_allclose(many.scores[:m], one.scores, rtol=1e-5)
+  assert np.isneginf(np.asarray(many.scores[m:])).all()  # padding
+  assert np.isfinite(np.asarray(one.scores)).sum() == words.sum()
 
 
 def test_reconstruction_recovers_memorised_sentences():
