@@ -114,7 +114,10 @@ class FilmExperimentConfig:
     max_prompts: start prompts kept per batch.
     prompts_per_search: 0 = one pool (Alg. 1), 1 = a search per prompt.
     beta, phrase_steps, token_steps, reorder_candidates: reordering
-      (Sec. 4.4); phrase_steps = token_steps = 0 skips it.
+      (Sec. 4.4); phrase_steps = token_steps = 0 keeps only the truncation.
+    truncate: try cutting after the first sentence end (Sec. 4.4 footnote
+      6); with phrase_steps = token_steps = 0 and truncate=False the
+      reordering stage is skipped.
     grad_paths: parameter subset of the reorder gradient norm ('' =
       default: last block + final norm).
     repetitions: beam searches per batch (Sec. 4.5).
@@ -152,6 +155,7 @@ class FilmExperimentConfig:
   beta: tuple[float, ...] = (1.0,)
   phrase_steps: int = 200
   token_steps: int = 200
+  truncate: bool = True
   reorder_candidates: int = 16
   grad_paths: str = ''
   repetitions: int = 1
@@ -320,12 +324,15 @@ def film_config(
   cfg: FilmExperimentConfig, num_beams: int, ngram: int, beta: float
 ) -> film.FilmConfig:
   reorder = None
-  if cfg.phrase_steps or cfg.token_steps:
+  if cfg.phrase_steps or cfg.token_steps or cfg.truncate:
+    # With 0 + 0 steps only step 0 runs: the truncation after the first
+    # sentence end, kept when it lowers S (Sec. 4.4, footnote 6).
     reorder = ro.ReorderConfig(
       beta=beta,
       phrase_steps=cfg.phrase_steps,
       token_steps=cfg.token_steps,
       num_candidates=cfg.reorder_candidates,
+      truncate=cfg.truncate,
     )
   groups = cfg.num_groups if num_beams % cfg.num_groups == 0 else 1
   return film.FilmConfig(
@@ -934,6 +941,11 @@ def define_flags() -> None:
   flags.DEFINE_integer(
     'token_steps', d.token_steps, 'Token-wise reordering steps (Sec. 4.4: 200).'
   )
+  flags.DEFINE_bool(
+    'truncate',
+    d.truncate,
+    'Cut after the first sentence end when it lowers S (Sec. 4.4, fn. 6).',
+  )
   flags.DEFINE_integer(
     'reorder_candidates',
     d.reorder_candidates,
@@ -987,6 +999,7 @@ def config_from_flags() -> FilmExperimentConfig:
     beta=tuple(float(x) for x in f.beta),
     phrase_steps=f.phrase_steps,
     token_steps=f.token_steps,
+    truncate=f.truncate,
     reorder_candidates=f.reorder_candidates,
     grad_paths=f.grad_paths,
     repetitions=f.repetitions,
