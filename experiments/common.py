@@ -27,8 +27,9 @@ def define_common_flags(default_workdir: str) -> None:
                       ' (list of strings) or .tsv file, or a datasets name.')
   flags.DEFINE_integer('seed', 0, 'Random seed.')
   flags.DEFINE_string('mesh', None,
-                      'Device mesh for candidate scoring, e.g. "data:8";'
-                      ' default: all local devices on one data axis.')
+                      'Device mesh for candidate scoring, e.g. "data:8"'
+                      ' (candidates split over 8 devices, parameters'
+                      ' replicated); absent: no sharding, one device.')
   flags.DEFINE_bool('distributed', False,
                     'Call jax.distributed.initialize() first (multi-host TPU'
                     ' pod slices: run the same command on every host).')
