@@ -32,6 +32,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.')
   try:
+    # mkstemp makes the file 0600; results are meant to be read by others
+    # (reports, shared workdirs). Reading the umask would mean setting it,
+    # which races with other threads, so use the common default.
+    os.chmod(fd, 0o644)
     with os.fdopen(fd, 'wb') as f:
       f.write(data)
       f.flush()

@@ -88,3 +88,9 @@ def test_writer_disabled_on_other_processes(tmp_path):
   w.write_summary({'a': 1.0}, '')
   assert w.results == [{'x': 1}]
   assert not (tmp_path / 'w').exists()
+
+
+def test_atomic_write_makes_readable_files(tmp_path):
+  path = tmp_path / 'summary.json'
+  io.atomic_write_text(path, '{}')
+  assert path.stat().st_mode & 0o777 == 0o644
