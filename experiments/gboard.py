@@ -478,10 +478,14 @@ _RECONSTRUCT = jax.jit(gboard.reconstruct_sentences, static_argnums=0,
 
 
 def make_mesh(spec: str | None):
-  """`--mesh` as a device mesh; None (one device) when unset on 1 device."""
-  if spec is None and jax.device_count() == 1:
+  """`--mesh` as a device mesh; None (no sharding) when the flag is absent."""
+  if spec is None:
     return None
-  return sharding.make_mesh(spec)
+  mesh = sharding.make_mesh(spec)
+  if sharding.DATA_AXIS not in mesh.shape:
+    raise LeakjaxError(f'--mesh={spec} has no {sharding.DATA_AXIS!r} axis',
+                       f'write it as {sharding.DATA_AXIS}:N')
+  return mesh
 
 
 def reconstruct_candidates(model, params0, params1, words: np.ndarray, *,

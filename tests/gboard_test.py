@@ -377,6 +377,9 @@ def test_reconstruction_on_a_mesh_matches_one_device(spec):
   np.testing.assert_allclose(many.scores[:m], one.scores, rtol=1e-5)
   assert np.isneginf(np.asarray(many.scores[m:])).all()  # padding
   assert np.isfinite(np.asarray(one.scores)).sum() == words.sum()
+  assert experiment.make_mesh(None) is None  # absent flag: no sharding
+  with pytest.raises(LeakjaxError):
+    experiment.make_mesh('model:2')
 
 
 def test_reconstruction_recovers_memorised_sentences():
