@@ -519,16 +519,26 @@ def oracle_norm_threshold(
 
 
 # ----------------------------------------------------------------- summary
-def _mean_std(rows, field):
-  vals = [
+def _values(rows, field):
+  # NERR is None for batches whose sentences have no named entity.
+  return [
     r[field]
     for r in rows
     if r.get(field) is not None
     and not (isinstance(r[field], float) and math.isnan(r[field]))
   ]
+
+
+def _mean_std(rows, field):
+  vals = _values(rows, field)
   if not vals:
     return float('nan'), float('nan')
   return float(np.mean(vals)), float(np.std(vals))
+
+
+def _best(rows, field):
+  vals = _values(rows, field)
+  return float(np.max(vals)) if vals else float('nan')
 
 
 def summarize(
@@ -616,16 +626,17 @@ def summarize(
       summary[io.summary_key(f, **params)] = mean
       if f in ('rouge1', 'rouge2', 'rougeL', 'nerr'):
         summary[io.summary_key(f + '_std', **params)] = std
-        summary[io.summary_key(f + '_best', **params)] = float(
-          np.nanmax([r[f] for r in rs])
-        )
+        summary[io.summary_key(f + '_best', **params)] = _best(rs, f)
     b = params['b']
     paper = PAPER_TABLE10_ENRON.get(b) or PAPER_TABLE9_ENRON.get(b)
     cells = []
     for i, f in enumerate(('rouge1', 'rouge2', 'rougeL', 'nerr')):
       mean, std = _mean_std(rs, f)
-      best = float(np.nanmax([r[f] for r in rs]))
+      best = _best(rs, f)
       ours = f'{mean:.2f} ± {std:.2f} ({best:.2f})'
+      counted = len(_values(rs, f))
+      if counted < len(rs):  # NERR: only batches with a named entity
+        ours += f' [{counted}]'
       cells += [ours, f'{paper[i]:.2f}' if paper else '–']
     label = ', '.join(f'{k}={v}' for k, v in params.items())
     table.append(
@@ -662,7 +673,9 @@ def summarize(
     + '. Mean ± std over batches (best in brackets), as in FILM Table'
     ' 10; "paper" is the Enron Email row of Table 10 (b = 4: Table 9),'
     ' GPT-2 fine-tuned on 31,797 sentences for up to 90k iterations.'
-    ' Bags come from the gradient, never from the true tokens.\n\n'
+    ' Bags come from the gradient, never from the true tokens.'
+    ' [n]: batches with a named entity, when not all (NERR is undefined'
+    ' without one).\n\n'
     + io.markdown_table(header, table)
   )
   examples = [r for r in rows if r.get('batch') == 0][:4]

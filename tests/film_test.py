@@ -170,3 +170,29 @@ def test_bad_defense_and_config_errors():
   keys = [p['key'] for p in film_exp.sweep_points(cfg)]
   assert keys[0] == {'b': 1, 'beta': 0.0} and len(keys) == 4
   assert dataclasses.replace(cfg, seed=1) != cfg
+
+
+def test_summary_with_entity_free_batches():
+  # NERR is None where a batch has no named entity (--norequire_entity).
+  cfg = film_exp.FilmExperimentConfig(**{**SMOKE, 'batch_sizes': (1,)})
+  rows = [
+    {
+      'b': 1,
+      'batch': i,
+      'rouge1': 0.5,
+      'rouge2': 0.25,
+      'rougeL': 0.5,
+      'nerr': nerr,
+      'bag_precision': 1.0,
+      'bag_recall': 1.0,
+      'originals': ['A b.'],
+      'match': 0,
+      'recovered': ['A b.'],
+    }
+    for i, nerr in enumerate([None, 1.0, None])
+  ]
+  summary, md, _ = film_exp.summarize(cfg, rows, {'num_train': 3})
+  assert summary['nerr@b=1'] == 1.0
+  assert summary['nerr_best@b=1'] == 1.0
+  assert summary['rougeL_best@b=1'] == 0.5
+  assert '[1]' in md
