@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from leakjax import fl, sharding
+from leakjax import fl
 from leakjax.attacks import beam_search as bs
 from leakjax.attacks import film
 from leakjax.attacks import reorder as ro
@@ -29,13 +29,6 @@ from leakjax.tokenization import WordTokenizer
 
 NUM_DEVICES = 8
 VOCAB = 120
-
-
-@pytest.fixture(scope='module')
-def mesh():
-  if jax.device_count() < NUM_DEVICES:
-    pytest.skip('needs the 8 fake CPU devices of conftest.py')
-  return sharding.make_mesh(f'data:{NUM_DEVICES}')
 
 
 def _sharpen(model, factor: float = 4.0):

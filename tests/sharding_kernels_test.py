@@ -34,13 +34,6 @@ NUM_DEVICES = 8
 
 
 @pytest.fixture(scope='module')
-def mesh():
-  if jax.device_count() < NUM_DEVICES:
-    pytest.skip('needs the 8 fake CPU devices of conftest.py')
-  return sharding.make_mesh(f'data:{NUM_DEVICES}')
-
-
-@pytest.fixture(scope='module')
 def model():
   return gpt2.init_model(gpt2.GPT2Config.tiny(), key=jax.random.key(0))
 
