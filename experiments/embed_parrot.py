@@ -45,7 +45,7 @@ from absl import flags, logging
 
 from experiments import common
 from leakjax import data as data_lib
-from leakjax import io, models
+from leakjax import io, models, sharding
 from leakjax.attacks import embed_parrot as ep
 from leakjax.attacks import embedding_inversion as ei
 from leakjax.attacks import text_metrics
@@ -412,17 +412,12 @@ def _width_batches(
 
 
 def _mesh(spec: str | None):
-  """A 1-axis data mesh from `--mesh=data:N` (None: no sharding)."""
+  """`--mesh=data:N` as a mesh (None: no sharding); errors from make_mesh."""
   if not spec:
     return None
-  name, _, count = spec.partition(':')
-  devices = jax.devices()
-  count = int(count) if count else len(devices)
-  if count > len(devices):
-    raise LeakjaxError(
-      f'--mesh={spec} needs {count} devices, only {len(devices)} exist'
-    )
-  return jax.sharding.Mesh(np.array(devices[:count]), (name or 'data',))
+  mesh = sharding.make_mesh(spec)
+  sharding.check_data_axis(mesh)
+  return mesh
 
 
 def _shard(x, mesh):

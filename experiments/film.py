@@ -299,11 +299,17 @@ def make_defense(
   return defense, sigma * cfg.dp_clip / b
 
 
+# One jitted client step for the whole run (a fresh `jax.jit` per batch
+# would re-trace the model every time).
+_CLIENT_GRADIENT = jax.jit(
+  fl.client_gradient, static_argnames=('model', 'defense')
+)
+
+
 def client_gradient(model, params, texts: Sequence[str], defense, key):
   ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
-  fn = jax.jit(fl.client_gradient, static_argnames=('model', 'defense'))
   return (
-    fn(
+    _CLIENT_GRADIENT(
       model,
       params,
       jnp.asarray(ids),
