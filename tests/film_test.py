@@ -150,6 +150,30 @@ def test_experiment_smoke_and_resume(tmp_path):
   assert len((tmp_path / 'results.jsonl').read_text().splitlines()) == 1
 
 
+def test_experiment_early_stopping(tmp_path):
+  # Sec. 6.1: train "until the loss on the evaluation set increased". A
+  # learning rate this large makes the held-out loss go up at once.
+  cfg = film_exp.FilmExperimentConfig(
+    **{
+      **SMOKE,
+      'train_steps': 8,
+      'eval_fraction': 0.25,
+      'learning_rate': 0.5,
+      'phrase_steps': 0,
+      'token_steps': 0,
+    },
+    eval_every=1,
+    early_stopping_patience=1,
+  )
+  film_exp.run_experiment(cfg, tmp_path, progress=False)
+  state = json.loads(
+    (tmp_path / 'train' / 'checkpoint' / 'train_state.json').read_text()
+  )
+  assert state['stopped_early'] and state['step'] < 8
+  md = (tmp_path / 'summary.md').read_text()
+  assert f't = {state["step"]} steps (early stopping)' in md
+
+
 def test_experiment_bag_mode_with_defenses(tmp_path):
   cfg = film_exp.FilmExperimentConfig(
     **{**SMOKE, 'batch_sizes': (2,)}, mode='bag', defenses=('none', 'dp:10')
