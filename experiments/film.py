@@ -75,6 +75,16 @@ PAPER_TABLE4 = {
   'dp:5': (0.29, 0.01),
   'dp:1': (0.00, 0.00),
 }
+# FILM Table 3 (GPT-2, WikiText-103, b = 16): repetitions of the beam
+# search -> (recall, precision) of ROUGE-L > 0.25, means over batches.
+PAPER_TABLE3 = {
+  1: (0.03, 0.50),
+  5: (0.13, 0.36),
+  10: (0.19, 0.28),
+  20: (0.25, 0.21),
+  50: (0.30, 0.12),
+  100: (0.34, 0.07),
+}
 GPT2_TINY = 'gpt2-tiny'  # --model value: a small GPT-2 trained from scratch
 
 
@@ -450,6 +460,12 @@ def attack_batch(
     multi = metrics.sentence_matching(texts, result.sentences)
     row['multi_recall'] = multi['recall']
     row['multi_precision'] = multi['precision']
+    # Table 3: the same after the first k repetitions.
+    row['multi_by_iter'] = {
+      str(k): metrics.sentence_matching(texts, result.sentences[:k])
+      for k in sorted({*PAPER_TABLE3, cfg.repetitions})
+      if k <= cfg.repetitions
+    }
   return row
 
 
@@ -697,6 +713,7 @@ def summarize(
     ' without one).\n\n'
     + io.markdown_table(header, table)
   )
+  md += _multi_sentence_table(rows, summary)
   examples = [r for r in rows if r.get('batch') == 0][:4]
   if examples:
     md += '\n## Examples (batch 0)\n\n'
@@ -709,6 +726,49 @@ def summarize(
   figures.append(_plot(rows))
   md += '\n![ROUGE and NERR vs batch size](film_vs_batch_size.png)\n'
   return summary, md, figures
+
+
+def _multi_sentence_table(rows: list[dict], summary: dict) -> str:
+  """Table 3 layout: multi-sentence recall/precision per repetition count.
+
+  Adds `multi_recall@b=B,iter=K` / `multi_precision@...` to `summary`.
+  """
+  by = {}
+  for r in rows:
+    for k, m in r.get('multi_by_iter', {}).items():
+      by.setdefault((r['b'], int(k)), []).append(m)
+  if not by:
+    return ''
+  table = []
+  for (b, k), ms in sorted(by.items()):
+    rec = np.array([m['recall'] for m in ms])
+    prec = np.array([m['precision'] for m in ms])
+    summary[io.summary_key('multi_recall', b=b, iter=k)] = float(rec.mean())
+    summary[io.summary_key('multi_precision', b=b, iter=k)] = float(
+      prec.mean()
+    )
+    paper = PAPER_TABLE3.get(k) if b == 16 else None
+    table.append(
+      [
+        b,
+        k,
+        len(ms),
+        f'{rec.mean():.2f} ± {rec.std():.2f}',
+        f'{prec.mean():.2f} ± {prec.std():.2f}',
+        f'{paper[0]:.2f} / {paper[1]:.2f}' if paper else '–',
+      ]
+    )
+  return (
+    '\n## Multi-sentence recovery (Sec. 4.5, Table 3 layout)\n\n'
+    'Recall: fraction of the batch with a recovered sentence of ROUGE-L >'
+    ' 0.25; precision: fraction of the recovered sentences with ROUGE-L >'
+    ' 0.25 against some sentence of the batch, after the first k beam'
+    ' searches. "paper": Table 3 (GPT-2, WikiText-103, b = 16).\n\n'
+    + io.markdown_table(
+      ['b', 'repetitions k', 'batches', 'recall', 'precision', 'paper R / P'],
+      table,
+    )
+  )
 
 
 def _plot(rows):

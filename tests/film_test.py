@@ -164,14 +164,23 @@ def test_experiment_early_stopping(tmp_path):
     },
     eval_every=1,
     early_stopping_patience=1,
+    repetitions=3,
   )
-  film_exp.run_experiment(cfg, tmp_path, progress=False)
+  summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
   state = json.loads(
     (tmp_path / 'train' / 'checkpoint' / 'train_state.json').read_text()
   )
   assert state['stopped_early'] and state['step'] < 8
   md = (tmp_path / 'summary.md').read_text()
   assert f't = {state["step"]} steps (early stopping)' in md
+  # Sec. 4.5 / Table 3: recall and precision after the first k searches.
+  (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
+  assert sorted(row['multi_by_iter'], key=int) == ['1', '3']
+  assert row['multi_by_iter']['3']['recall'] == row['multi_recall']
+  assert row['multi_by_iter']['1']['recall'] <= row['multi_recall']
+  assert 'multi_recall@b=2,iter=1' in summary
+  assert summary['multi_precision@b=2,iter=3'] == row['multi_precision']
+  assert '| 2 | 3 | 1 |' in md and 'Table 3' in md
 
 
 def test_experiment_bag_mode_with_defenses(tmp_path):
