@@ -181,6 +181,11 @@ def test_experiment_early_stopping(tmp_path):
   assert 'multi_recall@b=2,iter=1' in summary
   assert summary['multi_precision@b=2,iter=3'] == row['multi_precision']
   assert '| 2 | 3 | 1 |' in md and 'Table 3' in md
+  # --attack_best: the lowest-eval-loss parameters (here the initial ones).
+  best = dataclasses.replace(cfg, attack_best=True, repetitions=1)
+  film_exp.run_experiment(best, tmp_path / 'best', progress=False)
+  md = (tmp_path / 'best' / 'summary.md').read_text()
+  assert f'attacked at step {state["best"]["step"]} (lowest eval loss)' in md
 
 
 def test_experiment_bag_mode_with_defenses(tmp_path):
