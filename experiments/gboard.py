@@ -97,10 +97,13 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
                        'Skip E with n_k * E above this (compute budget).',
                        **d)
   flags.DEFINE_float('learning_rate', 1e-3, 'Client SGD η (Sec. 4.1).', **d)
-  flags.DEFINE_enum('loss', 'sentence_sum', ['sentence_sum', 'token_mean'],
+  flags.DEFINE_enum('loss', 'sentence_sum',
+                    ['sentence_sum', 'token_mean', 'batch_sum'],
                     'Client loss: per-sentence sum over words (Sec. 3.1)'
-                    ' averaged over the batch, or the token mean of'
-                    ' fl.client_update.', **d)
+                    ' averaged over the batch, the token mean of'
+                    ' fl.client_update, or the sum over words and batch'
+                    ' (a Keras reduction=SUM; Table 1 cannot tell it from'
+                    ' sentence_sum, B = 1 there).', **d)
   flags.DEFINE_list('dpsgd_sigmas', ['0.001', '0.01', '0.1'],
                     'σ of DPSGD-like noise (Algorithm 3).', **d)
   flags.DEFINE_list('dpsgd_runs', ['16:full', '64:32:100'],
@@ -422,7 +425,9 @@ def trajectory(model, params0, ids, cfg: Config, *, batch: str,
   3) with E epochs.
   """
   n_k, length = ids.shape[0], ids.shape[1] - 1
-  per_sentence = length if cfg.loss == 'sentence_sum' else 1
+  per_sentence = {'sentence_sum': length, 'token_mean': 1,
+                  'batch_sum': length * (_batch_size(batch, n_k) or n_k),
+                  }[cfg.loss]
   update = _update_fn()
   bare = model.replace(params=None)
   params, done = params0, 0

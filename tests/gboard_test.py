@@ -3,6 +3,7 @@
 import functools
 import json
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -427,6 +428,28 @@ def test_client_config_emulates_sentence_sum_loss():
   assert config.learning_rate * config.defense.step_noise_std == \
       pytest.approx(1e-3 * 0.1)
   assert config.defense.update_noise_std == 0.01
+
+
+@pytest.mark.parametrize('batch', ['full', '4'])
+def test_batch_sum_loss_is_sentence_sum_with_eta_times_batch(batch):
+  from experiments import gboard as experiment  # noqa: PLC0415
+  model, ids = _model(), _sentences(8)
+  per_batch = 8 if batch == 'full' else 4
+
+  def theta1(loss, eta):
+    cfg = types.SimpleNamespace(loss=loss, learning_rate=eta)
+    (_, params), = experiment.trajectory(
+        model, model.params, ids, cfg, batch=batch, step_noise=0.0,
+        epochs=(2,), key=jax.random.key(0))
+    return params
+
+  summed = theta1('batch_sum', ETA)
+  expected = theta1('sentence_sum', ETA * per_batch)
+  moved = theta1('sentence_sum', ETA)
+  for a, b in zip(jax.tree.leaves(summed), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  assert not all(np.allclose(a, c) for a, c in zip(
+      jax.tree.leaves(summed), jax.tree.leaves(moved)))
 
 
 # ------------------------------------------------------------------ keeping
