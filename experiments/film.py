@@ -327,11 +327,14 @@ def make_defense(
 # One jitted client step for the whole run (a fresh `jax.jit` per batch
 # would re-trace the model every time).
 _CLIENT_GRADIENT = jax.jit(
-  fl.client_gradient, static_argnames=('model', 'defense')
+  fl.client_gradient, static_argnames=('model', 'defense', 'microbatch')
 )
 
 
-def client_gradient(model, params, texts: Sequence[str], defense, key):
+def client_gradient(
+  model, params, texts: Sequence[str], defense, key, microbatch=None
+):
+  """The client's FedSGD gradient of `texts`, `microbatch` rows at a time."""
   ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
   return (
     _CLIENT_GRADIENT(
@@ -341,6 +344,7 @@ def client_gradient(model, params, texts: Sequence[str], defense, key):
       jnp.asarray(mask),
       defense=defense,
       key=key,
+      microbatch=microbatch or None,
     ),
     ids,
     mask,
@@ -412,7 +416,16 @@ def sweep_points(cfg: FilmExperimentConfig) -> list[dict[str, Any]]:
 
 
 def attack_batch(
-  model, params, texts, point, cfg, *, num_train, index, mesh=None
+  model,
+  params,
+  texts,
+  point,
+  cfg,
+  *,
+  num_train,
+  index,
+  mesh=None,
+  microbatch=None,
 ):
   """One attacked batch -> a results row."""
   b = point['b']
@@ -422,7 +435,9 @@ def attack_batch(
     model, point.get('defense', 'none'), cfg, num_train=num_train, b=b
   )
   start = time.perf_counter()
-  grads, ids, mask = client_gradient(model, params, texts, defense, key)
+  grads, ids, mask = client_gradient(
+    model, params, texts, defense, key, microbatch
+  )
   grad_s = time.perf_counter() - start
   fcfg = film_config(cfg, point['beams'], point['ngram'], point['beta'])
   start = time.perf_counter()
@@ -472,7 +487,9 @@ def attack_batch(
   return row
 
 
-def bag_batch(model, params, texts, b, cfg, *, num_train, index):
+def bag_batch(
+  model, params, texts, b, cfg, *, num_train, index, microbatch=None
+):
   """Bag-only rows (one per defense x method) for one batch."""
   rows = []
   key = jax.random.fold_in(
@@ -481,7 +498,9 @@ def bag_batch(model, params, texts, b, cfg, *, num_train, index):
   for spec in cfg.defenses:
     defense, noise = make_defense(model, spec, cfg, num_train=num_train, b=b)
     start = time.perf_counter()
-    grads, ids, mask = client_gradient(model, params, texts, defense, key)
+    grads, ids, mask = client_gradient(
+    model, params, texts, defense, key, microbatch
+  )
     grad_s = time.perf_counter() - start
     truth = true_tokens(ids, mask)
     kind, _ = parse_defense(spec)
@@ -818,11 +837,14 @@ def run_experiment(
   *,
   progress: bool = True,
   mesh=None,
+  microbatch: int | None = None,
 ) -> dict[str, float]:
   """Runs (or resumes) the experiment; returns the summary.
 
   `mesh` (`--mesh`) splits the beams and reorder candidates over devices;
-  it does not change the results, so it is not part of `cfg`.
+  `microbatch` (`--grad_microbatch`) computes the client gradient that many
+  sentences at a time (bounded memory). Neither changes the results (up to
+  float rounding), so they are not part of `cfg`.
   """
   workdir = Path(workdir)
   writer = io.ExperimentWriter(workdir, cfg)
@@ -911,6 +933,7 @@ def run_experiment(
             num_train=len(train_texts),
             index=index,
             mesh=mesh,
+            microbatch=microbatch,
           )
         ]
       else:
@@ -922,6 +945,7 @@ def run_experiment(
           cfg,
           num_train=len(train_texts),
           index=index,
+          microbatch=microbatch,
         )
       for row in rows:
         writer.add_result(row)
@@ -1007,6 +1031,13 @@ def define_flags() -> None:
     d.early_stopping_patience,
     'Stop after this many evaluations without a lower eval loss (FILM Sec.'
     ' 6.1: 1); 0: train all train_steps.',
+  )
+  flags.DEFINE_integer(
+    'grad_microbatch',
+    32,
+    'Compute the client gradient this many sentences at a time (memory of'
+    ' one chunk: SmolLM2 at b = 128 needs ~16 GB in one pass); 0: one pass.'
+    ' Same gradient up to float rounding; not part of the config.',
   )
   flags.DEFINE_bool(
     'attack_best',
@@ -1139,7 +1170,12 @@ def main(argv):
   sharding.check_data_axis(mesh)
   cfg = config_from_flags()
   start = time.perf_counter()
-  summary = run_experiment(cfg, flags.FLAGS.workdir, mesh=mesh)
+  summary = run_experiment(
+    cfg,
+    flags.FLAGS.workdir,
+    mesh=mesh,
+    microbatch=flags.FLAGS.grad_microbatch or None,
+  )
   print((Path(flags.FLAGS.workdir) / 'summary.md').read_text())
   print(
     f'Wrote {flags.FLAGS.workdir}/summary.json ({len(summary)} keys) in'

@@ -148,6 +148,16 @@ def test_experiment_smoke_and_resume(tmp_path):
   again = film_exp.run_experiment(cfg, tmp_path, progress=False)
   assert again == summary
   assert len((tmp_path / 'results.jsonl').read_text().splitlines()) == 1
+  # --grad_microbatch: the gradient one sentence at a time, same attack.
+  chunked = film_exp.run_experiment(
+    cfg, tmp_path / 'chunked', progress=False, microbatch=1
+  )
+  (row,) = [
+    json.loads(x) for x in (tmp_path / 'chunked' / 'results.jsonl').open()
+  ]
+  assert row['recovered'] == rows[0]['recovered']
+  assert row['bag_size'] == rows[0]['bag_size']
+  assert chunked['rougeL@b=2'] == summary['rougeL@b=2']
 
 
 def test_experiment_early_stopping(tmp_path):

@@ -172,7 +172,9 @@ def _batch_loss(model: Model, dropout: bool, params, ids, mask, weights, key):
 
 def defended_gradient(model: Model, defense: Defense, dropout: bool,
                       part: Partition, train: PyTree, frozen: list, ids, mask,
-                      weights, *, key) -> tuple[jax.Array, PyTree]:
+                      weights, *, key,
+                      microbatch: int | None = None
+                      ) -> tuple[jax.Array, PyTree]:
   """Loss and per-step gradient (trainable tree) of one batch.
 
   Applies the per-step defenses: DP-SGD (clip, sum, noise, average) and
@@ -189,6 +191,11 @@ def defended_gradient(model: Model, defense: Defense, dropout: bool,
     mask: int32 `[B, T]`.
     weights: float32 `[B]`, 1 for real rows, 0 for filler slots.
     key: the step key.
+    microbatch: without DP-SGD, accumulate the gradient over chunks of
+      this many rows (a `lax.scan`), so that memory grows with the chunk,
+      not the batch; the result is the same mean-token-loss gradient up to
+      float rounding (dropout draws differ). None: one pass. DP-SGD has its
+      own `Defense.dp_microbatch`.
 
   Returns:
     `(loss, grads)`: float32 scalar and a trainable-tree gradient.
@@ -203,6 +210,9 @@ def defended_gradient(model: Model, defense: Defense, dropout: bool,
     loss, grads = _dp_sgd_gradient(loss_of, defense, train, ids, mask,
                                    weights, noise_key=jax.random.fold_in(
                                        noise_key, 0), dropout_key=dropout_key)
+  elif microbatch and microbatch < ids.shape[0]:
+    loss, grads = _accumulated_gradient(loss_of, microbatch, train, ids, mask,
+                                        weights, dropout_key)
   else:
     loss, grads = jax.value_and_grad(loss_of)(train, ids, mask, weights,
                                               dropout_key)
@@ -210,6 +220,46 @@ def defended_gradient(model: Model, defense: Defense, dropout: bool,
     noise = defenses_lib.gaussian_noise_like(
         grads, defense.step_noise_std, key=jax.random.fold_in(noise_key, 1))
     grads = jax.tree.map(jnp.add, grads, noise)
+  return loss, grads
+
+
+def _accumulated_gradient(loss_of, chunk: int, train, ids, mask, weights,
+                          dropout_key):
+  """The mean-token-loss gradient of `[B, T]`, `chunk` rows at a time.
+
+  Each chunk's mean loss and gradient are weighted by its share of the
+  batch's real target tokens (`lm_loss` counts `mask[:, 1:]` of the rows
+  with weight 1), so the sum is the gradient of the whole batch's mean.
+  """
+  b = ids.shape[0]
+  num_chunks = -(-b // chunk)
+  pad = num_chunks * chunk - b
+  if pad:  # filler rows copy row 0 with weight 0: no tokens, zero gradient
+    ids = jnp.concatenate([ids, jnp.repeat(ids[:1], pad, axis=0)])
+    mask = jnp.concatenate([mask, jnp.repeat(mask[:1], pad, axis=0)])
+    weights = jnp.concatenate([weights, jnp.zeros((pad,), weights.dtype)])
+  tokens = mask[:, 1:].astype(jnp.float32).sum(1) * weights  # [B + pad]
+
+  def chunked(x):  # [num_chunks * chunk, ...] -> [num_chunks, chunk, ...]
+    return x.reshape((num_chunks, chunk) + x.shape[1:])
+
+  total = jnp.maximum(tokens.sum(), 1.0)
+  shares = chunked(tokens).sum(1) / total  # [num_chunks]
+  keys = jax.random.split(dropout_key, num_chunks)
+  value_and_grad = jax.value_and_grad(loss_of)
+
+  def step(carry, xs):
+    grad_acc, loss_acc = carry
+    ids_c, mask_c, w_c, share, k = xs
+    loss, grads = value_and_grad(train, ids_c, mask_c, w_c, k)
+    grad_acc = jax.tree.map(lambda a, g: a + share.astype(g.dtype) * g,
+                            grad_acc, grads)
+    return (grad_acc, loss_acc + share * loss), None
+
+  init = (jax.tree.map(jnp.zeros_like, train), jnp.zeros((), jnp.float32))
+  (grads, loss), _ = lax.scan(
+      step, init,
+      (chunked(ids), chunked(mask), chunked(weights), shares, keys))
   return loss, grads
 
 
@@ -291,7 +341,8 @@ def split_client_key(key) -> tuple[jax.Array, jax.Array, jax.Array]:
 # -------------------------------------------------------------- FedSGD
 def client_gradient(model: Model, params: PyTree, ids, mask=None, *,
                     defense: Defense = NO_DEFENSE, key=None,
-                    dropout: bool = False) -> PyTree:
+                    dropout: bool = False,
+                    microbatch: int | None = None) -> PyTree:
   """FedSGD: the gradient a client sends for one padded batch of sentences.
 
   ∇θ of the mean next-token loss over the real target tokens of the batch
@@ -306,6 +357,10 @@ def client_gradient(model: Model, params: PyTree, ids, mask=None, *,
     defense: the client's defense.
     key: PRNG key, needed when the defense adds noise or with dropout.
     dropout: use the model's training dropout.
+    microbatch: compute the gradient this many sentences at a time (same
+      gradient up to float rounding, memory of one chunk; e.g. SmolLM2-135M
+      at b = 128 x 40 tokens needs ~16 GB in one pass on CPU). None: one
+      pass. Ignored under DP-SGD (see `Defense.dp_microbatch`).
 
   Returns:
     The transmitted gradient, a pytree like `params` (exactly zero on frozen
@@ -321,9 +376,12 @@ def client_gradient(model: Model, params: PyTree, ids, mask=None, *,
   part = Partition.of(params, defense.frozen)
   train, frozen = part.split(params)
   weights = jnp.ones((ids.shape[0],), jnp.float32)
+  if microbatch is not None and microbatch < 1:
+    raise LeakjaxError(f'microbatch must be >= 1, got {microbatch}')
   _, grads = defended_gradient(model, defense, dropout, part, train, frozen,
                                ids, mask, weights,
-                               key=jax.random.fold_in(step_key, 0))
+                               key=jax.random.fold_in(step_key, 0),
+                               microbatch=microbatch)
   grads = transmit(grads, defense, key=transmit_key)
   return part.merge(grads, part.zeros_for_frozen(frozen))
 
