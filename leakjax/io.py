@@ -75,6 +75,25 @@ def summary_key(metric: str, **params: Any) -> str:
   return f'{metric}@{inner}'
 
 
+def _added_default_fields(config: Any, stored: Mapping[str, Any]) -> set[str]:
+  """Fields of dataclass `config` missing from `stored`, at their default."""
+  if not dataclasses.is_dataclass(config):
+    return set()
+  added = set()
+  for f in dataclasses.fields(config):
+    if f.name in stored:
+      continue
+    if f.default is not dataclasses.MISSING:
+      default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+      default = f.default_factory()
+    else:
+      continue
+    if getattr(config, f.name) == default:
+      added.add(f.name)
+  return added
+
+
 class ExperimentWriter:
   """The one writer of an experiment's workdir (see module docstring)."""
 
@@ -84,7 +103,12 @@ class ExperimentWriter:
 
     Args:
       workdir: the output folder.
-      config: the run's config (a dataclass or dict), written once.
+      config: the run's config (a dataclass or dict), written once. A
+        workdir whose config differs refuses to resume, except for fields
+        the stored config lacks that are at their dataclass default: a run
+        made before a field was added resumes (leakjax adds config fields
+        with defaults that keep the old behaviour), and config.json is
+        rewritten with them.
       enabled: whether this process writes; default: only JAX process 0, so
         on a multi-host pod every host runs the same code and one writes.
     """
@@ -102,6 +126,10 @@ class ExperimentWriter:
     cfg_path = self.workdir / 'config.json'
     if cfg_path.exists():
       old = json.loads(cfg_path.read_text())
+      added = _added_default_fields(config, old)
+      if added and old == {k: v for k, v in cfg.items() if k not in added}:
+        atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
+        old = cfg
       if old != cfg:
         changed = sorted(k for k in set(old) | set(cfg)
                          if old.get(k) != cfg.get(k))

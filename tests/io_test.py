@@ -1,5 +1,6 @@
 """Tests for leakjax.io and leakjax.errors."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -94,3 +95,28 @@ def test_atomic_write_makes_readable_files(tmp_path):
   path = tmp_path / 'summary.json'
   io.atomic_write_text(path, '{}')
   assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_resume_accepts_fields_added_at_their_default(tmp_path):
+  @dataclasses.dataclass(frozen=True)
+  class Old:
+    b: int = 4
+
+  @dataclasses.dataclass(frozen=True)
+  class New:
+    b: int = 4
+    patience: int = 0
+    sizes: tuple[int, ...] = (1, 2)
+
+  io.ExperimentWriter(tmp_path, Old()).add_result({'b': 4})
+  w = io.ExperimentWriter(tmp_path, New())  # a field added since: resumes
+  assert w.done(b=4) is not None
+  assert json.loads((tmp_path / 'config.json').read_text()) == {
+      'b': 4, 'patience': 0, 'sizes': [1, 2]}
+  io.ExperimentWriter(tmp_path, New())
+  other = tmp_path / 'other'
+  io.ExperimentWriter(other, Old())
+  with pytest.raises(LeakjaxError, match='changed: patience'):
+    io.ExperimentWriter(other, New(patience=1))  # not the default: refused
+  with pytest.raises(LeakjaxError, match='changed: b'):
+    io.ExperimentWriter(other, New(b=8))
