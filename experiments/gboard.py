@@ -597,6 +597,11 @@ def attack(model, params0, params1, ds: Dataset, cfg: Config, *,
   mask = np.asarray(gboard.recover_words(z, thr, candidates) & (delta > 0))
   row['stouffer_f1'] = gboard.word_metrics(
       [vocab[k] for k in np.flatnonzero(mask)], ds.true_words, vocab_set).f1
+  # The best F1 over all cuts of that score among rising biases (uses the
+  # truth; tells a weak score from a weak cut).
+  z_rose = np.where(np.asarray(delta) > 0, np.asarray(z), -np.inf)
+  row['stouffer_oracle_f1'] = gboard.oracle_threshold(
+      z_rose, vocab, ds.true_words, np.asarray(candidates))[1]
   rule = cfg.threshold_rule
   row.update(f1=row[f'{rule}_f1'], f1_upper=row[f'{rule}_f1_upper'],
              precision=row[f'{rule}_precision'],

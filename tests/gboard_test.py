@@ -589,6 +589,9 @@ def test_experiment_smoke(tmp_path):
           .splitlines()]
   assert {(r['B'], r['noise']) for r in rows} == {
       ('full', 'none'), ('full', 'single'), ('8', 'dpsgd')}
+  # The oracle cut of the combined score beats its FDR cut (same score).
+  for r in rows:
+    assert r['stouffer_f1'] <= r['stouffer_oracle_f1'] + 1e-12 <= 1 + 1e-12
   # Client sentences never reach pre-training.
   corpora = experiment.load_corpora(cfg)
   pool = set(corpora.pool)
