@@ -223,6 +223,21 @@ def defended_gradient(model: Model, defense: Defense, dropout: bool,
   return loss, grads
 
 
+def _pad_rows(ids, mask, weights, chunk: int):
+  """Pads the rows to a multiple of `chunk`; returns them and the count.
+
+  Filler rows copy row 0 with weight 0: no tokens, zero gradient.
+  """
+  b = ids.shape[0]
+  num_chunks = -(-b // chunk)
+  pad = num_chunks * chunk - b
+  if pad:
+    ids = jnp.concatenate([ids, jnp.repeat(ids[:1], pad, axis=0)])
+    mask = jnp.concatenate([mask, jnp.repeat(mask[:1], pad, axis=0)])
+    weights = jnp.concatenate([weights, jnp.zeros((pad,), weights.dtype)])
+  return ids, mask, weights, num_chunks
+
+
 def _accumulated_gradient(loss_of, chunk: int, train, ids, mask, weights,
                           dropout_key):
   """The mean-token-loss gradient of `[B, T]`, `chunk` rows at a time.
@@ -231,13 +246,7 @@ def _accumulated_gradient(loss_of, chunk: int, train, ids, mask, weights,
   batch's real target tokens (`lm_loss` counts `mask[:, 1:]` of the rows
   with weight 1), so the sum is the gradient of the whole batch's mean.
   """
-  b = ids.shape[0]
-  num_chunks = -(-b // chunk)
-  pad = num_chunks * chunk - b
-  if pad:  # filler rows copy row 0 with weight 0: no tokens, zero gradient
-    ids = jnp.concatenate([ids, jnp.repeat(ids[:1], pad, axis=0)])
-    mask = jnp.concatenate([mask, jnp.repeat(mask[:1], pad, axis=0)])
-    weights = jnp.concatenate([weights, jnp.zeros((pad,), weights.dtype)])
+  ids, mask, weights, num_chunks = _pad_rows(ids, mask, weights, chunk)
   tokens = mask[:, 1:].astype(jnp.float32).sum(1) * weights  # [B + pad]
 
   def chunked(x):  # [num_chunks * chunk, ...] -> [num_chunks, chunk, ...]
@@ -273,12 +282,7 @@ def _dp_sgd_gradient(loss_of, defense: Defense, train, ids, mask, weights, *,
   """
   b = ids.shape[0]
   chunk = min(defense.dp_microbatch or b, b)
-  num_chunks = -(-b // chunk)
-  pad = num_chunks * chunk - b
-  if pad:  # filler rows copy row 0 with weight 0: zero gradient
-    ids = jnp.concatenate([ids, jnp.repeat(ids[:1], pad, axis=0)])
-    mask = jnp.concatenate([mask, jnp.repeat(mask[:1], pad, axis=0)])
-    weights = jnp.concatenate([weights, jnp.zeros((pad,), weights.dtype)])
+  ids, mask, weights, num_chunks = _pad_rows(ids, mask, weights, chunk)
   dropout_keys = jax.random.split(dropout_key, num_chunks * chunk)
 
   def example_loss(train, ids1, mask1, w1, k):
