@@ -344,7 +344,7 @@ def client_gradient(
       jnp.asarray(mask),
       defense=defense,
       key=key,
-      microbatch=microbatch or None,
+      microbatch=microbatch,
     ),
     ids,
     mask,
@@ -475,15 +475,14 @@ def attack_batch(
     'attack_seconds': attack_s,
   }
   if cfg.repetitions > 1:
-    multi = metrics.sentence_matching(texts, result.sentences)
-    row['multi_recall'] = multi['recall']
-    row['multi_precision'] = multi['precision']
-    # Table 3: the same after the first k repetitions.
-    row['multi_by_iter'] = {
-      str(k): metrics.sentence_matching(texts, result.sentences[:k])
-      for k in sorted({*PAPER_TABLE3, cfg.repetitions})
-      if k <= cfg.repetitions
-    }
+    # Table 3: recall/precision after the first k repetitions, and all.
+    reps = len(result.sentences)
+    by_count = metrics.sentence_matching_by_count(
+      texts, result.sentences, sorted({k for k in PAPER_TABLE3 if k < reps} | {reps})
+    )
+    row['multi_recall'] = by_count[reps]['recall']
+    row['multi_precision'] = by_count[reps]['precision']
+    row['multi_by_iter'] = {str(k): m for k, m in by_count.items()}
   return row
 
 
@@ -499,8 +498,8 @@ def bag_batch(
     defense, noise = make_defense(model, spec, cfg, num_train=num_train, b=b)
     start = time.perf_counter()
     grads, ids, mask = client_gradient(
-    model, params, texts, defense, key, microbatch
-  )
+      model, params, texts, defense, key, microbatch
+    )
     grad_s = time.perf_counter() - start
     truth = true_tokens(ids, mask)
     kind, _ = parse_defense(spec)
@@ -892,11 +891,11 @@ def run_experiment(
     extra['stopped_early'] = result.stopped_early
     if cfg.attack_best and result.best_eval:
       extra['attacked_step'] = int(result.best_eval['step'])
-    if result.best_eval:
+    if 'attacked_step' in extra:
+      extra['eval_ppl'] = result.best_eval['perplexity']
+    elif result.best_eval:
       evals = [h for h in result.history if 'eval_perplexity' in h]
       extra['eval_ppl'] = evals[-1]['eval_perplexity'] if evals else None
-      if 'attacked_step' in extra:
-        extra['eval_ppl'] = result.best_eval['perplexity']
   if len(train_texts) < max(cfg.batch_sizes):
     raise LeakjaxError(
       f'{len(train_texts)} training sentences, fewer than'
@@ -1166,8 +1165,7 @@ def config_from_flags() -> FilmExperimentConfig:
 
 def main(argv):
   del argv
-  mesh = sharding.make_mesh(flags.FLAGS.mesh) if flags.FLAGS.mesh else None
-  sharding.check_data_axis(mesh)
+  mesh = sharding.data_mesh(flags.FLAGS.mesh)
   cfg = config_from_flags()
   start = time.perf_counter()
   summary = run_experiment(

@@ -92,6 +92,22 @@ def test_sentence_matching_table3_definitions():
   }
 
 
+def test_sentence_matching_by_count_is_matching_of_each_prefix():
+  originals = [
+    'alpha beta gamma delta',
+    'one two three four',
+    'red green blue yellow',
+  ]
+  preds = ['alpha beta gamma delta', 'zzz yyy', 'one two three four']
+  out = metrics.sentence_matching_by_count(originals, preds, [1, 2, 3])
+  assert out[1] == {'recall': pytest.approx(1 / 3), 'precision': 1.0}
+  assert out[2] == {'recall': pytest.approx(1 / 3), 'precision': 0.5}
+  for k in (1, 2, 3):
+    assert out[k] == metrics.sentence_matching(originals, preds[:k])
+  with pytest.raises(LeakjaxError, match='count 4'):
+    metrics.sentence_matching_by_count(originals, preds, [4])
+
+
 def test_bag_precision_recall():
   assert metrics.bag_precision_recall([1, 2, 3, 4], [3, 4, 5]) == (0.5, 2 / 3)
   assert metrics.bag_precision_recall([], [1]) == (1.0, 0.0)

@@ -180,13 +180,37 @@ def sentence_matching(
     threshold, 'precision': fraction of predictions with ROUGE-L > threshold
     against some original}`.
   """
+  return sentence_matching_by_count(
+    originals, predictions, [len(predictions)], threshold
+  )[len(predictions)]
+
+
+def sentence_matching_by_count(
+  originals: Sequence[str],
+  predictions: Sequence[str],
+  counts: Iterable[int],
+  threshold: float = LEAK_THRESHOLD,
+) -> dict[int, dict[str, float]]:
+  """:func:`sentence_matching` of the first k predictions, for each k.
+
+  Table 3 reports the multi-sentence measures after k repetitions; the
+  ROUGE matrix is computed once for all k.
+  """
+  counts = list(counts)
   if not originals or not predictions:
-    return {'recall': 0.0, 'precision': 0.0}
+    return {k: {'recall': 0.0, 'precision': 0.0} for k in counts}
   hits = rouge_matrix(originals, predictions)['rougeL'] > threshold
-  return {
-    'recall': float(hits.any(1).mean()),
-    'precision': float(hits.any(0).mean()),
-  }
+  out = {}
+  for k in counts:
+    if not 0 < k <= len(predictions):
+      raise LeakjaxError(
+        f'count {k} is not in 1..{len(predictions)} (the predictions)'
+      )
+    out[k] = {
+      'recall': float(hits[:, :k].any(1).mean()),
+      'precision': float(hits[:, :k].any(0).mean()),
+    }
+  return out
 
 
 # -------------------------------------------------------------------- bag
@@ -217,4 +241,5 @@ __all__ = [
   'rouge',
   'rouge_matrix',
   'sentence_matching',
+  'sentence_matching_by_count',
 ]
