@@ -846,20 +846,7 @@ def config_from_flags() -> DifferentialConfig:
       top=f.top, seed=f.seed)
 
 
-def data_mesh(spec: str | None):
-  """`--mesh` as a mesh with a `'data'` axis; None without the flag.
-
-  Raises LeakjaxError (before any training) for a malformed spec, more
-  devices than are visible, or no `'data'` axis.
-  """
-  if not spec:
-    return None
-  mesh = sharding.make_mesh(spec)
-  if sharding.DATA_AXIS not in mesh.shape:
-    raise LeakjaxError(
-        f'--mesh {spec!r} has no {sharding.DATA_AXIS!r} axis',
-        'DS scoring and the DR search split candidates over data:N')
-  return mesh
+data_mesh = sharding.data_mesh  # `--mesh`; kept as this module's name
 
 
 def main(argv):

@@ -411,15 +411,6 @@ def _width_batches(
     yield rows, real, width
 
 
-def _mesh(spec: str | None):
-  """`--mesh=data:N` as a mesh (None: no sharding); errors from make_mesh."""
-  if not spec:
-    return None
-  mesh = sharding.make_mesh(spec)
-  sharding.check_data_axis(mesh)
-  return mesh
-
-
 def _shard(x, mesh):
   if mesh is None:
     return jnp.asarray(x)
@@ -555,7 +546,7 @@ def run_experiment(
   """Runs everything; returns the summary dict (also written to workdir)."""
   writer = io.ExperimentWriter(workdir, cfg)
   cache_dir = Path(cache_dir)
-  mesh = _mesh(cfg.mesh)
+  mesh = sharding.data_mesh(cfg.mesh)
   key = jax.random.key(cfg.seed)
   t_start = time.time()
   model = model if model is not None else models.load(cfg.model)

@@ -482,15 +482,7 @@ _RECONSTRUCT = jax.jit(gboard.reconstruct_sentences, static_argnums=0,
                        static_argnames=('length', 'bos_id'))
 
 
-def make_mesh(spec: str | None):
-  """`--mesh` as a device mesh; None (no sharding) when the flag is absent."""
-  if spec is None:
-    return None
-  mesh = sharding.make_mesh(spec)
-  if sharding.DATA_AXIS not in mesh.shape:
-    raise LeakjaxError(f'--mesh={spec} has no {sharding.DATA_AXIS!r} axis',
-                       f'write it as {sharding.DATA_AXIS}:N')
-  return mesh
+make_mesh = sharding.data_mesh  # `--mesh`; kept as this module's name
 
 
 def reconstruct_candidates(model, params0, params1, words: np.ndarray, *,

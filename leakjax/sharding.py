@@ -60,6 +60,23 @@ def make_mesh(spec: str | None = None, devices=None) -> Mesh:
   return Mesh(grid, tuple(names))
 
 
+def data_mesh(spec: str | None) -> Mesh | None:
+  """An experiment's `--mesh` flag: a mesh with a `'data'` axis, or None.
+
+  None or '' (flag absent) means no sharding. Raises LeakjaxError before
+  any work for a malformed spec, more devices than are visible, or a mesh
+  without a `'data'` axis (the experiments split candidates over it).
+  """
+  if not spec:
+    return None
+  mesh = make_mesh(spec)
+  if DATA_AXIS not in mesh.shape:
+    raise LeakjaxError(f'--mesh {spec!r} has no {DATA_AXIS!r} axis',
+                       f'write it as {DATA_AXIS}:N (candidates are split'
+                       ' over it)')
+  return mesh
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
   """Shards axis 0 over `'data'`, replicates the other axes."""
   return NamedSharding(mesh, PartitionSpec(DATA_AXIS, *([None] * (ndim - 1))))
