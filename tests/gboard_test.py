@@ -292,6 +292,82 @@ def test_auto_uses_rows_under_noise():
   assert auto.sum() - hits <= 0.1 * auto.sum()
 
 
+def _low_rank_noisy_update(seed=0):
+  """Local-DP-like update whose typed rows share two directions.
+
+  4000 words, D = 16, unit noise on every entry; 150 typed words rise by
+  ~0.7 in the bias and 3-8 along a 2-d subspace (the hidden states that
+  predicted them); 100 frequent untyped words drift down along -(1, ĥ)
+  by 2-6 noise scales, as the LSTM's do.
+  """
+  rng = np.random.default_rng(seed)
+  num, dim = 4000, 16
+  delta = rng.normal(size=num)
+  rows = rng.normal(size=(num, dim))
+  basis = np.linalg.qr(rng.normal(size=(dim, 2)))[0].T  # [2, D]
+  typed = np.arange(200, 350)
+  amp = rng.uniform(3, 8, len(typed))
+  mix = np.abs(rng.normal(size=(len(typed), 2))) + 0.3
+  mix /= np.linalg.norm(mix, axis=1, keepdims=True)
+  delta[typed] += 0.7
+  rows[typed] += amp[:, None] * (mix @ basis)
+  frequent = np.arange(2, 102)
+  drift = rng.uniform(2, 6, len(frequent))
+  hbar = basis.sum(0) / np.sqrt(2.0)
+  delta[frequent] -= 0.3 * drift
+  rows[frequent] -= drift[:, None] * hbar
+  scale = 1e-3
+  return (jnp.asarray(delta * scale, jnp.float32),
+          jnp.asarray(rows * scale, jnp.float32), set(typed.tolist()),
+          set(frequent.tolist()))
+
+
+def _f1(found: set, typed: set) -> float:
+  tp = len(found & typed)
+  return 2 * tp / (len(found) + len(typed))
+
+
+def test_mixture_finds_low_rank_signal_and_skips_drift():
+  delta, rows, typed, frequent = _low_rank_noisy_update()
+  cand = gboard.candidate_mask(delta.shape[0])
+  log_odds, post = gboard.mixture_word_posterior(delta, rows, cand)
+  assert not np.isfinite(np.asarray(log_odds)[:2]).any()  # non-candidates
+  assert float(post.sum()) == pytest.approx(len(typed), rel=0.15)
+  auto = set(np.flatnonzero(gboard.recover_words_auto(delta, rows,
+                                                      cand)).tolist())
+  assert _f1(auto, typed) >= 0.9
+  assert len(auto & frequent) <= 5
+  # The bias + all-entries chi-square it replaced does clearly worse.
+  z = ((delta - jnp.median(delta)) / gboard.robust_noise_scale(delta, cand)[1]
+       + gboard.row_update_scores(rows, cand)) / math.sqrt(2.0)
+  z = jnp.where(cand, z, -jnp.inf)
+  old = z > gboard.max_f1_cut(z, cand, delta > 0)
+  old = set(np.flatnonzero(old & (delta > 0)).tolist())
+  assert _f1(old, typed) < _f1(auto, typed) - 0.1
+  jitted = jax.jit(gboard.mixture_word_posterior)(delta, rows, cand)
+  np.testing.assert_allclose(jitted[1], post, atol=1e-4)
+
+
+def test_mixture_sees_no_signal_in_pure_noise():
+  rng = np.random.default_rng(7)
+  delta = jnp.asarray(rng.normal(0, 1e-3, 9502), jnp.float32)
+  rows = jnp.asarray(rng.normal(0, 1e-3, (9502, 96)), jnp.float32)
+  cand = gboard.candidate_mask(9502)
+  log_odds, post = gboard.mixture_word_posterior(delta, rows, cand)
+  assert float(post.sum()) == 0.0
+  assert math.isinf(float(gboard.expected_f1_cut(log_odds, post)))
+  # recover_words_auto falls back to the chi-square rule: ~nothing.
+  assert int(gboard.recover_words_auto(delta, rows, cand).sum()) <= 5
+
+
+def test_expected_f1_cut():
+  scores = jnp.asarray([5.0, 4.0, 3.0, 2.0, 1.0, -jnp.inf])
+  post = jnp.asarray([1.0, 1.0, 0.9, 0.1, 0.0, 0.0])
+  cut = float(gboard.expected_f1_cut(scores, post))
+  # Top 3: 2 * 2.9 / (3 + 3) = 0.967 beats top 2 (0.8) and top 4 (0.857).
+  assert 2.0 < cut < 3.0
+
+
 def test_bad_rule_raises():
   with pytest.raises(LeakjaxError):
     gboard.choose_threshold(jnp.zeros(4), 'magic')
