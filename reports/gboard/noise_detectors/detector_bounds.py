@@ -1,0 +1,143 @@
+"""How much of the σ = 0.1 word signal any per-word detector can reach.
+
+Reads θ0 and the saved θ1 snapshots of a finished
+`python -m experiments.gboard --flagfile=experiments/configs/gboard_sms.flags`
+run (no training), and writes `bounds.json` beside this file:
+
+* `genie_oracle`: a detector told every word's noise-free update vector
+  (bias + 96 row entries, from the noise-free run with the same n_k, B, E)
+  projects the noisy update on it; best single cut (chosen with the
+  truth). A reference, not a strict bound: absent words are projected on
+  their own noise-free drift, so frequent ones score high.
+* `mixture_rule` / `mixture_oracle`: `gboard.mixture_word_posterior` with
+  its no-oracle cut (`expected_f1_cut`) and with the best cut.
+* `stouffer_rule` / `stouffer_oracle`: the rule it replaced (bias z +
+  row chi-square, `max_f1_cut` among rising biases) and its best cut.
+* `lambda1_over_edge`: the leading eigenvalue of the standardised
+  (bias, row) updates in Marchenko-Pastur edges (the mixture's guard is 2).
+All F1 values are divided by the vocabulary upper bound.
+
+Usage (repository root):
+  python -m reports.gboard.noise_detectors.detector_bounds \
+      --flagfile=experiments/configs/gboard_sms.flags \
+      --workdir=/tmp/leakjax_gboard_sms5
+(`--bounds_settings`, `--bounds_out` and the experiment's flags select
+another run, e.g. the batch-summed loss of ../batch_sum.)
+"""
+import json
+import math
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from experiments import common
+from experiments import gboard as G
+from leakjax.attacks import gboard
+
+_SETTINGS = flags.DEFINE_string(
+    'bounds_settings', '16:full:1,50,100,1000;64:32:1,50,100;256:32:1,50,100',
+    'n_k:B:E,E,... groups with DPSGD-like σ = 0.1 and noise-free snapshots.')
+_OUT = flags.DEFINE_string('bounds_out', 'bounds.json',
+                           'Output file name, beside this script.')
+
+
+def _settings():
+  out = []
+  for group in _SETTINGS.value.split(';'):
+    n_k, batch, epochs = group.split(':')
+    out.append((int(n_k), batch, tuple(int(e) for e in epochs.split(','))))
+  return out
+
+
+def _f1(mask, truth, n_true):
+  tp = int((mask & truth).sum())
+  p = tp / max(int(mask.sum()), 1)
+  r = tp / n_true
+  return 0.0 if tp == 0 else 2 * p * r / (p + r)
+
+
+def _best_cut(score, truth, n_true, cand):
+  order = np.argsort(-np.where(cand, score, -np.inf))
+  hits = np.cumsum(truth[order])
+  k = np.arange(1, len(order) + 1)
+  f1 = 2 * hits / (k + n_true)
+  return float(f1[:int(cand.sum())].max())
+
+
+def main(argv):
+  del argv
+  cfg = G.config_from_flags(G.FLAGS)
+  workdir = Path(G.FLAGS.workdir)
+  corpora = G.load_corpora(cfg)
+  model, _ = G.pretrain(cfg, corpora, workdir)
+  params0, bare = model.params, model.replace(params=None)
+  tok = model.tokenizer
+  cand = np.asarray(gboard.candidate_mask(tok.vocab_size,
+                                          (tok.unk_id, tok.bos_id)))
+  index = {w: i for i, w in enumerate(tok.words)}
+  datasets = {d.n_k: d for d in G.make_datasets(cfg, corpora.pool, tok)}
+
+  def update(name, e):
+    p1 = G._load_params(workdir / 'snapshots' / f'{name}_E{e}.npz', params0)
+    return (np.asarray(gboard.bias_update(bare, params0, p1)),
+            np.asarray(gboard.output_rows_update(bare, params0, p1)))
+
+  out = {}
+  for n_k, batch, epochs in _settings():
+    ds = datasets[n_k]
+    truth = np.zeros(len(cand), bool)
+    for w in ds.true_words:
+      if w in index and cand[index[w]]:
+        truth[index[w]] = True
+    n_true = len(ds.true_words)
+    upper = _f1(truth, truth, n_true)
+    for e in epochs:
+      db, dw = update(f'n{n_k}_d0_B{batch}_dpsgd_0.1', e)
+      cb, cw = update(f'n{n_k}_d0_B{batch}_none_0', e)
+      steps = e * math.ceil(n_k / (n_k if batch == 'full' else int(batch)))
+      sigma = cfg.learning_rate * 0.1 * math.sqrt(steps)  # Algorithm 3
+      xn = np.concatenate([db[:, None], dw], 1) / sigma
+      xc = np.concatenate([cb[:, None], cw], 1) / sigma
+      unit = xc / (np.linalg.norm(xc, axis=1, keepdims=True) + 1e-12)
+      genie = _best_cut((xn * unit).sum(1), truth, n_true, cand)
+      d, r, c = jnp.asarray(db), jnp.asarray(dw), jnp.asarray(cand)
+      lo, post = gboard.mixture_word_posterior(d, r, c)
+      lo = np.asarray(lo)
+      rule = lo > float(gboard.expected_f1_cut(jnp.asarray(lo), post))
+      center, scale = gboard.robust_noise_scale(d, c)
+      z = np.asarray(((d - center) / scale
+                      + gboard.row_update_scores(r, c)) / math.sqrt(2.0))
+      rose = db > 0
+      zc = jnp.where(c, jnp.asarray(z), -jnp.inf)
+      old = (z > float(gboard.max_f1_cut(zc, c, jnp.asarray(rose)))) & rose
+      x = xn[cand] - np.median(xn[cand], 0)
+      x /= 1.4826 * np.median(np.abs(x))
+      lam = np.linalg.eigvalsh(x.T @ x / len(x))[-1]
+      edge = (1 + math.sqrt(x.shape[1] / len(x))) ** 2
+      key = f'n_k={n_k},B={batch},E={e}'
+      out[key] = {
+          'noise_std': sigma,
+          'genie_oracle': genie / upper,
+          'mixture_rule': _f1(rule & cand, truth, n_true) / upper,
+          # None where the guard saw no signal (every log-odds -inf).
+          'mixture_oracle': (_best_cut(lo, truth, n_true, cand) / upper
+                             if float(post.sum()) > 0 else None),
+          'mixture_kept': int(rule.sum()),
+          'stouffer_rule': _f1(old & cand, truth, n_true) / upper,
+          'stouffer_oracle': _best_cut(np.where(rose, z, -np.inf), truth,
+                                       n_true, cand) / upper,
+          'lambda1_over_edge': float(lam / edge),
+          'true_in_vocab': int(truth.sum()), 'f1_upper': upper}
+      print(key, {k: v if v is None else round(v, 3)
+                  for k, v in out[key].items()}, flush=True)
+  path = Path(__file__).with_name(_OUT.value)
+  path.write_text(json.dumps(out, indent=1, sort_keys=True) + '\n')
+  print(f'Wrote {path}')
+
+
+if __name__ == '__main__':
+  G.define_flags()
+  common.define_common_flags('/tmp/leakjax_gboard')
+  app.run(main)
