@@ -585,8 +585,7 @@ def attack(model, params0, params1, ds: Dataset, cfg: Config, *,
   row['num_rescued'] = int(gboard.rescued_words(delta, rows_update,
                                                 candidates).sum())
   # The bias + rows (Stouffer) branch of the auto rule on its own.
-  z = jnp.where(candidates, (delta - center) / scale
-                + gboard.row_update_scores(rows_update, candidates), -jnp.inf)
+  z = gboard.stouffer_scores(delta, rows_update, candidates)
   thr = gboard.choose_threshold(z, 'fdr', q=cfg.fdr_q, candidates=candidates)
   mask = np.asarray(gboard.recover_words(z, thr, candidates) & (delta > 0))
   row['stouffer_f1'] = gboard.word_metrics(

@@ -580,6 +580,37 @@ def drift_to_noise(delta: jax.Array,
   return (center - values[jnp.minimum(9, delta.shape[0] - 1)]) / scale
 
 
+def stouffer_scores(delta: jax.Array, rows: jax.Array,
+                    candidates: jax.Array | None = None) -> jax.Array:
+  """`(z_b + z_W) / sqrt(2)`: bias z-score and row chi-square z-score.
+
+  The robust bias z-score (:func:`robust_noise_scale`) and
+  :func:`row_update_scores` combined (Stouffer), N(0, 1) for an untyped
+  word under white noise; -inf at non-candidates.
+  """
+  if candidates is None:
+    candidates = jnp.ones(delta.shape, bool)
+  center, scale = robust_noise_scale(delta, candidates)
+  return jnp.where(
+      candidates, ((delta - center) / scale
+                   + row_update_scores(rows, candidates)) / math.sqrt(2.0),
+      -jnp.inf)
+
+
+def stouffer_words(delta: jax.Array, rows: jax.Array,
+                   candidates: jax.Array | None = None) -> jax.Array:
+  """bool `[vocab]`: :func:`stouffer_scores` cut by :func:`max_f1_cut`
+  among the words whose bias rose (the noisy-regime rule up to session 3,
+  now :func:`recover_words_auto`'s fallback when the mixture sees no
+  low-rank signal; on pure noise it keeps 0-5 of 9500 words)."""
+  if candidates is None:
+    candidates = jnp.ones(delta.shape, bool)
+  combined = stouffer_scores(delta, rows, candidates)
+  rose = delta > 0
+  thr = max_f1_cut(combined, candidates, rose)
+  return recover_words(combined, thr, candidates) & rose
+
+
 def _gaussian_loglik(y: jax.Array, mean: jax.Array, cov: jax.Array
                      ) -> jax.Array:
   """`log N(y; mean, cov)` up to the shared `-d/2 log 2π`, rows of y."""
@@ -675,6 +706,25 @@ def mixture_word_posterior(delta: jax.Array, rows: jax.Array,
   edge = (1.0 + jnp.sqrt(dim / n)) ** 2
   keep = (evals > edge) | (jnp.arange(dim) == 0)  # [dim], a prefix
   y = (x @ evecs) * keep  # the dropped directions are 0 for everyone
+
+  # The null is Gaussian white noise: per word, the mean square of the
+  # standardised entries is then chi2(dim) / dim; noise-free updates (drift
+  # only) put their 90th percentile at 100-20000 x that.
+  mean_sq = jnp.where(candidates, jnp.mean(x ** 2, 1), jnp.nan)
+  wh = 2.0 / (9.0 * dim)
+  chi2_q90 = (1.0 - wh + 1.2815516 * math.sqrt(wh)) ** 3  # Wilson-Hilferty
+  gaussian = jnp.nanquantile(mean_sq, 0.9) < 2.0 * chi2_q90
+  signal = (evals[0] > min_signal * edge) & gaussian
+  # Without a signal the answer is fixed: the EM below is skipped.
+  return lax.cond(signal, lambda: _fit_mixture(x, y, keep, candidates, n,
+                                               init_fraction, num_iters, tol),
+                  lambda: (jnp.full((num_words,), -jnp.inf),
+                           jnp.zeros((num_words,))))
+
+
+def _fit_mixture(x, y, keep, candidates, n, init_fraction, num_iters, tol):
+  """EM and scores of :func:`mixture_word_posterior` (steps 3-4)."""
+  dim = y.shape[1]
   eye = jnp.eye(dim)
   outer = keep[:, None] & keep[None, :]
 
@@ -727,17 +777,8 @@ def mixture_word_posterior(delta: jax.Array, rows: jax.Array,
   typed = (jnp.arange(3) > 0) & (mean_bias > 0)
   log_typed = jax.nn.logsumexp(jnp.where(typed, ll, -jnp.inf), 1)
   log_other = jax.nn.logsumexp(jnp.where(typed, -jnp.inf, ll), 1)
-  # The null is Gaussian white noise: per word, the mean square of the
-  # standardised entries is then chi2(dim) / dim; noise-free updates (drift
-  # only) put their 90th percentile at 100-20000 x that.
-  mean_sq = jnp.where(candidates, jnp.mean(x ** 2, 1), jnp.nan)
-  wh = 2.0 / (9.0 * dim)
-  chi2_q90 = (1.0 - wh + 1.2815516 * math.sqrt(wh)) ** 3  # Wilson-Hilferty
-  gaussian = jnp.nanquantile(mean_sq, 0.9) < 2.0 * chi2_q90
-  signal = (evals[0] > min_signal * edge) & gaussian
-  log_odds = jnp.where(candidates & signal, log_typed - log_other, -jnp.inf)
-  prob = jnp.where(candidates & signal,
-                   jnp.sum(jnp.where(typed, post, 0.0), 1), 0.0)
+  log_odds = jnp.where(candidates, log_typed - log_other, -jnp.inf)
+  prob = jnp.where(candidates, jnp.sum(jnp.where(typed, post, 0.0), 1), 0.0)
   return log_odds, prob
 
 
@@ -839,22 +880,17 @@ def recover_words_auto(delta: jax.Array, rows: jax.Array,
   else:
     fell = convexity_violations(delta, rows, rows0, bias0, candidates)
   bias_words = recover_words(delta, thr, candidates) | fell
-  log_odds, posterior = mixture_word_posterior(delta, rows, candidates)
-  mixture_words = log_odds > expected_f1_cut(log_odds, posterior)
-  # No low-dimensional signal (`mixture_word_posterior`'s guard): the
-  # bias z-score + row chi-square, cut among rising biases.
-  center, scale = robust_noise_scale(delta, candidates)
-  combined = jnp.where(
-      candidates, ((delta - center) / scale
-                   + row_update_scores(rows, candidates)) / math.sqrt(2.0),
-      -jnp.inf)
-  rose = delta > 0
-  thr = max_f1_cut(combined, candidates, rose)
-  stouffer_words = recover_words(combined, thr, candidates) & rose
   drift = drift_to_noise(delta, candidates)
-  fallback = jnp.where(drift > max_drift, bias_words, stouffer_words)
-  noisy = jnp.where(jnp.sum(posterior) > 0, mixture_words, fallback)
-  return jnp.where(drift > bias_first_drift, bias_words, noisy)
+
+  def noisy():
+    log_odds, posterior = mixture_word_posterior(delta, rows, candidates)
+    mixture = log_odds > expected_f1_cut(log_odds, posterior)
+    fallback = jnp.where(drift > max_drift, bias_words,
+                         stouffer_words(delta, rows, candidates))
+    return jnp.where(jnp.sum(posterior) > 0, mixture, fallback)
+
+  # Far above the noise the mixture is not looked at: skip its EM.
+  return lax.cond(drift > bias_first_drift, lambda: bias_words, noisy)
 
 
 # --------------------------------------------------- sentence generation

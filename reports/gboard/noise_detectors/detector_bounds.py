@@ -106,12 +106,9 @@ def main(argv):
       lo, post = gboard.mixture_word_posterior(d, r, c)
       lo = np.asarray(lo)
       rule = lo > float(gboard.expected_f1_cut(jnp.asarray(lo), post))
-      center, scale = gboard.robust_noise_scale(d, c)
-      z = np.asarray(((d - center) / scale
-                      + gboard.row_update_scores(r, c)) / math.sqrt(2.0))
+      old = np.asarray(gboard.stouffer_words(d, r, c))
+      z = np.asarray(gboard.stouffer_scores(d, r, c))
       rose = db > 0
-      zc = jnp.where(c, jnp.asarray(z), -jnp.inf)
-      old = (z > float(gboard.max_f1_cut(zc, c, jnp.asarray(rose)))) & rose
       x = xn[cand] - np.median(xn[cand], 0)
       x /= 1.4826 * np.median(np.abs(x))
       lam = np.linalg.eigvalsh(x.T @ x / len(x))[-1]
