@@ -62,15 +62,20 @@ class Workload:
   repeats: int
 
 
-QUICK = (
-    Workload('gpt2_tiny', gpt2.GPT2Config.tiny(), 64, 32, 8, 2, 7),
-)
+QUICK = (Workload('gpt2_tiny', gpt2.GPT2Config.tiny(), 64, 32, 8, 2, 7),)
 FULL = QUICK + (
-    Workload('gpt2_2x128', gpt2.GPT2Config.tiny(
-        n_layer=2, n_embd=128, n_head=4, vocab_size=2048), 128, 16, 16, 1, 5),
-    # GBoard's full-size CIFG-LSTM on 4-word sentences (GBoard Sec. 4.1),
-    # n_k = 256, B = 32 (Fig. 2b).
-    Workload('cifg_gboard', lstm.CIFGConfig.gboard(), 256, 8, 32, 1, 5),
+  Workload(
+    'gpt2_2x128',
+    gpt2.GPT2Config.tiny(n_layer=2, n_embd=128, n_head=4, vocab_size=2048),
+    128,
+    16,
+    16,
+    1,
+    5,
+  ),
+  # GBoard's full-size CIFG-LSTM on 4-word sentences (GBoard Sec. 4.1),
+  # n_k = 256, B = 32 (Fig. 2b).
+  Workload('cifg_gboard', lstm.CIFGConfig.gboard(), 256, 8, 32, 1, 5),
 )
 
 
@@ -122,8 +127,9 @@ def time_wall_and_cpu(fns, *, repeats: int, warmup: int = 1):
 def run_workload(w: Workload) -> dict:
   model = _init(w.model_config, jax.random.key(0))
   ids, mask = _data(model, w.num_sentences, w.seq_len)
-  config = fl.ClientConfig(epochs=w.epochs, batch_size=w.batch_size,
-                           learning_rate=1e-3)  # GBoard Sec. 4.1
+  config = fl.ClientConfig(
+    epochs=w.epochs, batch_size=w.batch_size, learning_rate=1e-3
+  )  # GBoard Sec. 4.1
   traces = []
 
   def traced_update(params, ids, mask, key):
@@ -131,26 +137,38 @@ def run_workload(w: Workload) -> dict:
     return fl.client_update(model, params, ids, mask, config, key=key)
 
   scan_fn = jax.jit(traced_update)
-  loop_fn = _reference.make_python_loop_client_update(model, model.params,
-                                                      config)
+  loop_fn = _reference.make_python_loop_client_update(
+    model, model.params, config
+  )
   key = jax.random.key(1)
   start = time.perf_counter()
   scan_result = jax.block_until_ready(scan_fn(model.params, ids, mask, key))
   scan_first = time.perf_counter() - start
   start = time.perf_counter()
-  loop_result = jax.block_until_ready(loop_fn(model.params, ids, mask,
-                                              key=key))
+  loop_result = jax.block_until_ready(loop_fn(model.params, ids, mask, key=key))
   loop_first = time.perf_counter() - start
-  max_abs_diff = max(jax.tree.leaves(jax.tree.map(
-      lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
-      scan_result.params, loop_result.params)))
+  max_abs_diff = max(
+    jax.tree.leaves(
+      jax.tree.map(
+        lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
+        scan_result.params,
+        loop_result.params,
+      )
+    )
+  )
 
-  seconds = time_wall_and_cpu({
+  seconds = time_wall_and_cpu(
+    {
       'scan': lambda: jax.block_until_ready(
-          scan_fn(model.params, ids, mask, key)),
+        scan_fn(model.params, ids, mask, key)
+      ),
       'loop': lambda: jax.block_until_ready(
-          loop_fn(model.params, ids, mask, key=key)),
-  }, repeats=w.repeats, warmup=1)
+        loop_fn(model.params, ids, mask, key=key)
+      ),
+    },
+    repeats=w.repeats,
+    warmup=1,
+  )
   steps = int(scan_result.losses.shape[0])
   sentences = w.epochs * w.num_sentences
   flops = 3.0 * _forward_flops_per_sentence(model, w.seq_len) * sentences
@@ -159,30 +177,29 @@ def run_workload(w: Workload) -> dict:
   scan_cpu = peak.median(seconds['scan']['cpu'])
   loop_cpu = peak.median(seconds['loop']['cpu'])
   return {
-      'workload': dataclasses.asdict(w) | {'model_config': repr(
-          w.model_config)},
-      'family': model.family,
-      'num_params': model.num_params,
-      'local_steps': steps,
-      'scan_first_call_s': scan_first,
-      'loop_first_call_s': loop_first,
-      'scan_seconds': seconds['scan']['wall'],
-      'loop_seconds': seconds['loop']['wall'],
-      'scan_cpu_seconds': seconds['scan']['cpu'],
-      'loop_cpu_seconds': seconds['loop']['cpu'],
-      'scan_median_s': scan_s,
-      'loop_median_s': loop_s,
-      'loop_over_scan': loop_s / scan_s,
-      'scan_median_cpu_s': scan_cpu,
-      'loop_median_cpu_s': loop_cpu,
-      'loop_over_scan_cpu': loop_cpu / scan_cpu,
-      'scan_ms_per_step': 1e3 * scan_s / steps,
-      'loop_ms_per_step': 1e3 * loop_s / steps,
-      'matmul_flops': flops,
-      'scan_flops_per_s': flops / scan_s,
-      'loop_flops_per_s': flops / loop_s,
-      'max_abs_diff_scan_vs_loop': max_abs_diff,
-      'scan_traces': len(traces),
+    'workload': dataclasses.asdict(w) | {'model_config': repr(w.model_config)},
+    'family': model.family,
+    'num_params': model.num_params,
+    'local_steps': steps,
+    'scan_first_call_s': scan_first,
+    'loop_first_call_s': loop_first,
+    'scan_seconds': seconds['scan']['wall'],
+    'loop_seconds': seconds['loop']['wall'],
+    'scan_cpu_seconds': seconds['scan']['cpu'],
+    'loop_cpu_seconds': seconds['loop']['cpu'],
+    'scan_median_s': scan_s,
+    'loop_median_s': loop_s,
+    'loop_over_scan': loop_s / scan_s,
+    'scan_median_cpu_s': scan_cpu,
+    'loop_median_cpu_s': loop_cpu,
+    'loop_over_scan_cpu': loop_cpu / scan_cpu,
+    'scan_ms_per_step': 1e3 * scan_s / steps,
+    'loop_ms_per_step': 1e3 * loop_s / steps,
+    'matmul_flops': flops,
+    'scan_flops_per_s': flops / scan_s,
+    'loop_flops_per_s': flops / loop_s,
+    'max_abs_diff_scan_vs_loop': max_abs_diff,
+    'scan_traces': len(traces),
   }
 
 
@@ -190,44 +207,52 @@ def run(quick: bool = True) -> dict:
   """Runs the workloads (QUICK or FULL) and returns the JSON-able result."""
   machine = peak.measure_peak(n=1024, repeats=3)
   results = [run_workload(w) for w in (QUICK if quick else FULL)]
-  rows = ['| workload | steps | scan (s) | loop (s) | loop/scan | loop/scan'
-          ' (CPU s) | scan GFLOP/s | max diff |',
-          '|---|---|---|---|---|---|---|---|']
+  rows = [
+    '| workload | steps | scan (s) | loop (s) | loop/scan | loop/scan'
+    ' (CPU s) | scan GFLOP/s | max diff |',
+    '|---|---|---|---|---|---|---|---|',
+  ]
   for r in results:
     rows.append(
-        f"| {r['workload']['name']} | {r['local_steps']} |"
-        f" {r['scan_median_s']:.4f} | {r['loop_median_s']:.4f} |"
-        f" {r['loop_over_scan']:.2f} | {r['loop_over_scan_cpu']:.2f} |"
-        f" {r['scan_flops_per_s'] / 1e9:.2f} |"
-        f" {r['max_abs_diff_scan_vs_loop']:.1e} |")
+      f'| {r["workload"]["name"]} | {r["local_steps"]} |'
+      f' {r["scan_median_s"]:.4f} | {r["loop_median_s"]:.4f} |'
+      f' {r["loop_over_scan"]:.2f} | {r["loop_over_scan_cpu"]:.2f} |'
+      f' {r["scan_flops_per_s"] / 1e9:.2f} |'
+      f' {r["max_abs_diff_scan_vs_loop"]:.1e} |'
+    )
   return {
-      'benchmark': BENCH,
-      'quick': quick,
-      'command': 'python -m benchmarks.client_update'
-                 + ('' if quick else ' --full') + ' --out=DIR',
-      'jax_version': jax.__version__,
-      'device': str(jax.devices()[0].device_kind),
-      'peak_flops_per_s': machine['peak_flops'],
-      'median_matmul_flops_per_s': machine['median_flops'],
-      'results': results,
-      'markdown': '\n'.join(rows),
+    'benchmark': BENCH,
+    'quick': quick,
+    'command': 'python -m benchmarks.client_update'
+    + ('' if quick else ' --full')
+    + ' --out=DIR',
+    'jax_version': jax.__version__,
+    'device': str(jax.devices()[0].device_kind),
+    'peak_flops_per_s': machine['peak_flops'],
+    'median_matmul_flops_per_s': machine['median_flops'],
+    'results': results,
+    'markdown': '\n'.join(rows),
   }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--full', action='store_true',
-                      help='also the larger GPT-2 and the GBoard CIFG-LSTM')
-  parser.add_argument('--out', default=None,
-                      help=f'folder for {BENCH}.json')
+  parser.add_argument(
+    '--full',
+    action='store_true',
+    help='also the larger GPT-2 and the GBoard CIFG-LSTM',
+  )
+  parser.add_argument('--out', default=None, help=f'folder for {BENCH}.json')
   args = parser.parse_args(argv)
   result = run(quick=not args.full)
   print(result['markdown'])
   if args.out:
     from leakjax import io  # pylint: disable=g-import-not-at-top
+
     io.atomic_write_text(
-        Path(args.out) / f'{BENCH}.json',
-        json.dumps(io._jsonable(result), indent=2, sort_keys=True))  # pylint: disable=protected-access
+      Path(args.out) / f'{BENCH}.json',
+      json.dumps(io._jsonable(result), indent=2, sort_keys=True),
+    )  # pylint: disable=protected-access
 
 
 if __name__ == '__main__':

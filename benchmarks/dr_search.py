@@ -62,8 +62,10 @@ BOS = 1
 
 def make_models(vocab_size: int = 10_000):
   config = lstm.LSTMConfig.ptb_small(vocab_size)
-  return (lstm.init_model(config, key=jax.random.key(0)),
-          lstm.init_model(config, key=jax.random.key(1)))
+  return (
+    lstm.init_model(config, key=jax.random.key(0)),
+    lstm.init_model(config, key=jax.random.key(1)),
+  )
 
 
 def search_flops(config: lstm.LSTMConfig, widths: Sequence[int]) -> float:
@@ -74,9 +76,14 @@ def search_flops(config: lstm.LSTMConfig, widths: Sequence[int]) -> float:
   output layer's `2 * H * V` per model.
   """
   rows = 1 + sum(widths[:-1])
-  lstm_flops = sum(2.0 * (config.embed_dim if k == 0 else config.hidden_size)
-                   * 4 * config.hidden_size + 2.0 * config.hidden_size * 4
-                   * config.hidden_size for k in range(config.num_layers))
+  lstm_flops = sum(
+    2.0
+    * (config.embed_dim if k == 0 else config.hidden_size)
+    * 4
+    * config.hidden_size
+    + 2.0 * config.hidden_size * 4 * config.hidden_size
+    for k in range(config.num_layers)
+  )
   head = 2.0 * config.hidden_size * config.vocab_size
   return 2.0 * rows * (lstm_flops + head)
 
@@ -84,15 +91,20 @@ def search_flops(config: lstm.LSTMConfig, widths: Sequence[int]) -> float:
 # ----------------------------------------------------------- straightforward
 def make_next_probs(model, model_prime):
   """Jitted `(p, p') = next-token probabilities of one prefix [1, t]`."""
+
   @jax.jit
   def next_probs(params, params_prime, ids):
-    return (jax.nn.softmax(model.logits(params, ids)[0, -1]),
-            jax.nn.softmax(model_prime.logits(params_prime, ids)[0, -1]))
+    return (
+      jax.nn.softmax(model.logits(params, ids)[0, -1]),
+      jax.nn.softmax(model_prime.logits(params_prime, ids)[0, -1]),
+    )
+
   return next_probs
 
 
-def straightforward_search(next_probs, params, params_prime, context, widths,
-                           tokens=None):
+def straightforward_search(
+  next_probs, params, params_prime, context, widths, tokens=None
+):
   """Algorithm 1 with one model call per beam sequence (the peer).
 
   Returns:
@@ -119,8 +131,16 @@ def straightforward_search(next_probs, params, params_prime, context, widths,
   return beam, scores
 
 
-def straightforward_estimate(next_probs, params, params_prime, widths,
-                             vocab_size, *, sample: int, seed: int = 0):
+def straightforward_estimate(
+  next_probs,
+  params,
+  params_prime,
+  widths,
+  vocab_size,
+  *,
+  sample: int,
+  seed: int = 0,
+):
   """Extrapolated seconds of the full straightforward search.
 
   Per step: `sample` model calls on random prefixes of the step's length,
@@ -175,16 +195,21 @@ def run(quick: bool = True) -> dict:
   length = 5
   widths = dlib.halving_widths(vocab, length)
   context = jnp.array([BOS], jnp.int32)
-  ours_fn = jax.jit(functools.partial(dlib.beam_search, model, model_prime,
-                                      widths=widths, length=length))
+  ours_fn = jax.jit(
+    functools.partial(
+      dlib.beam_search, model, model_prime, widths=widths, length=length
+    )
+  )
   run_ours = lambda: jax.block_until_ready(
-      ours_fn(model.params, model_prime.params, context))
+    ours_fn(model.params, model_prime.params, context)
+  )
   # First call = trace + compile + run: what a user waits for once.
   result, first_wall, first_cpu = _timed(run_ours)
   next_probs = make_next_probs(model, model_prime)
   for t in range(1, length + 1):  # compile every prefix length up front
-    jax.block_until_ready(next_probs(model.params, model_prime.params,
-                                     np.ones((1, t), np.int32)))
+    jax.block_until_ready(
+      next_probs(model.params, model_prime.params, np.ones((1, t), np.int32))
+    )
 
   # Interleaved repetitions: ours, then the peer (estimate or full run).
   repeats = 3 if quick else 2
@@ -195,12 +220,15 @@ def run(quick: bool = True) -> dict:
     ours_wall.append(w)
     ours_cpu.append(c)
     if quick:
-      w, c = straightforward_estimate(next_probs, model.params,
-                                      model_prime.params, widths, vocab,
-                                      sample=64)
+      w, c = straightforward_estimate(
+        next_probs, model.params, model_prime.params, widths, vocab, sample=64
+      )
     else:
-      peer_result, w, c = _timed(lambda: straightforward_search(
-          next_probs, model.params, model_prime.params, [BOS], widths))
+      peer_result, w, c = _timed(
+        lambda: straightforward_search(
+          next_probs, model.params, model_prime.params, [BOS], widths
+        )
+      )
     peer_wall.append(w)
     peer_cpu.append(c)
 
@@ -208,13 +236,16 @@ def run(quick: bool = True) -> dict:
   if quick:
     tokens = np.arange(2, 502, dtype=np.int32)
     small_widths = dlib.halving_widths(len(tokens), 3)
-    ours_small = dlib.ranked(jax.jit(functools.partial(
-        dlib.beam_search, model, model_prime, widths=small_widths,
-        length=3))(model.params, model_prime.params, context,
-                   jnp.asarray(tokens)))
+    ours_small = dlib.ranked(
+      jax.jit(
+        functools.partial(
+          dlib.beam_search, model, model_prime, widths=small_widths, length=3
+        )
+      )(model.params, model_prime.params, context, jnp.asarray(tokens))
+    )
     peer_seqs, peer_ds = straightforward_search(
-        next_probs, model.params, model_prime.params, [BOS], small_widths,
-        tokens)
+      next_probs, model.params, model_prime.params, [BOS], small_widths, tokens
+    )
     ours_seqs, ours_ds = ours_small.sequences[0], ours_small.ds[0]
     check = f'complete search over |T| = {len(tokens)}, widths {small_widths}'
   else:
@@ -228,70 +259,91 @@ def run(quick: bool = True) -> dict:
   med = peak.median
   flops = search_flops(model.config, widths)
   out = {
-      'benchmark': BENCH,
-      'quick': quick,
-      'command': 'python -m benchmarks.dr_search'
-                 + ('' if quick else ' --full') + ' --out=DIR',
-      'jax_version': jax.__version__,
-      'device': str(jax.devices()[0].device_kind),
-      'cpu_count': os.cpu_count(),
-      'load_average_before': load_before,
-      'load_average_after': os.getloadavg()[0],
-      'peak_flops_per_s': machine['peak_flops'],
-      'median_matmul_flops_per_s': machine['median_flops'],
-      'workload': {'model': 'LSTMConfig.ptb_small (2 x 200, V = 10,000)',
-                   'num_tokens': vocab, 'length': length,
-                   'widths': list(widths),
-                   'candidates_scored': int(vocab * (1 + sum(widths[:-1]))),
-                   'rows_decoded': int(1 + sum(widths[:-1]))},
-      'ours_first_call_s': first_wall,
-      'ours_first_call_cpu_s': first_cpu,
-      'ours_compile_s': max(first_wall - med(ours_wall), 0.0),
-      'ours_median_s': med(ours_wall),
-      'ours_median_cpu_s': med(ours_cpu),
-      'ours_seconds': ours_wall,
-      'straightforward_median_s': med(peer_wall),
-      'straightforward_median_cpu_s': med(peer_cpu),
-      'straightforward_seconds': peer_wall,
-      'straightforward_extrapolated': quick,
-      'speedup': med(peer_wall) / med(ours_wall),
-      'speedup_cpu': med(peer_cpu) / med(ours_cpu),
-      'bar_seconds': BAR_SECONDS,
-      'bar_met': bool(first_wall < BAR_SECONDS),
-      'search_flops': flops,
-      'ours_flops_per_s': flops / med(ours_wall),
-      'ours_flops_per_cpu_s': flops / med(ours_cpu),
-      'agreement': {'check': check, 'overlap': overlap,
-                    'top_match': top_match, 'max_abs_ds_diff': max_ds_diff},
+    'benchmark': BENCH,
+    'quick': quick,
+    'command': 'python -m benchmarks.dr_search'
+    + ('' if quick else ' --full')
+    + ' --out=DIR',
+    'jax_version': jax.__version__,
+    'device': str(jax.devices()[0].device_kind),
+    'cpu_count': os.cpu_count(),
+    'load_average_before': load_before,
+    'load_average_after': os.getloadavg()[0],
+    'peak_flops_per_s': machine['peak_flops'],
+    'median_matmul_flops_per_s': machine['median_flops'],
+    'workload': {
+      'model': 'LSTMConfig.ptb_small (2 x 200, V = 10,000)',
+      'num_tokens': vocab,
+      'length': length,
+      'widths': list(widths),
+      'candidates_scored': int(vocab * (1 + sum(widths[:-1]))),
+      'rows_decoded': int(1 + sum(widths[:-1])),
+    },
+    'ours_first_call_s': first_wall,
+    'ours_first_call_cpu_s': first_cpu,
+    'ours_compile_s': max(first_wall - med(ours_wall), 0.0),
+    'ours_median_s': med(ours_wall),
+    'ours_median_cpu_s': med(ours_cpu),
+    'ours_seconds': ours_wall,
+    'straightforward_median_s': med(peer_wall),
+    'straightforward_median_cpu_s': med(peer_cpu),
+    'straightforward_seconds': peer_wall,
+    'straightforward_extrapolated': quick,
+    'speedup': med(peer_wall) / med(ours_wall),
+    'speedup_cpu': med(peer_cpu) / med(ours_cpu),
+    'bar_seconds': BAR_SECONDS,
+    'bar_met': bool(first_wall < BAR_SECONDS),
+    'search_flops': flops,
+    'ours_flops_per_s': flops / med(ours_wall),
+    'ours_flops_per_cpu_s': flops / med(ours_cpu),
+    'agreement': {
+      'check': check,
+      'overlap': overlap,
+      'top_match': top_match,
+      'max_abs_ds_diff': max_ds_diff,
+    },
   }
-  out['markdown'] = '\n'.join([
+  out['markdown'] = '\n'.join(
+    [
       '| search | ours (s) | ours CPU (s) | first call (s) | straightforward'
       ' (s) | speedup | GFLOP/s (peak) | agreement |',
       '|---|---|---|---|---|---|---|---|',
-      f"| |T|=10,000, n=5, halving | {out['ours_median_s']:.2f} |"
-      f" {out['ours_median_cpu_s']:.2f} | {first_wall:.2f} |"
-      f" {out['straightforward_median_s']:.1f}"
-      f"{' (extrapolated)' if quick else ''} | {out['speedup']:.1f}x |"
-      f" {out['ours_flops_per_s'] / 1e9:.1f} ({machine['peak_flops'] / 1e9:.0f})"
-      f" | {overlap:.3f} |"])
+      f'| |T|=10,000, n=5, halving | {out["ours_median_s"]:.2f} |'
+      f' {out["ours_median_cpu_s"]:.2f} | {first_wall:.2f} |'
+      f' {out["straightforward_median_s"]:.1f}'
+      f'{" (extrapolated)" if quick else ""} | {out["speedup"]:.1f}x |'
+      f' {out["ours_flops_per_s"] / 1e9:.1f} ({machine["peak_flops"] / 1e9:.0f})'
+      f' | {overlap:.3f} |',
+    ]
+  )
   return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--full', action='store_true',
-                      help='time the complete straightforward search')
-  parser.add_argument('--out', default=None,
-                      help=f'folder for {BENCH}.json')
+  parser.add_argument(
+    '--full',
+    action='store_true',
+    help='time the complete straightforward search',
+  )
+  parser.add_argument('--out', default=None, help=f'folder for {BENCH}.json')
   args = parser.parse_args(argv)
   result = run(quick=not args.full)
   print(result['markdown'])
-  print(json.dumps({k: v for k, v in result.items() if k != 'markdown'},
-                   indent=1, default=str))
+  print(
+    json.dumps(
+      {k: v for k, v in result.items() if k != 'markdown'},
+      indent=1,
+      default=str,
+    )
+  )
   if args.out:
     from leakjax.io import _jsonable, atomic_write_text  # pylint: disable=g-import-not-at-top
-    atomic_write_text(Path(args.out) / f'{BENCH}.json',
-                      json.dumps(_jsonable(result), indent=2, sort_keys=True))
+
+    atomic_write_text(
+      Path(args.out) / f'{BENCH}.json',
+      json.dumps(_jsonable(result), indent=2, sort_keys=True),
+    )
 
 
 if __name__ == '__main__':

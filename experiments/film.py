@@ -478,7 +478,9 @@ def attack_batch(
     # Table 3: recall/precision after the first k repetitions, and all.
     reps = len(result.sentences)
     by_count = metrics.sentence_matching_by_count(
-      texts, result.sentences, sorted({k for k in PAPER_TABLE3 if k < reps} | {reps})
+      texts,
+      result.sentences,
+      sorted({k for k in PAPER_TABLE3 if k < reps} | {reps}),
     )
     row['multi_recall'] = by_count[reps]['recall']
     row['multi_precision'] = by_count[reps]['precision']
@@ -736,8 +738,7 @@ def summarize(
     ' GPT-2 fine-tuned on 31,797 sentences for up to 90k iterations.'
     ' Bags come from the gradient, never from the true tokens.'
     ' [n]: batches with a named entity, when not all (NERR is undefined'
-    ' without one).\n\n'
-    + io.markdown_table(header, table)
+    ' without one).\n\n' + io.markdown_table(header, table)
   )
   md += _multi_sentence_table(rows, summary)
   examples = [r for r in rows if r.get('batch') == 0][:4]
@@ -770,9 +771,7 @@ def _multi_sentence_table(rows: list[dict], summary: dict) -> str:
     rec = np.array([m['recall'] for m in ms])
     prec = np.array([m['precision'] for m in ms])
     summary[io.summary_key('multi_recall', b=b, iter=k)] = float(rec.mean())
-    summary[io.summary_key('multi_precision', b=b, iter=k)] = float(
-      prec.mean()
-    )
+    summary[io.summary_key('multi_precision', b=b, iter=k)] = float(prec.mean())
     paper = PAPER_TABLE3.get(k) if b == 16 else None
     table.append(
       [

@@ -23,22 +23,23 @@ from experiments import common
 from leakjax import data as data_lib
 from leakjax import io, models
 
-flags.DEFINE_string('model', models.SMOLLM2_ALIAS,
-                    'Checkpoint dir, .gguf file, or smollm2-135m.')
+flags.DEFINE_string(
+  'model', models.SMOLLM2_ALIAS, 'Checkpoint dir, .gguf file, or smollm2-135m.'
+)
 flags.DEFINE_integer('limit', 8, 'Number of sentences to score.')
 common.define_common_flags('/tmp/leakjax_sanity')
 FLAGS = flags.FLAGS
 
 # Embedded default text, so the check needs no download.
 SENTENCES = (
-    'The meeting with the board has been moved to Thursday afternoon.',
-    'Please send me the signed contract before the end of the week.',
-    'The weather in Houston was hot and humid all summer long.',
-    'She finished reading the book and went to sleep early.',
-    'Our quarterly revenue grew faster than analysts had expected.',
-    'He forgot his umbrella at the train station this morning.',
-    'The children played football in the park after school.',
-    'I will call you tomorrow to discuss the new project plan.',
+  'The meeting with the board has been moved to Thursday afternoon.',
+  'Please send me the signed contract before the end of the week.',
+  'The weather in Houston was hot and humid all summer long.',
+  'She finished reading the book and went to sleep early.',
+  'Our quarterly revenue grew faster than analysts had expected.',
+  'He forgot his umbrella at the train station this morning.',
+  'The children played football in the park after school.',
+  'I will call you tomorrow to discuss the new project plan.',
 )
 
 
@@ -54,8 +55,9 @@ def perplexities(model, texts):
   """Per-text perplexity under `model`, as a numpy array."""
   # No BOS: instruct GGUFs mark chat turns with it. Token 1 is context only.
   ids, mask = model.tokenizer.encode_batch(list(texts))
-  logp = jax.jit(model.token_log_probs)(model.params, jnp.asarray(ids),
-                                        jnp.asarray(mask))
+  logp = jax.jit(model.token_log_probs)(
+    model.params, jnp.asarray(ids), jnp.asarray(mask)
+  )
   m = mask[:, 1:]
   return np.exp(-(np.asarray(logp) * m).sum(1) / m.sum(1))
 
@@ -71,10 +73,14 @@ def shuffle_words(text: str, rng: np.random.Generator) -> str:
 
 def main(argv):
   del argv
-  cfg = SanityConfig(model=FLAGS.model, data=FLAGS.data, limit=FLAGS.limit,
-                     seed=FLAGS.seed)
-  texts = (data_lib.load_corpus(cfg.data, limit=cfg.limit) if cfg.data
-           else list(SENTENCES[: cfg.limit]))
+  cfg = SanityConfig(
+    model=FLAGS.model, data=FLAGS.data, limit=FLAGS.limit, seed=FLAGS.seed
+  )
+  texts = (
+    data_lib.load_corpus(cfg.data, limit=cfg.limit)
+    if cfg.data
+    else list(SENTENCES[: cfg.limit])
+  )
   start = time.time()
   model = models.load(cfg.model)
   load_s = time.time() - start
@@ -85,18 +91,30 @@ def main(argv):
   ppl = perplexities(model, texts)
   ppl_shuf = perplexities(model, shuffled)
   for i, t in enumerate(texts):
-    writer.add_result({'index': i, 'text': t, 'shuffled': shuffled[i],
-                       'ppl': float(ppl[i]), 'ppl_shuffled': float(ppl_shuf[i])})
+    writer.add_result(
+      {
+        'index': i,
+        'text': t,
+        'shuffled': shuffled[i],
+        'ppl': float(ppl[i]),
+        'ppl_shuffled': float(ppl_shuf[i]),
+      }
+    )
   ratio = float(np.median(ppl_shuf / ppl))
-  summary = {'ppl_natural': float(np.median(ppl)),
-             'ppl_shuffled': float(np.median(ppl_shuf)),
-             'ppl_ratio': ratio, 'load_seconds': load_s,
-             'num_params': float(model.num_params)}
+  summary = {
+    'ppl_natural': float(np.median(ppl)),
+    'ppl_shuffled': float(np.median(ppl_shuf)),
+    'ppl_ratio': ratio,
+    'load_seconds': load_s,
+    'num_params': float(model.num_params),
+  }
   rows = [[t[:60], float(a), float(b)] for t, a, b in zip(texts, ppl, ppl_shuf)]
-  md = (f'# Model sanity check\n\nModel: `{cfg.model}` ({model.family},'
-        f' {model.num_params:,} parameters, loaded in {load_s:.1f} s).\n\n'
-        + io.markdown_table(['sentence', 'perplexity', 'shuffled'], rows)
-        + f'\nMedian shuffled/natural perplexity ratio: **{ratio:.1f}x**\n')
+  md = (
+    f'# Model sanity check\n\nModel: `{cfg.model}` ({model.family},'
+    f' {model.num_params:,} parameters, loaded in {load_s:.1f} s).\n\n'
+    + io.markdown_table(['sentence', 'perplexity', 'shuffled'], rows)
+    + f'\nMedian shuffled/natural perplexity ratio: **{ratio:.1f}x**\n'
+  )
   writer.write_summary(summary, md)
   print(md)
   print(f'Wrote {FLAGS.workdir}/summary.json')

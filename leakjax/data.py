@@ -32,12 +32,12 @@ _TEXT_COLUMNS = ('text', 'sentence', 'content', 'sms')
 
 # ------------------------------------------------------------------ loading
 def load_corpus(
-    source: str | os.PathLike,
-    *,
-    split: str = 'train',
-    column: str | None = None,
-    label: tuple[str, str | Sequence[str]] | None = None,
-    limit: int | None = None,
+  source: str | os.PathLike,
+  *,
+  split: str = 'train',
+  column: str | None = None,
+  label: tuple[str, str | Sequence[str]] | None = None,
+  limit: int | None = None,
 ) -> list[str]:
   """Loads a list of texts from a local file or a `datasets` hub name.
 
@@ -67,8 +67,9 @@ def load_corpus(
     raise LeakjaxError(f'limit must be positive, got {limit}')
   path = Path(source).expanduser()
   if path.is_dir():
-    raise LeakjaxError(f'{path} is a directory',
-                       'pass a .txt, .json, .jsonl or .tsv file')
+    raise LeakjaxError(
+      f'{path} is a directory', 'pass a .txt, .json, .jsonl or .tsv file'
+    )
   if path.is_file():
     rows = _read_file(path, column=column, label=label)
     where = str(path)
@@ -80,24 +81,32 @@ def load_corpus(
   texts = [t.strip() for t in rows]
   texts = [t for t in texts if t]
   if not texts:
-    raise LeakjaxError(f'{where} has no non-empty example',
-                       'check the file, column and label filter')
+    raise LeakjaxError(
+      f'{where} has no non-empty example',
+      'check the file, column and label filter',
+    )
   return texts[:limit] if limit is not None else texts
 
 
 def _looks_like_path(source: str) -> bool:
   # Hub names are 'name' or 'owner/name'; anything else is meant as a file.
-  return (bool(Path(source).suffix) or os.path.isabs(source)
-          or source.startswith(('.', '~')) or source.count('/') > 1
-          or '\\' in source)
+  return (
+    bool(Path(source).suffix)
+    or os.path.isabs(source)
+    or source.startswith(('.', '~'))
+    or source.count('/') > 1
+    or '\\' in source
+  )
 
 
 def _read_text(path: Path) -> str:
   try:
     return path.read_text(encoding='utf-8-sig')
   except UnicodeDecodeError as e:
-    raise LeakjaxError(f'{path} is not UTF-8 text ({e.reason} at byte'
-                       f' {e.start})', 'convert the file to UTF-8') from None
+    raise LeakjaxError(
+      f'{path} is not UTF-8 text ({e.reason} at byte {e.start})',
+      'convert the file to UTF-8',
+    ) from None
   except OSError as e:
     raise LeakjaxError(f'cannot read {path}: {e.strerror}') from None
 
@@ -106,8 +115,10 @@ def _read_file(path: Path, *, column, label) -> list[str]:
   suffix = path.suffix.lower()
   if suffix == '.txt':
     if column is not None or label is not None:
-      raise LeakjaxError(f'{path} is plain text: it has no columns or labels',
-                         'drop column=/label= or pass a .tsv or .json file')
+      raise LeakjaxError(
+        f'{path} is plain text: it has no columns or labels',
+        'drop column=/label= or pass a .tsv or .json file',
+      )
     return _read_text(path).splitlines()
   if suffix == '.tsv':
     return _read_tsv(path, column=column, label=label)
@@ -118,8 +129,9 @@ def _read_file(path: Path, *, column, label) -> list[str]:
       raise LeakjaxError(f'{path} is not valid JSON: {e}') from None
     if not isinstance(items, list):
       raise LeakjaxError(
-          f'{path} holds a JSON {type(items).__name__}, not a list',
-          'write a list of strings or of objects with a text field')
+        f'{path} holds a JSON {type(items).__name__}, not a list',
+        'write a list of strings or of objects with a text field',
+      )
     return _texts_from_items(items, str(path), column=column, label=label)
   if suffix == '.jsonl':
     items = []
@@ -128,11 +140,14 @@ def _read_file(path: Path, *, column, label) -> list[str]:
         try:
           items.append(json.loads(line))
         except json.JSONDecodeError as e:
-          raise LeakjaxError(f'{path} line {n} is not valid JSON: {e}'
-                             ) from None
+          raise LeakjaxError(
+            f'{path} line {n} is not valid JSON: {e}'
+          ) from None
     return _texts_from_items(items, str(path), column=column, label=label)
-  raise LeakjaxError(f'{path} has an unsupported extension {path.suffix!r}',
-                     'pass a .txt, .json, .jsonl or .tsv file')
+  raise LeakjaxError(
+    f'{path} has an unsupported extension {path.suffix!r}',
+    'pass a .txt, .json, .jsonl or .tsv file',
+  )
 
 
 def _read_tsv(path: Path, *, column, label) -> list[str]:
@@ -146,22 +161,28 @@ def _read_tsv(path: Path, *, column, label) -> list[str]:
   elif column in index:
     text_col = index[column]
   else:
-    raise LeakjaxError(f'{path} has no column {column!r} (columns:'
-                       f' {", ".join(header)})', 'pick one of the columns')
+    raise LeakjaxError(
+      f'{path} has no column {column!r} (columns: {", ".join(header)})',
+      'pick one of the columns',
+    )
   label_col, wanted = None, None
   if label is not None:
     field, wanted = _parse_label(label)
     if field not in index:
-      raise LeakjaxError(f'{path} has no label column {field!r} (columns:'
-                         f' {", ".join(header)})', 'pick one of the columns')
+      raise LeakjaxError(
+        f'{path} has no label column {field!r} (columns: {", ".join(header)})',
+        'pick one of the columns',
+      )
     label_col = index[field]
   texts, seen = [], set()
   for n, line in enumerate(lines[1:], 2):
     fields = line.split('\t')
     if len(fields) != len(header):
       raise LeakjaxError(
-          f'{path} line {n} has {len(fields)} tab-separated fields, the'
-          f' header has {len(header)}', 'fix the row or remove it')
+        f'{path} line {n} has {len(fields)} tab-separated fields, the'
+        f' header has {len(header)}',
+        'fix the row or remove it',
+      )
     if label_col is not None:
       seen.add(fields[label_col])
       if fields[label_col] not in wanted:
@@ -169,8 +190,10 @@ def _read_tsv(path: Path, *, column, label) -> list[str]:
     texts.append(fields[text_col])
   if label is not None and not texts:
     raise LeakjaxError(
-        f'no row of {path} has {label[0]} in {sorted(wanted)} (values:'
-        f' {", ".join(sorted(seen)[:10])})', 'fix the label value')
+      f'no row of {path} has {label[0]} in {sorted(wanted)} (values:'
+      f' {", ".join(sorted(seen)[:10])})',
+      'fix the label value',
+    )
   return texts
 
 
@@ -178,48 +201,58 @@ def _parse_label(label) -> tuple[str, frozenset[str]]:
   try:
     field, value = label
   except (TypeError, ValueError):
-    raise LeakjaxError(f'label must be a (field, value) pair, got {label!r}'
-                       ) from None
+    raise LeakjaxError(
+      f'label must be a (field, value) pair, got {label!r}'
+    ) from None
   values = [value] if isinstance(value, str) else list(value)
   return field, frozenset(str(v) for v in values)
 
 
-def _texts_from_items(items: list[Any], where: str, *, column,
-                      label) -> list[str]:
+def _texts_from_items(
+  items: list[Any], where: str, *, column, label
+) -> list[str]:
   """Texts from JSON items: strings, or objects with a text field."""
   if not items:
     return []
   if all(isinstance(x, str) for x in items):
     if column is not None or label is not None:
-      raise LeakjaxError(f'{where} is a list of strings: it has no fields',
-                         'drop column=/label=')
+      raise LeakjaxError(
+        f'{where} is a list of strings: it has no fields', 'drop column=/label='
+      )
     return items
   if not all(isinstance(x, dict) for x in items):
     kinds = sorted({type(x).__name__ for x in items})
     raise LeakjaxError(
-        f'{where} mixes JSON types ({", ".join(kinds)})',
-        'write a list of strings or a list of objects with a text field')
+      f'{where} mixes JSON types ({", ".join(kinds)})',
+      'write a list of strings or a list of objects with a text field',
+    )
   fields = list(items[0])
   column = column or _default_column(fields, where)
   field, wanted = _parse_label(label) if label is not None else (None, None)
   texts = []
   for n, item in enumerate(items):
     if column not in item:
-      raise LeakjaxError(f'{where} item {n} has no field {column!r} (fields:'
-                         f' {", ".join(map(str, item))})',
-                         'pass column= naming the text field')
+      raise LeakjaxError(
+        f'{where} item {n} has no field {column!r} (fields:'
+        f' {", ".join(map(str, item))})',
+        'pass column= naming the text field',
+      )
     if field is not None:
       if field not in item:
         raise LeakjaxError(f'{where} item {n} has no label field {field!r}')
       if str(item[field]) not in wanted:
         continue
     if not isinstance(item[column], str):
-      raise LeakjaxError(f'{where} item {n}: field {column!r} is a'
-                         f' {type(item[column]).__name__}, not text')
+      raise LeakjaxError(
+        f'{where} item {n}: field {column!r} is a'
+        f' {type(item[column]).__name__}, not text'
+      )
     texts.append(item[column])
   if field is not None and not texts:
-    raise LeakjaxError(f'no item of {where} has {field} in {sorted(wanted)}',
-                       'fix the label value')
+    raise LeakjaxError(
+      f'no item of {where} has {field} in {sorted(wanted)}',
+      'fix the label value',
+    )
   return texts
 
 
@@ -228,19 +261,26 @@ def _default_column(fields: Sequence[str], where: str) -> str:
   for name in _TEXT_COLUMNS:
     if name in lower:
       return lower[name]
-  raise LeakjaxError(f'{where}: no text field among {", ".join(fields)}',
-                     'pass column= naming the text field')
+  raise LeakjaxError(
+    f'{where}: no text field among {", ".join(fields)}',
+    'pass column= naming the text field',
+  )
 
 
 def _hub_unreachable() -> bool:
   """True if the Hub is surely out of reach (saves a minute of retries)."""
-  if any(os.environ.get(v, '').lower() in ('1', 'true', 'yes') for v in
-         ('HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE')):
+  if any(
+    os.environ.get(v, '').lower() in ('1', 'true', 'yes')
+    for v in ('HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE')
+  ):
     return False  # datasets fails fast, or finds the dataset in its cache
-  if any(os.environ.get(v) for v in ('HTTPS_PROXY', 'https_proxy',
-                                     'ALL_PROXY', 'all_proxy')):
+  if any(
+    os.environ.get(v)
+    for v in ('HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy')
+  ):
     return False  # the proxy may reach it even if DNS here cannot
   import socket  # pylint: disable=g-import-not-at-top
+
   try:
     socket.create_connection(('huggingface.co', 443), timeout=5).close()
   except OSError:
@@ -251,37 +291,47 @@ def _hub_unreachable() -> bool:
 def _read_hub(name: str, *, split, column, label) -> list[str]:
   if _hub_unreachable():
     raise LeakjaxError(
-        f'{name!r} is not a local file, and the Hugging Face Hub is out of'
-        ' reach (offline) to load it as a dataset',
-        'pass a local .txt, .json, .jsonl or .tsv file')
+      f'{name!r} is not a local file, and the Hugging Face Hub is out of'
+      ' reach (offline) to load it as a dataset',
+      'pass a local .txt, .json, .jsonl or .tsv file',
+    )
   try:
     import datasets  # pylint: disable=g-import-not-at-top
+
     ds = datasets.load_dataset(name, split=split)
   except Exception as e:  # noqa: BLE001 (offline, unknown name, ...)
     raise LeakjaxError(
-        f'{name!r} is not a local file and could not be loaded with'
-        f' datasets.load_dataset ({type(e).__name__})',
-        'pass a local .txt, .json, .jsonl or .tsv file') from None
+      f'{name!r} is not a local file and could not be loaded with'
+      f' datasets.load_dataset ({type(e).__name__})',
+      'pass a local .txt, .json, .jsonl or .tsv file',
+    ) from None
   fields = list(ds.column_names)
   column = column or _default_column(fields, f'dataset {name!r}')
   if column not in fields:
-    raise LeakjaxError(f'dataset {name!r} has no column {column!r} (columns:'
-                       f' {", ".join(fields)})', 'pick one of the columns')
+    raise LeakjaxError(
+      f'dataset {name!r} has no column {column!r} (columns:'
+      f' {", ".join(fields)})',
+      'pick one of the columns',
+    )
   if label is None:
     return [t for t in ds[column] if isinstance(t, str)]
   field, wanted = _parse_label(label)
   if field not in fields:
     raise LeakjaxError(f'dataset {name!r} has no label column {field!r}')
-  return [t for t, v in zip(ds[column], ds[field], strict=True)
-          if isinstance(t, str) and str(v) in wanted]
+  return [
+    t
+    for t, v in zip(ds[column], ds[field], strict=True)
+    if isinstance(t, str) and str(v) in wanted
+  ]
 
 
 # -------------------------------------------------------------- sentences
 # Words that end in a period without ending a sentence.
 _ABBREVIATIONS = frozenset(
-    'mr mrs ms dr prof sr jr st mt vs etc inc ltd co corp no fig approx dept'
-    ' est gen gov sen rep col capt lt sgt jan feb mar apr jun jul aug sep sept'
-    ' oct nov dec e.g i.e a.m p.m u.s u.k cf al'.split())
+  'mr mrs ms dr prof sr jr st mt vs etc inc ltd co corp no fig approx dept'
+  ' est gen gov sen rep col capt lt sgt jan feb mar apr jun jul aug sep sept'
+  ' oct nov dec e.g i.e a.m p.m u.s u.k cf al'.split()
+)
 # A candidate boundary: end punctuation, optional closing quotes/brackets,
 # whitespace, then something that can start a sentence.
 _BOUNDARY = re.compile(r'[.!?]+["\')\]]*\s+(?=["\'(\[]?[A-Z0-9])')
@@ -306,7 +356,7 @@ def split_sentences(text: str) -> list[str]:
       word = word.group(1).lstrip('("\'[').lower() if word else ''
       if word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
         continue
-    piece = text[start:m.end()].strip()
+    piece = text[start : m.end()].strip()
     if piece:
       sentences.append(piece)
     start = m.end()
@@ -318,7 +368,7 @@ def split_sentences(text: str) -> list[str]:
 
 # ---------------------------------------------------------------- splitting
 def train_eval_split(
-    items: Sequence[Any], eval_fraction: float, *, seed: int
+  items: Sequence[Any], eval_fraction: float, *, seed: int
 ) -> tuple[list[Any], list[Any]]:
   """Randomly splits `items` into (train, eval), deterministic in `seed`.
 
@@ -338,24 +388,27 @@ def train_eval_split(
     num_eval = max(num_eval, 1)
   if n - num_eval < 1:
     raise LeakjaxError(
-        f'cannot split {n} examples into train and eval sets',
-        'use more data or a smaller eval_fraction')
+      f'cannot split {n} examples into train and eval sets',
+      'use more data or a smaller eval_fraction',
+    )
   perm = np.random.default_rng(seed).permutation(n)
   is_eval = np.zeros(n, bool)
   is_eval[perm[:num_eval]] = True
-  return ([x for x, e in zip(items, is_eval, strict=True) if not e],
-          [x for x, e in zip(items, is_eval, strict=True) if e])
+  return (
+    [x for x, e in zip(items, is_eval, strict=True) if not e],
+    [x for x, e in zip(items, is_eval, strict=True) if e],
+  )
 
 
 # ----------------------------------------------------------------- batching
 def encode_corpus(
-    tokenizer,
-    texts: Sequence[str],
-    max_length: int | None,
-    *,
-    add_bos: bool = True,
-    add_eos: bool = False,
-    truncate: bool = True,
+  tokenizer,
+  texts: Sequence[str],
+  max_length: int | None,
+  *,
+  add_bos: bool = True,
+  add_eos: bool = False,
+  truncate: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, int]:
   """Tokenizes `texts` into one right-padded array pair.
 
@@ -384,30 +437,35 @@ def encode_corpus(
   seqs = []
   for t in texts:
     ids = tokenizer.encode(t)
-    seqs.append(([bos] if bos is not None else []) + list(ids)
-                + ([eos] if eos is not None else []))
+    seqs.append(
+      ([bos] if bos is not None else [])
+      + list(ids)
+      + ([eos] if eos is not None else [])
+    )
   longest = max(len(s) for s in seqs)
   width = longest if max_length is None else min(longest, max_length)
   num_truncated = sum(len(s) > width for s in seqs)
   if num_truncated and not truncate:
     worst = int(np.argmax([len(s) for s in seqs]))
     raise LeakjaxError(
-        f'{num_truncated} of {len(seqs)} examples are longer than'
-        f' max_length={width} tokens (example {worst} has {longest})',
-        'raise max_length or allow truncation')
+      f'{num_truncated} of {len(seqs)} examples are longer than'
+      f' max_length={width} tokens (example {worst} has {longest})',
+      'raise max_length or allow truncation',
+    )
   width = max(width, 1)
   pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
   ids = np.full((len(seqs), width), pad, np.int32)
   mask = np.zeros((len(seqs), width), np.int32)
   for row, s in enumerate(seqs):
     s = s[:width]
-    ids[row, :len(s)] = s
-    mask[row, :len(s)] = 1
+    ids[row, : len(s)] = s
+    mask[row, : len(s)] = 1
   return ids, mask, num_truncated
 
 
-def num_batches(num_examples: int, batch_size: int, *,
-                drop_remainder: bool) -> int:
+def num_batches(
+  num_examples: int, batch_size: int, *, drop_remainder: bool
+) -> int:
   """Batches per epoch."""
   if drop_remainder:
     return num_examples // batch_size
@@ -415,13 +473,13 @@ def num_batches(num_examples: int, batch_size: int, *,
 
 
 def batch_indices(
-    num_examples: int,
-    batch_size: int,
-    *,
-    seed: int,
-    epoch: int = 0,
-    shuffle: bool = True,
-    drop_remainder: bool = False,
+  num_examples: int,
+  batch_size: int,
+  *,
+  seed: int,
+  epoch: int = 0,
+  shuffle: bool = True,
+  drop_remainder: bool = False,
 ) -> list[np.ndarray]:
   """The example indices of each batch of one epoch, each `[batch_size]`.
 
@@ -431,8 +489,11 @@ def batch_indices(
   """
   if batch_size < 1:
     raise LeakjaxError(f'batch_size must be positive, got {batch_size}')
-  order = (np.random.default_rng([seed, epoch]).permutation(num_examples)
-           if shuffle else np.arange(num_examples))
+  order = (
+    np.random.default_rng([seed, epoch]).permutation(num_examples)
+    if shuffle
+    else np.arange(num_examples)
+  )
   count = num_batches(num_examples, batch_size, drop_remainder=drop_remainder)
   padded = np.full(count * batch_size, -1, np.int64)
   used = min(len(order), len(padded))
@@ -440,8 +501,9 @@ def batch_indices(
   return list(padded.reshape(count, batch_size))
 
 
-def take_batch(ids: np.ndarray, mask: np.ndarray,
-               rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def take_batch(
+  ids: np.ndarray, mask: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
   """Rows `rows` of `(ids, mask)`; a row index -1 gives a fully masked row."""
   real = rows >= 0
   batch_ids = ids[np.where(real, rows, 0)]
@@ -451,16 +513,16 @@ def take_batch(ids: np.ndarray, mask: np.ndarray,
 
 
 def batches(
-    tokenizer,
-    texts: Sequence[str],
-    batch_size: int,
-    max_length: int | None,
-    *,
-    seed: int = 0,
-    shuffle: bool = True,
-    drop_remainder: bool = False,
-    add_bos: bool = True,
-    truncate: bool = True,
+  tokenizer,
+  texts: Sequence[str],
+  batch_size: int,
+  max_length: int | None,
+  *,
+  seed: int = 0,
+  shuffle: bool = True,
+  drop_remainder: bool = False,
+  add_bos: bool = True,
+  truncate: bool = True,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """One epoch of fixed-shape `(ids, mask)` int32 `[batch_size, width]` batches.
 
@@ -469,13 +531,27 @@ def batches(
   `drop_remainder`. See :func:`encode_corpus` for `max_length`, `add_bos`
   and `truncate`.
   """
-  ids, mask, _ = encode_corpus(tokenizer, texts, max_length, add_bos=add_bos,
-                               truncate=truncate)
-  for rows in batch_indices(len(ids), batch_size, seed=seed, shuffle=shuffle,
-                            drop_remainder=drop_remainder):
+  ids, mask, _ = encode_corpus(
+    tokenizer, texts, max_length, add_bos=add_bos, truncate=truncate
+  )
+  for rows in batch_indices(
+    len(ids),
+    batch_size,
+    seed=seed,
+    shuffle=shuffle,
+    drop_remainder=drop_remainder,
+  ):
     yield take_batch(ids, mask, rows)
 
 
-__all__ = ['load_corpus', 'split_sentences', 'train_eval_split',
-           'encode_corpus', 'batch_indices', 'take_batch', 'batches',
-           'num_batches', 'SUFFIXES']
+__all__ = [
+  'load_corpus',
+  'split_sentences',
+  'train_eval_split',
+  'encode_corpus',
+  'batch_indices',
+  'take_batch',
+  'batches',
+  'num_batches',
+  'SUFFIXES',
+]

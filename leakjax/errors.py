@@ -29,10 +29,9 @@ def check_finite(tree, what: str) -> None:
     if arr.dtype.kind == 'f' and not np.isfinite(arr).all():
       bad = int((~np.isfinite(arr)).sum())
       raise LeakjaxError(
-          f'{what} has {bad} NaN/inf values in '
-          f'{jax.tree_util.keystr(path)}',
-          'the checkpoint or gradient is corrupt; re-export it or lower the'
-          ' learning rate',
+        f'{what} has {bad} NaN/inf values in {jax.tree_util.keystr(path)}',
+        'the checkpoint or gradient is corrupt; re-export it or lower the'
+        ' learning rate',
       )
 
 
@@ -41,9 +40,9 @@ def check_token_ids(ids, vocab_size: int, what: str = 'token ids') -> None:
   arr = np.asarray(ids)
   if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
     raise LeakjaxError(
-        f'{what} out of range: min {arr.min()}, max {arr.max()} for a'
-        f' vocabulary of {vocab_size}',
-        'use the tokenizer that belongs to this model',
+      f'{what} out of range: min {arr.min()}, max {arr.max()} for a'
+      f' vocabulary of {vocab_size}',
+      'use the tokenizer that belongs to this model',
     )
 
 
@@ -51,8 +50,8 @@ def check_length(length: int, max_length: int | None, what: str) -> None:
   """Raises LeakjaxError if a sequence does not fit the model's context."""
   if max_length is not None and length > max_length:
     raise LeakjaxError(
-        f'{what} has {length} tokens but the model context is {max_length}',
-        'truncate the text or use a model with a longer context',
+      f'{what} has {length} tokens but the model context is {max_length}',
+      'truncate the text or use a model with a longer context',
     )
 
 

@@ -97,8 +97,13 @@ def _added_default_fields(config: Any, stored: Mapping[str, Any]) -> set[str]:
 class ExperimentWriter:
   """The one writer of an experiment's workdir (see module docstring)."""
 
-  def __init__(self, workdir: str | os.PathLike, config: Any, *,
-               enabled: bool | None = None):
+  def __init__(
+    self,
+    workdir: str | os.PathLike,
+    config: Any,
+    *,
+    enabled: bool | None = None,
+  ):
     """Opens (or resumes) `workdir`.
 
     Args:
@@ -114,6 +119,7 @@ class ExperimentWriter:
     """
     if enabled is None:
       import jax  # pylint: disable=g-import-not-at-top
+
       enabled = jax.process_index() == 0
     self.enabled = enabled
     self.workdir = Path(workdir)
@@ -131,12 +137,13 @@ class ExperimentWriter:
         atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
         old = cfg
       if old != cfg:
-        changed = sorted(k for k in set(old) | set(cfg)
-                         if old.get(k) != cfg.get(k))
+        changed = sorted(
+          k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k)
+        )
         raise LeakjaxError(
-            f'{self.workdir} holds a run with a different config (changed:'
-            f' {", ".join(changed)})',
-            'use a new --workdir or delete the old one',
+          f'{self.workdir} holds a run with a different config (changed:'
+          f' {", ".join(changed)})',
+          'use a new --workdir or delete the old one',
         )
     else:
       atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
@@ -161,20 +168,25 @@ class ExperimentWriter:
     atomic_write_text(self._results_path, text)
 
   def write_summary(self, summary: Mapping[str, float], markdown: str) -> None:
-    bad = {k: v for k, v in summary.items()
-           if not isinstance(v, (int, float)) or isinstance(v, bool)}
+    bad = {
+      k: v
+      for k, v in summary.items()
+      if not isinstance(v, (int, float)) or isinstance(v, bool)
+    }
     if bad:
       raise TypeError(f'summary values must be numbers: {bad}')
     if not self.enabled:
       return
-    atomic_write_text(self.workdir / 'summary.json',
-                      json.dumps(_jsonable(dict(summary)), indent=2,
-                                 sort_keys=True))
+    atomic_write_text(
+      self.workdir / 'summary.json',
+      json.dumps(_jsonable(dict(summary)), indent=2, sort_keys=True),
+    )
     atomic_write_text(self.workdir / 'summary.md', markdown)
 
   def save_figure(self, fig, name: str) -> str:
     """Saves a matplotlib figure as PNG atomically; returns the file name."""
     import io as _io  # pylint: disable=g-import-not-at-top
+
     if not self.enabled:
       return name
     buf = _io.BytesIO()
@@ -185,13 +197,17 @@ class ExperimentWriter:
 
 def markdown_table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
   """A GitHub markdown table; floats get 3 decimals."""
+
   def fmt(v):
     if isinstance(v, float):
       return 'nan' if math.isnan(v) else f'{v:.3f}'
     return str(v)
+
   header = list(header)
-  lines = ['| ' + ' | '.join(header) + ' |',
-           '|' + '|'.join('---' for _ in header) + '|']
+  lines = [
+    '| ' + ' | '.join(header) + ' |',
+    '|' + '|'.join('---' for _ in header) + '|',
+  ]
   for r in rows:
     lines.append('| ' + ' | '.join(fmt(v) for v in r) + ' |')
   return '\n'.join(lines) + '\n'

@@ -42,8 +42,9 @@ def make_mesh(spec: str | None = None, devices=None) -> Mesh:
   for part in spec.split(','):
     name, _, size = part.partition(':')
     if not name or not size.lstrip('-').isdigit():
-      raise LeakjaxError(f'bad --mesh {spec!r}',
-                         "write it as 'data:N' or 'data:N,model:M'")
+      raise LeakjaxError(
+        f'bad --mesh {spec!r}', "write it as 'data:N' or 'data:N,model:M'"
+      )
     names.append(name.strip())
     sizes.append(int(size))
   if sizes.count(-1) > 1:
@@ -54,8 +55,9 @@ def make_mesh(spec: str | None = None, devices=None) -> Mesh:
   total = math.prod(sizes)
   if total < 1 or total > len(devices):
     raise LeakjaxError(
-        f'--mesh {spec!r} needs {total} devices, {len(devices)} are visible',
-        'use fewer devices or check jax.devices()')
+      f'--mesh {spec!r} needs {total} devices, {len(devices)} are visible',
+      'use fewer devices or check jax.devices()',
+    )
   grid = np.asarray(devices[:total], dtype=object).reshape(sizes)
   return Mesh(grid, tuple(names))
 
@@ -71,9 +73,10 @@ def data_mesh(spec: str | None) -> Mesh | None:
     return None
   mesh = make_mesh(spec)
   if DATA_AXIS not in mesh.shape:
-    raise LeakjaxError(f'--mesh {spec!r} has no {DATA_AXIS!r} axis',
-                       f'write it as {DATA_AXIS}:N (candidates are split'
-                       ' over it)')
+    raise LeakjaxError(
+      f'--mesh {spec!r} has no {DATA_AXIS!r} axis',
+      f'write it as {DATA_AXIS}:N (candidates are split over it)',
+    )
   return mesh
 
 
@@ -102,8 +105,9 @@ def shard_batch(tree, mesh: Mesh | None):
       return jax.device_put(x, replicated(mesh))
     if x.shape[0] % n:
       raise LeakjaxError(
-          f'batch of {x.shape[0]} does not split over {n} devices',
-          'pad the batch with pad_to_multiple')
+        f'batch of {x.shape[0]} does not split over {n} devices',
+        'pad the batch with pad_to_multiple',
+      )
     return jax.device_put(x, batch_sharding(mesh, x.ndim))
 
   return jax.tree.map(place, tree)
@@ -140,8 +144,9 @@ def check_data_axis(mesh: Mesh | None) -> None:
   """Raises LeakjaxError if `mesh` is given but has no `'data'` axis."""
   if mesh is not None and DATA_AXIS not in mesh.shape:
     raise LeakjaxError(
-        f'the mesh has axes {tuple(mesh.shape)}, none named {DATA_AXIS!r}',
-        f"build it with make_mesh('{DATA_AXIS}:N')")
+      f'the mesh has axes {tuple(mesh.shape)}, none named {DATA_AXIS!r}',
+      f"build it with make_mesh('{DATA_AXIS}:N')",
+    )
 
 
 def constrain_batch(tree, mesh: Mesh | None):
@@ -153,8 +158,9 @@ def constrain_batch(tree, mesh: Mesh | None):
   if mesh is None:
     return tree
   return jax.tree.map(
-      lambda x: jax.lax.with_sharding_constraint(
-          x, batch_sharding(mesh, x.ndim)), tree)
+    lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim)),
+    tree,
+  )
 
 
 def constrain_replicated(tree, mesh: Mesh | None):

@@ -29,15 +29,17 @@ def _gpt2_vocab_dir() -> Path:
   candidates = []
   if os.environ.get('LEAKJAX_GPT2_VOCAB_DIR'):
     candidates.append(Path(os.environ['LEAKJAX_GPT2_VOCAB_DIR']))
-  candidates.append(Path(__file__).resolve().parents[1] / 'third_party' / 'gpt2')
+  candidates.append(
+    Path(__file__).resolve().parents[1] / 'third_party' / 'gpt2'
+  )
   candidates.append(Path(sys.prefix) / 'share' / 'leakjax' / 'gpt2')
   for c in candidates:
     if all((c / f).is_file() for f in _GPT2_FILES):
       return c
   raise LeakjaxError(
-      'GPT-2 vocabulary not found in ' + ', '.join(map(str, candidates)),
-      'reinstall leakjax or set LEAKJAX_GPT2_VOCAB_DIR to a folder with'
-      ' vocab.json and merges.txt',
+    'GPT-2 vocabulary not found in ' + ', '.join(map(str, candidates)),
+    'reinstall leakjax or set LEAKJAX_GPT2_VOCAB_DIR to a folder with'
+    ' vocab.json and merges.txt',
   )
 
 
@@ -50,14 +52,14 @@ class Tokenizer:
   """
 
   def __init__(
-      self,
-      backend,
-      *,
-      bos_id: int | None = None,
-      eos_id: int | None = None,
-      pad_id: int | None = None,
-      unk_id: int | None = None,
-      name: str = 'bpe',
+    self,
+    backend,
+    *,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+    unk_id: int | None = None,
+    name: str = 'bpe',
   ):
     self._tok = backend
     self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
@@ -83,7 +85,7 @@ class Tokenizer:
 
   def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
     return self._tok.decode(
-        [int(i) for i in ids], skip_special_tokens=skip_special
+      [int(i) for i in ids], skip_special_tokens=skip_special
     )
 
   def id_to_token(self, i: int) -> str:
@@ -99,12 +101,12 @@ class Tokenizer:
     return self._vocab
 
   def encode_batch(
-      self,
-      texts: Sequence[str],
-      *,
-      max_length: int | None = None,
-      add_bos: bool = False,
-      truncate: bool = False,
+    self,
+    texts: Sequence[str],
+    *,
+    max_length: int | None = None,
+    add_bos: bool = False,
+    truncate: bool = False,
   ) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded `(ids, mask)`, both int32 `[len(texts), T]`."""
     if add_bos and self.bos_id is None:
@@ -112,10 +114,10 @@ class Tokenizer:
     encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)
     bos = [self.bos_id] if add_bos else []
     return pad_batch(
-        [bos + e.ids for e in encoded],
-        pad_id=self.pad_id,
-        max_length=max_length,
-        truncate=truncate,
+      [bos + e.ids for e in encoded],
+      pad_id=self.pad_id,
+      max_length=max_length,
+      truncate=truncate,
     )
 
   def __repr__(self):
@@ -123,11 +125,11 @@ class Tokenizer:
 
 
 def pad_batch(
-    seqs: Sequence[Sequence[int]],
-    *,
-    pad_id: int = 0,
-    max_length: int | None = None,
-    truncate: bool = False,
+  seqs: Sequence[Sequence[int]],
+  *,
+  pad_id: int = 0,
+  max_length: int | None = None,
+  truncate: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Right-pads id lists into `(ids, mask)` int32 arrays `[batch, T]`.
 
@@ -140,8 +142,8 @@ def pad_batch(
   width = max_length if max_length is not None else longest
   if longest > width and not truncate:
     raise LeakjaxError(
-        f'a sequence has {longest} tokens, more than max_length={width}',
-        'shorten the text or raise max_length',
+      f'a sequence has {longest} tokens, more than max_length={width}',
+      'shorten the text or raise max_length',
     )
   ids = np.full((len(seqs), max(width, 1)), pad_id, np.int32)
   mask = np.zeros((len(seqs), max(width, 1)), np.int32)
@@ -168,18 +170,22 @@ def gpt2_tokenizer(vocab_dir: str | os.PathLike | None = None) -> Tokenizer:
   vocab_dir = Path(vocab_dir) if vocab_dir is not None else _gpt2_vocab_dir()
   for f in _GPT2_FILES:
     if not (vocab_dir / f).is_file():
-      raise LeakjaxError(f'{vocab_dir} has no {f}',
-                         'point at a folder with vocab.json and merges.txt')
+      raise LeakjaxError(
+        f'{vocab_dir} has no {f}',
+        'point at a folder with vocab.json and merges.txt',
+      )
   # NB: build the BPE model from the files directly. transformers 5's
   # GPT2TokenizerFast(vocab_file=..., merges_file=...) silently builds an
   # empty tokenizer.
   try:
     bpe = models.BPE.from_file(
-        str(vocab_dir / 'vocab.json'), str(vocab_dir / 'merges.txt')
+      str(vocab_dir / 'vocab.json'), str(vocab_dir / 'merges.txt')
     )
   except Exception as e:  # tokenizers raises a bare Exception
-    raise LeakjaxError(f'cannot read the BPE files in {vocab_dir}: {e}',
-                       'replace vocab.json/merges.txt') from None
+    raise LeakjaxError(
+      f'cannot read the BPE files in {vocab_dir}: {e}',
+      'replace vocab.json/merges.txt',
+    ) from None
   tok = HFTokenizer(bpe)
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
@@ -243,9 +249,9 @@ def check_vocab(tokenizer, vocab_size: int, what: str = 'model') -> None:
   """
   if tokenizer is not None and tokenizer.vocab_size > vocab_size:
     raise LeakjaxError(
-        f'tokenizer has {tokenizer.vocab_size} tokens but the {what} has'
-        f' {vocab_size} embedding rows',
-        'use the tokenizer saved with this checkpoint',
+      f'tokenizer has {tokenizer.vocab_size} tokens but the {what} has'
+      f' {vocab_size} embedding rows',
+      'use the tokenizer saved with this checkpoint',
     )
 
 
@@ -272,8 +278,13 @@ class WordTokenizer:
   specials (Suliman & Leith Sec. 2.3).
   """
 
-  def __init__(self, words: Sequence[str], *, lowercase: bool = True,
-               punctuation: bool = False):
+  def __init__(
+    self,
+    words: Sequence[str],
+    *,
+    lowercase: bool = True,
+    punctuation: bool = False,
+  ):
     if len(words) < 2 or words[0] != UNK or words[1] != BOS:
       raise LeakjaxError(f'a word vocabulary must start with {UNK}, {BOS}')
     self.words = list(words)
@@ -286,12 +297,12 @@ class WordTokenizer:
 
   @classmethod
   def build(
-      cls,
-      texts: Iterable[str],
-      vocab_size: int,
-      *,
-      lowercase: bool = True,
-      punctuation: bool = False,
+    cls,
+    texts: Iterable[str],
+    vocab_size: int,
+    *,
+    lowercase: bool = True,
+    punctuation: bool = False,
   ) -> 'WordTokenizer':
     """The `vocab_size - 2` most frequent words of `texts` plus specials.
 
@@ -299,7 +310,9 @@ class WordTokenizer:
     """
     counts = collections.Counter()
     for t in texts:
-      counts.update(split_words(t, lowercase=lowercase, punctuation=punctuation))
+      counts.update(
+        split_words(t, lowercase=lowercase, punctuation=punctuation)
+      )
     counts.pop(UNK, None)
     counts.pop(BOS, None)
     if not counts:
@@ -311,8 +324,9 @@ class WordTokenizer:
     return tok
 
   def split(self, text: str) -> list[str]:
-    return split_words(text, lowercase=self.lowercase,
-                       punctuation=self.punctuation)
+    return split_words(
+      text, lowercase=self.lowercase, punctuation=self.punctuation
+    )
 
   def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
     ids = [self._index.get(w, self.unk_id) for w in self.split(text)]
@@ -333,17 +347,30 @@ class WordTokenizer:
   def token_strings(self) -> list[str]:
     return list(self.words)
 
-  def encode_batch(self, texts, *, max_length=None, add_bos=False,
-                   truncate=False):
-    return pad_batch([self.encode(t, add_bos=add_bos) for t in texts],
-                     pad_id=self.pad_id, max_length=max_length,
-                     truncate=truncate)
+  def encode_batch(
+    self, texts, *, max_length=None, add_bos=False, truncate=False
+  ):
+    return pad_batch(
+      [self.encode(t, add_bos=add_bos) for t in texts],
+      pad_id=self.pad_id,
+      max_length=max_length,
+      truncate=truncate,
+    )
 
   def save(self, path: str | os.PathLike) -> None:
     from leakjax.io import atomic_write_text  # pylint: disable=g-import-not-at-top
-    atomic_write_text(path, json.dumps({
-        'type': 'words', 'lowercase': self.lowercase,
-        'punctuation': self.punctuation, 'words': self.words}))
+
+    atomic_write_text(
+      path,
+      json.dumps(
+        {
+          'type': 'words',
+          'lowercase': self.lowercase,
+          'punctuation': self.punctuation,
+          'words': self.words,
+        }
+      ),
+    )
 
   @classmethod
   def load(cls, path: str | os.PathLike) -> 'WordTokenizer':
@@ -352,11 +379,14 @@ class WordTokenizer:
       raise LeakjaxError(f'word vocabulary {path} does not exist')
     try:
       d = json.loads(path.read_text())
-      return cls(d['words'], lowercase=d['lowercase'],
-                 punctuation=d['punctuation'])
+      return cls(
+        d['words'], lowercase=d['lowercase'], punctuation=d['punctuation']
+      )
     except (KeyError, json.JSONDecodeError, TypeError) as e:
-      raise LeakjaxError(f'{path} is not a leakjax word vocabulary ({e})',
-                         'rebuild it with WordTokenizer.build') from None
+      raise LeakjaxError(
+        f'{path} is not a leakjax word vocabulary ({e})',
+        'rebuild it with WordTokenizer.build',
+      ) from None
 
   def __repr__(self):
     return f'WordTokenizer(vocab_size={self.vocab_size})'

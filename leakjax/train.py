@@ -135,21 +135,31 @@ class TrainConfig:
 
   def __post_init__(self):
     if self.optimizer not in OPTIMIZERS:
-      raise LeakjaxError(f'unknown optimizer {self.optimizer!r}',
-                         f'use one of {", ".join(OPTIMIZERS)}')
+      raise LeakjaxError(
+        f'unknown optimizer {self.optimizer!r}',
+        f'use one of {", ".join(OPTIMIZERS)}',
+      )
     if self.schedule not in SCHEDULES:
-      raise LeakjaxError(f'unknown learning-rate schedule {self.schedule!r}',
-                         f'use one of {", ".join(SCHEDULES)}')
+      raise LeakjaxError(
+        f'unknown learning-rate schedule {self.schedule!r}',
+        f'use one of {", ".join(SCHEDULES)}',
+      )
     if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
       raise LeakjaxError(
-          f'learning_rate must be positive, got {self.learning_rate}')
-    positive = dict(batch_size=self.batch_size, num_epochs=self.num_epochs,
-                    num_steps=self.num_steps, max_length=self.max_length,
-                    eval_every=self.eval_every, log_every=self.log_every,
-                    checkpoint_every=self.checkpoint_every,
-                    early_stopping_patience=self.early_stopping_patience,
-                    eval_batch_size=self.eval_batch_size,
-                    grad_clip_norm=self.grad_clip_norm)
+        f'learning_rate must be positive, got {self.learning_rate}'
+      )
+    positive = dict(
+      batch_size=self.batch_size,
+      num_epochs=self.num_epochs,
+      num_steps=self.num_steps,
+      max_length=self.max_length,
+      eval_every=self.eval_every,
+      log_every=self.log_every,
+      checkpoint_every=self.checkpoint_every,
+      early_stopping_patience=self.early_stopping_patience,
+      eval_batch_size=self.eval_batch_size,
+      grad_clip_norm=self.grad_clip_norm,
+    )
     for name, value in positive.items():
       if value is not None and not value > 0:
         raise LeakjaxError(f'{name} must be positive, got {value}')
@@ -185,8 +195,9 @@ class TrainResult:
 
 
 # ---------------------------------------------------------------- optimizer
-def learning_rate_schedule(config: TrainConfig,
-                           total_steps: int) -> optax.Schedule:
+def learning_rate_schedule(
+  config: TrainConfig, total_steps: int
+) -> optax.Schedule:
   """Step -> learning rate: linear warmup, then linear decay or constant.
 
   `linear` is `lr * step / warmup` during warmup, then
@@ -215,25 +226,36 @@ def _decay_mask(params: PyTree) -> PyTree:
   return jax.tree.map(lambda x: jnp.ndim(x) >= 2, params)
 
 
-def make_optimizer(config: TrainConfig,
-                   total_steps: int) -> optax.GradientTransformation:
+def make_optimizer(
+  config: TrainConfig, total_steps: int
+) -> optax.GradientTransformation:
   """The optax optimizer of `config`: clip, then SGD/Adam/AdamW + schedule."""
   schedule = learning_rate_schedule(config, total_steps)
   parts = []
   if config.grad_clip_norm is not None:
     parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
   if config.optimizer == 'adamw':
-    parts.append(optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
-                             eps=config.adam_eps,
-                             weight_decay=config.weight_decay,
-                             mask=_decay_mask))
+    parts.append(
+      optax.adamw(
+        schedule,
+        b1=config.adam_b1,
+        b2=config.adam_b2,
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+        mask=_decay_mask,
+      )
+    )
   else:
     if config.weight_decay > 0:  # coupled L2, as torch's Adam/SGD do
-      parts.append(optax.add_decayed_weights(config.weight_decay,
-                                             mask=_decay_mask))
+      parts.append(
+        optax.add_decayed_weights(config.weight_decay, mask=_decay_mask)
+      )
     if config.optimizer == 'adam':
-      parts.append(optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2,
-                              eps=config.adam_eps))
+      parts.append(
+        optax.adam(
+          schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps
+        )
+      )
     else:
       parts.append(optax.sgd(schedule, momentum=config.momentum))
   return parts[0] if len(parts) == 1 else optax.chain(*parts)
@@ -244,12 +266,12 @@ Batch = tuple[jax.Array, jax.Array]  # (ids, mask), int32 [batch, time] each
 
 
 def train_step(
-    model: Model,
-    optimizer: optax.GradientTransformation,
-    params: PyTree,
-    opt_state: optax.OptState,
-    batch: Batch,
-    key: jax.Array,
+  model: Model,
+  optimizer: optax.GradientTransformation,
+  params: PyTree,
+  opt_state: optax.OptState,
+  batch: Batch,
+  key: jax.Array,
 ) -> tuple[PyTree, optax.OptState, dict[str, jax.Array]]:
   """One optimizer step on the mean next-token loss of `batch`.
 
@@ -279,13 +301,17 @@ def train_step(
   loss, grads = jax.value_and_grad(loss_fn)(params)
   updates, opt_state = optimizer.update(grads, opt_state, params)
   params = optax.apply_updates(params, updates)
-  metrics = {'loss': loss, 'grad_norm': optax.global_norm(grads),
-             'tokens': mask[:, 1:].sum().astype(jnp.float32)}
+  metrics = {
+    'loss': loss,
+    'grad_norm': optax.global_norm(grads),
+    'tokens': mask[:, 1:].sum().astype(jnp.float32),
+  }
   return params, opt_state, metrics
 
 
-def eval_step(model: Model, params: PyTree,
-              batch: Batch) -> tuple[jax.Array, jax.Array]:
+def eval_step(
+  model: Model, params: PyTree, batch: Batch
+) -> tuple[jax.Array, jax.Array]:
   """Summed next-token NLL over real targets of `batch`, and their count."""
   ids, mask = batch
   logits = model.logits(params, ids, mask)
@@ -295,8 +321,9 @@ def eval_step(model: Model, params: PyTree,
   return (nll * weights).sum(), weights.sum()
 
 
-def evaluate(model: Model, params: PyTree,
-             batches: Iterable[Batch]) -> dict[str, float]:
+def evaluate(
+  model: Model, params: PyTree, batches: Iterable[Batch]
+) -> dict[str, float]:
   """Token-weighted loss and perplexity of `params` over `batches`.
 
   Padding (mask 0) is excluded, so fully masked filler rows change nothing.
@@ -316,9 +343,18 @@ def evaluate(model: Model, params: PyTree,
 _JIT_CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 _JIT_CACHE_SIZE = 8
 # Fields that make_optimizer reads besides the step count.
-_OPTIMIZER_FIELDS = ('optimizer', 'learning_rate', 'weight_decay',
-                     'warmup_steps', 'schedule', 'grad_clip_norm', 'adam_b1',
-                     'adam_b2', 'adam_eps', 'momentum')
+_OPTIMIZER_FIELDS = (
+  'optimizer',
+  'learning_rate',
+  'weight_decay',
+  'warmup_steps',
+  'schedule',
+  'grad_clip_norm',
+  'adam_b1',
+  'adam_b2',
+  'adam_eps',
+  'momentum',
+)
 
 
 def _cached(key, build):
@@ -345,31 +381,39 @@ def _jitted_train_step(model: Model, config: TrainConfig, total_steps: int):
   def build():
     optimizer = make_optimizer(config, total_steps)
     return jax.jit(
-        lambda p, s, batch, k, i: step(bare, optimizer, p, s, batch,
-                                       jax.random.fold_in(k, i)),
-        donate_argnums=(0, 1))
+      lambda p, s, batch, k, i: step(
+        bare, optimizer, p, s, batch, jax.random.fold_in(k, i)
+      ),
+      donate_argnums=(0, 1),
+    )
 
-  return _cached(('train', _model_key(model), optimizer_args, total_steps,
-                  step), build)
+  return _cached(
+    ('train', _model_key(model), optimizer_args, total_steps, step), build
+  )
 
 
 def _jitted_eval_step(model: Model):
   bare = model.replace(params=None)
   step = eval_step
-  return _cached(('eval', _model_key(model), step),
-                 lambda: jax.jit(functools.partial(step, bare)))
+  return _cached(
+    ('eval', _model_key(model), step),
+    lambda: jax.jit(functools.partial(step, bare)),
+  )
 
 
 def _evaluate(step, params, batches) -> dict[str, float]:
   sums = [step(params, (ids, mask)) for ids, mask in batches]
   if not sums:
     raise LeakjaxError('nothing to evaluate: no batches')
-  nll, count = (np.asarray(x, np.float64)
-                for x in zip(*jax.device_get(sums), strict=True))
+  nll, count = (
+    np.asarray(x, np.float64) for x in zip(*jax.device_get(sums), strict=True)
+  )
   tokens = float(count.sum())
   if tokens == 0:
-    raise LeakjaxError('nothing to evaluate: the eval batches have no target'
-                       ' tokens', 'use examples of at least 2 tokens')
+    raise LeakjaxError(
+      'nothing to evaluate: the eval batches have no target tokens',
+      'use examples of at least 2 tokens',
+    )
   loss = float(nll.sum() / tokens)
   return {'loss': loss, 'perplexity': _perplexity(loss), 'tokens': tokens}
 
@@ -380,13 +424,13 @@ def _perplexity(loss: float) -> float:
 
 # ------------------------------------------------------------------- runner
 def train(
-    model: Model,
-    train_texts: Sequence[str] | tuple[np.ndarray, np.ndarray],
-    eval_texts: Sequence[str] | tuple[np.ndarray, np.ndarray] | None = None,
-    config: TrainConfig = TrainConfig(),
-    *,
-    workdir: str | os.PathLike | None = None,
-    progress: bool = True,
+  model: Model,
+  train_texts: Sequence[str] | tuple[np.ndarray, np.ndarray],
+  eval_texts: Sequence[str] | tuple[np.ndarray, np.ndarray] | None = None,
+  config: TrainConfig = TrainConfig(),
+  *,
+  workdir: str | os.PathLike | None = None,
+  progress: bool = True,
 ) -> TrainResult:
   """Fine-tunes `model` on `train_texts`.
 
@@ -411,42 +455,55 @@ def train(
       workdir that holds a different run.
   """
   context = getattr(model.config, 'max_length', None)
-  train_ids, train_mask, cut = _prepare(model, train_texts, config, context,
-                                        'training set')
+  train_ids, train_mask, cut = _prepare(
+    model, train_texts, config, context, 'training set'
+  )
   num_truncated = cut
   evals = None
   if eval_texts is not None:
-    eval_ids, eval_mask, cut = _prepare(model, eval_texts, config, context,
-                                        'eval set')
+    eval_ids, eval_mask, cut = _prepare(
+      model, eval_texts, config, context, 'eval set'
+    )
     num_truncated += cut
     eval_rows = data_lib.batch_indices(
-        len(eval_ids), config.eval_batch_size or config.batch_size, seed=0,
-        shuffle=False)
+      len(eval_ids),
+      config.eval_batch_size or config.batch_size,
+      seed=0,
+      shuffle=False,
+    )
     evals = [data_lib.take_batch(eval_ids, eval_mask, r) for r in eval_rows]
   if num_truncated:
-    log.warning('%d examples were longer than %d tokens and were cut',
-                num_truncated, train_ids.shape[1])
+    log.warning(
+      '%d examples were longer than %d tokens and were cut',
+      num_truncated,
+      train_ids.shape[1],
+    )
 
   steps_per_epoch = data_lib.num_batches(
-      len(train_ids), config.batch_size, drop_remainder=config.drop_remainder)
+    len(train_ids), config.batch_size, drop_remainder=config.drop_remainder
+  )
   if steps_per_epoch == 0:
     raise LeakjaxError(
-        f'the training set has {len(train_ids)} examples, fewer than one'
-        f' batch of {config.batch_size} with drop_remainder',
-        'lower batch_size or set drop_remainder=False')
+      f'the training set has {len(train_ids)} examples, fewer than one'
+      f' batch of {config.batch_size} with drop_remainder',
+      'lower batch_size or set drop_remainder=False',
+    )
   total_steps = config.num_steps or config.num_epochs * steps_per_epoch
   optimizer = make_optimizer(config, total_steps)
   schedule = learning_rate_schedule(config, total_steps)
   fingerprint = _fingerprint(
-      train_ids, train_mask,
-      *([eval_ids, eval_mask] if eval_texts is not None else []))
+    train_ids,
+    train_mask,
+    *([eval_ids, eval_mask] if eval_texts is not None else []),
+  )
 
   workdir = Path(workdir) if workdir is not None else None
   checkpoint = _find_checkpoint(workdir) if workdir is not None else None
   key = jax.random.key(config.seed)
   if checkpoint is not None:
     params, opt_state, best_params, state = _read_checkpoint(
-        checkpoint, model, optimizer, config, fingerprint)
+      checkpoint, model, optimizer, config, fingerprint
+    )
     key = jax.random.wrap_key_data(np.asarray(state['rng'], np.uint32))
     log.info('resuming from %s at step %d', checkpoint, state['step'])
   else:
@@ -455,11 +512,18 @@ def train(
     opt_state = optimizer.init(params)
     best_params = None
     state = {
-        'version': _STATE_VERSION, 'step': 0, 'epoch': 0,
-        'rng': np.asarray(jax.random.key_data(key)).tolist(), 'best': None,
-        'evals_without_improvement': 0, 'finished': False,
-        'stopped_early': False, 'history': [], 'total_steps': total_steps,
-        'fingerprint': fingerprint, 'config': _config_dict(config),
+      'version': _STATE_VERSION,
+      'step': 0,
+      'epoch': 0,
+      'rng': np.asarray(jax.random.key_data(key)).tolist(),
+      'best': None,
+      'evals_without_improvement': 0,
+      'finished': False,
+      'stopped_early': False,
+      'history': [],
+      'total_steps': total_steps,
+      'fingerprint': fingerprint,
+      'config': _config_dict(config),
     }
   start_step = state['step']
 
@@ -472,14 +536,21 @@ def train(
     nonlocal best_params
     metrics = _evaluate(eval_fn, params, evals)
     step = state['step']
-    state['history'].append({
-        'step': step, 'epoch': step / steps_per_epoch,
+    state['history'].append(
+      {
+        'step': step,
+        'epoch': step / steps_per_epoch,
         'eval_loss': metrics['loss'],
-        'eval_perplexity': metrics['perplexity']})
+        'eval_perplexity': metrics['perplexity'],
+      }
+    )
     best = state['best']
     if best is None or metrics['loss'] < best['loss']:
-      state['best'] = {'step': step, 'loss': metrics['loss'],
-                       'perplexity': metrics['perplexity']}
+      state['best'] = {
+        'step': step,
+        'loss': metrics['loss'],
+        'perplexity': metrics['perplexity'],
+      }
       state['evals_without_improvement'] = 0
       if keep_best:  # a copy: the next step donates `params`
         best_params = jax.tree.map(jnp.copy, params)
@@ -501,12 +572,18 @@ def train(
       epoch, offset = divmod(step, steps_per_epoch)
       if epoch != epoch_of_rows:
         epoch_rows = data_lib.batch_indices(
-            len(train_ids), config.batch_size, seed=config.seed, epoch=epoch,
-            shuffle=config.shuffle, drop_remainder=config.drop_remainder)
+          len(train_ids),
+          config.batch_size,
+          seed=config.seed,
+          epoch=epoch,
+          shuffle=config.shuffle,
+          drop_remainder=config.drop_remainder,
+        )
         epoch_of_rows = epoch
       batch = data_lib.take_batch(train_ids, train_mask, epoch_rows[offset])
-      params, opt_state, metrics = step_fn(params, opt_state, batch, key,
-                                           np.int32(step))
+      params, opt_state, metrics = step_fn(
+        params, opt_state, batch, key, np.int32(step)
+      )
       # Reading the previous step's metrics only now keeps the device busy.
       if pending is not None:
         window.add(*pending)
@@ -522,9 +599,12 @@ def train(
       else:
         do_eval = step % steps_per_epoch == 0
       do_eval = evals is not None and (do_eval or done)
-      do_checkpoint = (workdir is not None and not done
-                       and config.checkpoint_every is not None
-                       and step % config.checkpoint_every == 0)
+      do_checkpoint = (
+        workdir is not None
+        and not done
+        and config.checkpoint_every is not None
+        and step % config.checkpoint_every == 0
+      )
       if not (do_log or do_eval or do_checkpoint):
         continue
       window.add(*pending)
@@ -532,19 +612,25 @@ def train(
       if do_log:
         row = window.row(step, steps_per_epoch)
         state['history'].append(row)
-        bar.set_postfix(loss=f'{row["loss"]:.4f}',
-                        lr=f'{row["learning_rate"]:.2e}', refresh=False)
+        bar.set_postfix(
+          loss=f'{row["loss"]:.4f}',
+          lr=f'{row["learning_rate"]:.2e}',
+          refresh=False,
+        )
       if do_eval:
         if run_eval():
           state['finished'] = state['stopped_early'] = True
-          log.info('early stopping at step %d; the best eval loss was at'
-                   ' step %d', step, state['best']['step'])
+          log.info(
+            'early stopping at step %d; the best eval loss was at step %d',
+            step,
+            state['best']['step'],
+          )
         ppl = state['history'][-1]['eval_perplexity']
-        bar.set_postfix(loss=f'{window.last_loss:.4f}',
-                        eval_ppl=f'{ppl:.4g}', refresh=False)
+        bar.set_postfix(
+          loss=f'{window.last_loss:.4f}', eval_ppl=f'{ppl:.4g}', refresh=False
+        )
       if do_checkpoint and not state['finished']:
-        _write_checkpoint(workdir, model, params, opt_state, best_params,
-                          state)
+        _write_checkpoint(workdir, model, params, opt_state, best_params, state)
   finally:
     bar.close()
   if pending is not None:
@@ -559,9 +645,14 @@ def train(
   if workdir is not None and (ran or not (workdir / 'model').is_dir()):
     _save_directory(result_model, workdir / 'model')
   return TrainResult(
-      model=result_model, history=list(state['history']),
-      best_eval=state['best'], step=state['step'], start_step=start_step,
-      stopped_early=state['stopped_early'], num_truncated=num_truncated)
+    model=result_model,
+    history=list(state['history']),
+    best_eval=state['best'],
+    step=state['step'],
+    start_step=start_step,
+    stopped_early=state['stopped_early'],
+    num_truncated=num_truncated,
+  )
 
 
 class _Window:
@@ -580,24 +671,27 @@ class _Window:
       what = 'loss' if not math.isfinite(loss) else 'gradient norm'
       value = loss if what == 'loss' else grad_norm
       raise LeakjaxError(
-          f'the training {what} is {value} at step {step} (learning rate'
-          f' {float(self._schedule(step - 1)):.3g})',
-          'lower the learning rate (or set grad_clip_norm) and restart')
+        f'the training {what} is {value} at step {step} (learning rate'
+        f' {float(self._schedule(step - 1)):.3g})',
+        'lower the learning rate (or set grad_clip_norm) and restart',
+      )
     self._rows.append((step, loss, grad_norm, float(m['tokens'])))
     self.last_loss = loss
 
   def row(self, step: int, steps_per_epoch: int) -> dict[str, float]:
     """The history row of the steps added since the last call."""
-    _, losses, norms, tokens = (np.asarray(c, np.float64)
-                                for c in zip(*self._rows, strict=True))
+    _, losses, norms, tokens = (
+      np.asarray(c, np.float64) for c in zip(*self._rows, strict=True)
+    )
     now = time.perf_counter()
     row = {
-        'step': step, 'epoch': step / steps_per_epoch,
-        # Token-weighted, like the loss of one big batch.
-        'loss': float((losses * tokens).sum() / max(tokens.sum(), 1.0)),
-        'grad_norm': float(norms.mean()),
-        'learning_rate': float(self._schedule(step - 1)),
-        'steps_per_second': len(self._rows) / max(now - self._since, 1e-9),
+      'step': step,
+      'epoch': step / steps_per_epoch,
+      # Token-weighted, like the loss of one big batch.
+      'loss': float((losses * tokens).sum() / max(tokens.sum(), 1.0)),
+      'grad_norm': float(norms.mean()),
+      'learning_rate': float(self._schedule(step - 1)),
+      'steps_per_second': len(self._rows) / max(now - self._since, 1e-9),
     }
     self._rows, self._since = [], now
     return row
@@ -605,13 +699,21 @@ class _Window:
 
 def _progress_bar(enabled: bool, total: int, initial: int):
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-  return tqdm(total=total, initial=initial, disable=not enabled,
-              unit='step', desc='train', dynamic_ncols=True)
+
+  return tqdm(
+    total=total,
+    initial=initial,
+    disable=not enabled,
+    unit='step',
+    desc='train',
+    dynamic_ncols=True,
+  )
 
 
 # --------------------------------------------------------------- input data
-def _prepare(model: Model, texts, config: TrainConfig, context: int | None,
-             what: str) -> tuple[np.ndarray, np.ndarray, int]:
+def _prepare(
+  model: Model, texts, config: TrainConfig, context: int | None, what: str
+) -> tuple[np.ndarray, np.ndarray, int]:
   """Texts or (ids, mask) -> fixed-width int32 arrays + examples cut."""
   max_length = config.max_length
   if context is not None:
@@ -620,8 +722,9 @@ def _prepare(model: Model, texts, config: TrainConfig, context: int | None,
     ids, mask = (np.asarray(x) for x in texts)
     if ids.ndim != 2 or ids.shape != mask.shape:
       raise LeakjaxError(
-          f'the {what} arrays have shapes {ids.shape} and {mask.shape}',
-          'pass (ids, mask) of one shape [num_examples, time]')
+        f'the {what} arrays have shapes {ids.shape} and {mask.shape}',
+        'pass (ids, mask) of one shape [num_examples, time]',
+      )
     if len(ids) == 0:
       raise LeakjaxError(f'the {what} is empty', 'pass at least one example')
     ids, mask = ids.astype(np.int32), (mask != 0).astype(np.int32)
@@ -631,32 +734,43 @@ def _prepare(model: Model, texts, config: TrainConfig, context: int | None,
       num_truncated = int((lengths > max_length).sum())
       if num_truncated and not config.truncate:
         raise LeakjaxError(
-            f'{num_truncated} examples of the {what} are longer than'
-            f' {max_length} tokens (the model context or max_length)',
-            'shorten them or set truncate=True')
+          f'{num_truncated} examples of the {what} are longer than'
+          f' {max_length} tokens (the model context or max_length)',
+          'shorten them or set truncate=True',
+        )
       ids, mask = ids[:, :max_length], mask[:, :max_length]
   else:
     texts = list(texts)
     if not texts:
       raise LeakjaxError(f'the {what} is empty', 'pass at least one example')
     if model.tokenizer is None:
-      raise LeakjaxError('the model has no tokenizer',
-                         'attach one or pass pre-tokenized (ids, mask)')
+      raise LeakjaxError(
+        'the model has no tokenizer',
+        'attach one or pass pre-tokenized (ids, mask)',
+      )
     ids, mask, num_truncated = data_lib.encode_corpus(
-        model.tokenizer, texts, max_length, add_bos=config.add_bos,
-        add_eos=config.add_eos, truncate=config.truncate)
+      model.tokenizer,
+      texts,
+      max_length,
+      add_bos=config.add_bos,
+      add_eos=config.add_eos,
+      truncate=config.truncate,
+    )
   vocab_size = getattr(model.config, 'vocab_size', None)
   if vocab_size is not None:
     check_token_ids(ids[mask != 0], vocab_size, f'the {what} token ids')
   if mask[:, 1:].sum() == 0:
-    raise LeakjaxError(f'the {what} has no example of 2 or more tokens, so'
-                       ' nothing to predict', 'pass longer examples')
+    raise LeakjaxError(
+      f'the {what} has no example of 2 or more tokens, so nothing to predict',
+      'pass longer examples',
+    )
   return ids, mask, num_truncated
 
 
 def _is_arrays(x) -> bool:
-  return (isinstance(x, tuple) and len(x) == 2
-          and all(hasattr(a, 'shape') for a in x))
+  return (
+    isinstance(x, tuple) and len(x) == 2 and all(hasattr(a, 'shape') for a in x)
+  )
 
 
 def _fingerprint(*arrays: np.ndarray) -> str:
@@ -673,8 +787,11 @@ def _config_dict(config: TrainConfig) -> dict[str, Any]:
 
 # -------------------------------------------------------------- checkpoints
 _CHECKPOINT, _NEW, _OLD = 'checkpoint', 'checkpoint.new', 'checkpoint.old'
-_STATE_FILE, _OPT_FILE, _BEST_DIR = ('train_state.json',
-                                     'optimizer.safetensors', 'best')
+_STATE_FILE, _OPT_FILE, _BEST_DIR = (
+  'train_state.json',
+  'optimizer.safetensors',
+  'best',
+)
 
 
 def _find_checkpoint(workdir: Path) -> Path | None:
@@ -707,29 +824,41 @@ def _save_directory(model: Model, directory: Path, extra=None) -> None:
   shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_checkpoint(workdir: Path, model: Model, params, opt_state,
-                      best_params, state: dict[str, Any]) -> None:
+def _write_checkpoint(
+  workdir: Path,
+  model: Model,
+  params,
+  opt_state,
+  best_params,
+  state: dict[str, Any],
+) -> None:
   from safetensors.numpy import save as to_bytes  # pylint: disable=g-import-not-at-top
 
   def write_rest(folder: Path) -> None:
     best = state['best']
-    if best_params is not None and best is not None and (
-        best['step'] != state['step']):
+    if (
+      best_params is not None
+      and best is not None
+      and (best['step'] != state['step'])
+    ):
       from leakjax import models  # pylint: disable=g-import-not-at-top
+
       models.save(model.replace(params=best_params), folder / _BEST_DIR)
-    atomic_write_bytes(folder / _OPT_FILE,
-                       to_bytes(_flatten(opt_state)))
+    atomic_write_bytes(folder / _OPT_FILE, to_bytes(_flatten(opt_state)))
     # Last: its presence marks the folder complete.
     atomic_write_text(folder / _STATE_FILE, json.dumps(state, indent=1))
 
-  _save_directory(model.replace(params=params), workdir / _CHECKPOINT,
-                  extra=write_rest)
+  _save_directory(
+    model.replace(params=params), workdir / _CHECKPOINT, extra=write_rest
+  )
 
 
 def _flatten(tree) -> dict[str, np.ndarray]:
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf))
-          for path, leaf in leaves}
+  return {
+    jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf))
+    for path, leaf in leaves
+  }
 
 
 def _unflatten(flat: dict[str, np.ndarray], template, what: str):
@@ -740,75 +869,108 @@ def _unflatten(flat: dict[str, np.ndarray], template, what: str):
     name = jax.tree_util.keystr(path)
     names.add(name)
     if name not in flat:
-      raise LeakjaxError(f'{what} lacks {name}',
-                         'the checkpoint belongs to another model or'
-                         ' optimizer; use a new workdir')
+      raise LeakjaxError(
+        f'{what} lacks {name}',
+        'the checkpoint belongs to another model or'
+        ' optimizer; use a new workdir',
+      )
     value = flat[name]
     if tuple(value.shape) != tuple(like.shape):
-      raise LeakjaxError(f'{what}: {name} has shape {value.shape}, expected'
-                         f' {tuple(like.shape)}', 'use a new workdir')
+      raise LeakjaxError(
+        f'{what}: {name} has shape {value.shape}, expected {tuple(like.shape)}',
+        'use a new workdir',
+      )
     leaves.append(jnp.asarray(value, dtype=like.dtype))
   unused = sorted(set(flat) - names)
   if unused:
-    raise LeakjaxError(f'{what} has unexpected entries ({unused[0]}, ...)',
-                       'use a new workdir')
+    raise LeakjaxError(
+      f'{what} has unexpected entries ({unused[0]}, ...)', 'use a new workdir'
+    )
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def _read_params(directory: Path, model: Model, what: str) -> PyTree:
   from leakjax import models  # pylint: disable=g-import-not-at-top
+
   loaded = models.load(directory, dtype=_params_dtype(model.params))
   return _unflatten(_flatten(loaded.params), model.params, what)
 
 
 def _params_dtype(params):
-  leaves = [x for x in jax.tree.leaves(params)
-            if jnp.issubdtype(x.dtype, jnp.floating)]
+  leaves = [
+    x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)
+  ]
   return leaves[0].dtype if leaves else None
 
 
-def _read_checkpoint(folder: Path, model: Model, optimizer,
-                     config: TrainConfig, fingerprint: str):
+def _read_checkpoint(
+  folder: Path, model: Model, optimizer, config: TrainConfig, fingerprint: str
+):
   """(params, opt_state, best_params, state) of a checkpoint folder."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
   try:
     state = json.loads((folder / _STATE_FILE).read_text())
   except (OSError, json.JSONDecodeError) as e:
-    raise LeakjaxError(f'cannot read {folder / _STATE_FILE}: {e}',
-                       'delete the checkpoint folder to start over') from None
+    raise LeakjaxError(
+      f'cannot read {folder / _STATE_FILE}: {e}',
+      'delete the checkpoint folder to start over',
+    ) from None
   if state.get('version') != _STATE_VERSION:
-    raise LeakjaxError(f'{folder} was written by another leakjax version',
-                       'use a new workdir')
+    raise LeakjaxError(
+      f'{folder} was written by another leakjax version', 'use a new workdir'
+    )
   old, new = state['config'], _config_dict(config)
-  changed = sorted(k for k in set(old) | set(new)
-                   if k not in _RESUME_FREE_FIELDS and old.get(k) != new.get(k))
+  changed = sorted(
+    k
+    for k in set(old) | set(new)
+    if k not in _RESUME_FREE_FIELDS and old.get(k) != new.get(k)
+  )
   if changed:
     raise LeakjaxError(
-        f'{folder} holds a run with a different config (changed:'
-        f' {", ".join(changed)})', 'use a new workdir or delete the old one')
+      f'{folder} holds a run with a different config (changed:'
+      f' {", ".join(changed)})',
+      'use a new workdir or delete the old one',
+    )
   if state['fingerprint'] != fingerprint:
-    raise LeakjaxError(f'{folder} holds a run on different data',
-                       'use a new workdir or delete the old one')
+    raise LeakjaxError(
+      f'{folder} holds a run on different data',
+      'use a new workdir or delete the old one',
+    )
   params = _read_params(folder, model, f'checkpoint {folder}')
   try:
     flat = load_file(str(folder / _OPT_FILE))
   except Exception as e:  # safetensors raises several types  # noqa: BLE001
-    raise LeakjaxError(f'cannot read {folder / _OPT_FILE}: {e}',
-                       'delete the checkpoint folder to start over') from None
-  opt_state = _unflatten(flat, jax.eval_shape(optimizer.init, params),
-                         f'optimizer state {folder / _OPT_FILE}')
+    raise LeakjaxError(
+      f'cannot read {folder / _OPT_FILE}: {e}',
+      'delete the checkpoint folder to start over',
+    ) from None
+  opt_state = _unflatten(
+    flat,
+    jax.eval_shape(optimizer.init, params),
+    f'optimizer state {folder / _OPT_FILE}',
+  )
   best_params = None
   best = state['best']
   if best is not None and config.restore_best:
     if best['step'] == state['step']:
       best_params = jax.tree.map(jnp.copy, params)
     else:
-      best_params = _read_params(folder / _BEST_DIR, model,
-                                 f'checkpoint {folder / _BEST_DIR}')
+      best_params = _read_params(
+        folder / _BEST_DIR, model, f'checkpoint {folder / _BEST_DIR}'
+      )
   return params, opt_state, best_params, state
 
 
-__all__ = ['TrainConfig', 'TrainResult', 'make_optimizer',
-           'learning_rate_schedule', 'train_step', 'eval_step', 'evaluate',
-           'train', 'OPTIMIZERS', 'SCHEDULES']
+__all__ = [
+  'TrainConfig',
+  'TrainResult',
+  'make_optimizer',
+  'learning_rate_schedule',
+  'train_step',
+  'eval_step',
+  'evaluate',
+  'train',
+  'OPTIMIZERS',
+  'SCHEDULES',
+]

@@ -15,9 +15,9 @@ def test_beam_searches_stay_behind_module_names():
   # FILM's bag-restricted search and the differential-rank search differ.
   assert inspect.ismodule(attacks.beam_search)
   assert attacks.differential.beam_search is differential.beam_search
-  assert 'bag_ids' in inspect.signature(
-    attacks.beam_search.beam_search
-  ).parameters
+  assert (
+    'bag_ids' in inspect.signature(attacks.beam_search.beam_search).parameters
+  )
 
 
 def test_entry_points():

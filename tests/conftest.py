@@ -4,7 +4,7 @@ import os
 
 # Must run before jax is imported anywhere.
 os.environ['XLA_FLAGS'] = (
-    os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+  os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
 ).strip()
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')

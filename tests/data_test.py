@@ -41,9 +41,11 @@ def test_json_list_of_strings(tmp_path):
 
 
 def test_json_objects_default_and_named_column(tmp_path):
-  items = [{'text': 'hi there', 'who': 'a', 'n': 1},
-           {'text': 'bye', 'who': 'b', 'n': 2},
-           {'text': 'again', 'who': 'a', 'n': 3}]
+  items = [
+    {'text': 'hi there', 'who': 'a', 'n': 1},
+    {'text': 'bye', 'who': 'b', 'n': 2},
+    {'text': 'again', 'who': 'a', 'n': 3},
+  ]
   path = write(tmp_path, 'c.json', json.dumps(items))
   assert data.load_corpus(path) == ['hi there', 'bye', 'again']
   assert data.load_corpus(path, label=('who', 'a')) == ['hi there', 'again']
@@ -56,42 +58,52 @@ def test_json_objects_default_and_named_column(tmp_path):
 
 
 def test_jsonl(tmp_path):
-  path = write(tmp_path, 'c.jsonl',
-               '{"sentence": "x y"}\n\n{"sentence": "z"}\n')
+  path = write(
+    tmp_path, 'c.jsonl', '{"sentence": "x y"}\n\n{"sentence": "z"}\n'
+  )
   assert data.load_corpus(path) == ['x y', 'z']
   bad = write(tmp_path, 'bad.jsonl', '{"sentence": "x"}\n{oops\n')
   with pytest.raises(LeakjaxError, match='line 2'):
     data.load_corpus(bad)
 
 
-@pytest.mark.parametrize('content, match', [
+@pytest.mark.parametrize(
+  'content, match',
+  [
     ('[1, 2', 'not valid JSON'),
     ('{"text": "a"}', 'not a list'),
     ('[{"a": 1}, "b"]', 'mixes JSON types'),
     ('[{"body": "a"}]', 'no text field'),
     ('[]', 'no non-empty example'),
     ('["", "  "]', 'no non-empty example'),
-])
+  ],
+)
 def test_json_errors(tmp_path, content, match):
   path = write(tmp_path, 'c.json', content)
   with pytest.raises(LeakjaxError, match=match):
     data.load_corpus(path)
 
 
-SMS = ('Label\tSMS\n'
-       'ham\tGo until jurong point, "crazy".. Available\n'
-       'spam\tFree entry in 2 a wkly comp\n'
-       'ham\tOk lar... Joking wif u oni...\n')
+SMS = (
+  'Label\tSMS\n'
+  'ham\tGo until jurong point, "crazy".. Available\n'
+  'spam\tFree entry in 2 a wkly comp\n'
+  'ham\tOk lar... Joking wif u oni...\n'
+)
 
 
 def test_tsv_label_filter_and_literal_quotes(tmp_path):
   path = write(tmp_path, 'sms.tsv', SMS)
   assert data.load_corpus(path) == [
-      'Go until jurong point, "crazy".. Available',
-      'Free entry in 2 a wkly comp', 'Ok lar... Joking wif u oni...']
+    'Go until jurong point, "crazy".. Available',
+    'Free entry in 2 a wkly comp',
+    'Ok lar... Joking wif u oni...',
+  ]
   ham = data.load_corpus(path, label=('Label', 'ham'))
-  assert ham == ['Go until jurong point, "crazy".. Available',
-                 'Ok lar... Joking wif u oni...']
+  assert ham == [
+    'Go until jurong point, "crazy".. Available',
+    'Ok lar... Joking wif u oni...',
+  ]
   assert data.load_corpus(path, column='Label', limit=2) == ['ham', 'spam']
 
 
@@ -136,22 +148,36 @@ def test_hub_name_offline_is_one_line_error(monkeypatch):
 
 
 # -------------------------------------------------------------- sentences
-@pytest.mark.parametrize('text, expected', [
-    ('Mr. Smith went home. He slept! Did he? Yes.',
-     ['Mr. Smith went home.', 'He slept!', 'Did he?', 'Yes.']),
-    ('J. R. R. Tolkien wrote it in 1937. "Really?" she asked. (It was.) Ok.',
-     ['J. R. R. Tolkien wrote it in 1937.', '"Really?" she asked.',
-      '(It was.)', 'Ok.']),
-    ('We met at 5 p.m. Monday, e.g. at home. Then 3.5 km later we left',
-     ['We met at 5 p.m. Monday, e.g. at home.',
-      'Then 3.5 km later we left']),
-    ('It is a species of lobster . It may grow to 60 cm .',  # WikiText style
-     ['It is a species of lobster .', 'It may grow to 60 cm .']),
+@pytest.mark.parametrize(
+  'text, expected',
+  [
+    (
+      'Mr. Smith went home. He slept! Did he? Yes.',
+      ['Mr. Smith went home.', 'He slept!', 'Did he?', 'Yes.'],
+    ),
+    (
+      'J. R. R. Tolkien wrote it in 1937. "Really?" she asked. (It was.) Ok.',
+      [
+        'J. R. R. Tolkien wrote it in 1937.',
+        '"Really?" she asked.',
+        '(It was.)',
+        'Ok.',
+      ],
+    ),
+    (
+      'We met at 5 p.m. Monday, e.g. at home. Then 3.5 km later we left',
+      ['We met at 5 p.m. Monday, e.g. at home.', 'Then 3.5 km later we left'],
+    ),
+    (
+      'It is a species of lobster . It may grow to 60 cm .',  # WikiText style
+      ['It is a species of lobster .', 'It may grow to 60 cm .'],
+    ),
     ('no capital after. so one', ['no capital after. so one']),
     ('Wait... What?!  Done', ['Wait...', 'What?!', 'Done']),
     ('', []),
     ('   ', []),
-])
+  ],
+)
 def test_split_sentences(text, expected):
   assert data.split_sentences(text) == expected
 
@@ -203,8 +229,10 @@ def test_encode_corpus_bos_width_and_truncation(tokenizer):
 
 @pytest.mark.parametrize('drop_remainder', [False, True])
 def test_batch_indices_cover_each_example_once(drop_remainder):
-  epochs = [data.batch_indices(10, 4, seed=1, epoch=e,
-                               drop_remainder=drop_remainder) for e in (0, 1)]
+  epochs = [
+    data.batch_indices(10, 4, seed=1, epoch=e, drop_remainder=drop_remainder)
+    for e in (0, 1)
+  ]
   for rows in epochs:
     assert len(rows) == (2 if drop_remainder else 3)
     assert all(r.shape == (4,) for r in rows)
@@ -212,12 +240,15 @@ def test_batch_indices_cover_each_example_once(drop_remainder):
     real = flat[flat >= 0]
     assert len(set(real.tolist())) == len(real)
     assert len(real) == (8 if drop_remainder else 10)
-  assert not np.array_equal(np.concatenate(epochs[0]),
-                            np.concatenate(epochs[1]))
-  again = data.batch_indices(10, 4, seed=1, epoch=0,
-                             drop_remainder=drop_remainder)
-  np.testing.assert_array_equal(np.concatenate(again),
-                                np.concatenate(epochs[0]))
+  assert not np.array_equal(
+    np.concatenate(epochs[0]), np.concatenate(epochs[1])
+  )
+  again = data.batch_indices(
+    10, 4, seed=1, epoch=0, drop_remainder=drop_remainder
+  )
+  np.testing.assert_array_equal(
+    np.concatenate(again), np.concatenate(epochs[0])
+  )
   ordered = data.batch_indices(10, 4, seed=1, shuffle=False)
   assert np.concatenate(ordered).tolist() == list(range(10)) + [-1, -1]
 
@@ -236,19 +267,24 @@ def test_batches_have_one_shape(tokenizer):
   assert len(got) == 3
   assert {(i.shape, m.shape) for i, m in got} == {((2, 7), (2, 7))}
   assert sum(int(m[:, 0].sum()) for _, m in got) == 5  # one filler row
-  got = list(data.batches(tokenizer, texts, 2, 4, drop_remainder=True,
-                          shuffle=False, seed=0))
+  got = list(
+    data.batches(
+      tokenizer, texts, 2, 4, drop_remainder=True, shuffle=False, seed=0
+    )
+  )
   assert len(got) == 2 and got[0][0].shape == (2, 4)
 
 
 # --------------------------------------------------------------- real files
 @pytest.mark.skipif(not SHARED.is_dir(), reason='no ../shared/data')
 def test_real_corpora_load():
-  ham = data.load_corpus(SHARED / 'sms_spam' / 'SMSSpamCollection.tsv',
-                         label=('Label', 'ham'))
+  ham = data.load_corpus(
+    SHARED / 'sms_spam' / 'SMSSpamCollection.tsv', label=('Label', 'ham')
+  )
   assert len(ham) == 4827
-  spam = data.load_corpus(SHARED / 'sms_spam' / 'SMSSpamCollection.tsv',
-                          label=('Label', 'spam'))
+  spam = data.load_corpus(
+    SHARED / 'sms_spam' / 'SMSSpamCollection.tsv', label=('Label', 'spam')
+  )
   assert len(spam) == 747
   enron = data.load_corpus(SHARED / 'enron_film' / 'dataset.json')
   assert len(enron) == 31797

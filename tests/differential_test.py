@@ -23,8 +23,9 @@ def random_model(config, seed):
   model = lstm.init_model(config, key=jax.random.key(seed))
   leaves, tree = jax.tree.flatten(model.params)
   keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
-  leaves = [x + 0.8 * jax.random.normal(k, x.shape)
-            for k, x in zip(keys, leaves)]
+  leaves = [
+    x + 0.8 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)
+  ]
   return model.replace(params=jax.tree.unflatten(tree, leaves))
 
 
@@ -35,8 +36,9 @@ def pair():
 
 def np_probs(model, ids):
   """Next-token probabilities of every prefix, float64 [time, vocab]."""
-  logits = np.asarray(model.logits(model.params, jnp.asarray([ids])),
-                      np.float64)[0]
+  logits = np.asarray(
+    model.logits(model.params, jnp.asarray([ids])), np.float64
+  )[0]
   e = np.exp(logits - logits.max(-1, keepdims=True))
   return e / e.sum(-1, keepdims=True)
 
@@ -53,14 +55,14 @@ def direct_scores(m, mp, ids, num_context):
 
 
 def all_sequences(vocab, n):
-  return np.asarray(list(itertools.product(range(vocab), repeat=n)),
-                    np.int32)
+  return np.asarray(list(itertools.product(range(vocab), repeat=n)), np.int32)
 
 
 @functools.lru_cache(maxsize=None)
 def jitted_score(m, mp, num_context):
-  return jax.jit(functools.partial(dlib.differential_score, m, mp,
-                                   num_context=num_context))
+  return jax.jit(
+    functools.partial(dlib.differential_score, m, mp, num_context=num_context)
+  )
 
 
 def score_all(m, mp, context, seqs):
@@ -71,34 +73,40 @@ def score_all(m, mp, context, seqs):
 def search(m, mp, context, tokens=None, **kwargs):
   """`beam_search` under jit, as callers run it."""
   fn = jax.jit(functools.partial(dlib.beam_search, m, mp, **kwargs))
-  return fn(m.params, mp.params, jnp.asarray(context, jnp.int32),
-            None if tokens is None else jnp.asarray(tokens, jnp.int32))
+  return fn(
+    m.params,
+    mp.params,
+    jnp.asarray(context, jnp.int32),
+    None if tokens is None else jnp.asarray(tokens, jnp.int32),
+  )
 
 
 # ----------------------------------------------------------------- DS
 @pytest.mark.parametrize('use_jit', [False, True])
 @pytest.mark.parametrize('num_context', [1, 3])
-def test_differential_score_equals_direct_computation(pair, use_jit,
-                                                      num_context):
+def test_differential_score_equals_direct_computation(
+  pair, use_jit, num_context
+):
   m, mp = pair
   rng = np.random.default_rng(0)
   ids = rng.integers(0, TINY.vocab_size, (5, 8)).astype(np.int32)
   ids[:, 0] = BOS
   lengths = np.array([8, 6, 4, 8, 5])
   mask = (np.arange(8)[None] < lengths[:, None]).astype(np.int32)
-  fn = functools.partial(dlib.differential_score, m, mp,
-                         num_context=num_context)
+  fn = functools.partial(
+    dlib.differential_score, m, mp, num_context=num_context
+  )
   if use_jit:
     fn = jax.jit(fn)
   got = fn(m.params, mp.params, jnp.asarray(ids), jnp.asarray(mask))
   assert got.ds.shape == (5,) and got.token_ds.shape == (5, 7)
   for b in range(5):
-    want_ds, want_rel = direct_scores(m, mp, ids[b, :lengths[b]], num_context)
+    want_ds, want_rel = direct_scores(m, mp, ids[b, : lengths[b]], num_context)
     np.testing.assert_allclose(got.ds[b], want_ds, atol=1e-5)
     np.testing.assert_allclose(got.rel_ds[b], want_rel, rtol=1e-4, atol=1e-5)
   # Padding and context positions score exactly 0.
   assert np.all(np.asarray(got.token_ds)[mask[:, 1:] == 0] == 0)
-  assert np.all(np.asarray(got.token_ds)[:, :num_context - 1] == 0)
+  assert np.all(np.asarray(got.token_ds)[:, : num_context - 1] == 0)
 
 
 def test_identical_models_score_zero(pair):
@@ -119,8 +127,9 @@ def test_token_scores_relative_is_exact_for_tiny_probabilities():
 def test_num_context_must_be_positive(pair):
   m, mp = pair
   with pytest.raises(LeakjaxError, match='num_context'):
-    dlib.differential_score(m, mp, m.params, mp.params,
-                            np.array([[BOS, 2]]), num_context=0)
+    dlib.differential_score(
+      m, mp, m.params, mp.params, np.array([[BOS, 2]]), num_context=0
+    )
 
 
 # ------------------------------------------------------------ search
@@ -128,8 +137,9 @@ def test_exhaustive_widths_return_every_sequence_ranked(pair):
   """With widths |T|^i the search is exact: all of T^n, sorted by DS."""
   m, mp = pair
   n, v = 3, TINY.vocab_size
-  result = search(m, mp, [BOS], widths=(v, v**2, v**3), length=n,
-                  chunk_rows=5)  # 5 does not divide 49: padded chunks
+  result = search(
+    m, mp, [BOS], widths=(v, v**2, v**3), length=n, chunk_rows=5
+  )  # 5 does not divide 49: padded chunks
   seqs = all_sequences(v, n)
   want = np.asarray(score_all(m, mp, [BOS], seqs).ds)
   order = np.argsort(-want)
@@ -147,8 +157,9 @@ def reference_search(m, mp, context, tokens, widths, groups, score):
   tokens = list(tokens)
 
   def scores(seqs):
-    s = score_all(m, mp, context, np.asarray(seqs, np.int32).reshape(
-        len(seqs), -1))
+    s = score_all(
+      m, mp, context, np.asarray(seqs, np.int32).reshape(len(seqs), -1)
+    )
     return np.asarray(getattr(s, score))
 
   def extend(beam, width):
@@ -161,7 +172,7 @@ def reference_search(m, mp, context, tokens, widths, groups, score):
   per = widths[0] // groups
   out_seqs, out_vals = [], []
   for g in range(groups):
-    beam, vals = first[g * per:(g + 1) * per], None
+    beam, vals = first[g * per : (g + 1) * per], None
     for w in widths[1:]:
       beam, vals = extend(beam, w // groups)
     if vals is None:
@@ -171,29 +182,45 @@ def reference_search(m, mp, context, tokens, widths, groups, score):
   return np.asarray(out_seqs), np.asarray(out_vals)
 
 
-@pytest.mark.parametrize('groups,score,context', [
+@pytest.mark.parametrize(
+  'groups,score,context',
+  [
     (2, 'ds', [BOS, 3]),
     (3, 'rel_ds', [BOS]),
-])
+  ],
+)
 def test_search_equals_per_sequence_reference(pair, groups, score, context):
   m, mp = pair
   tokens = np.array([0, 2, 3, 5, 6, 4], np.int32)  # T, a permuted subset
   widths = (6, 6, 3) if groups == 3 else (6, 4, 2)
-  result = search(m, mp, context, tokens, widths=widths, length=3,
-                  num_groups=groups, score=score, chunk_rows=2)
-  want_seqs, want_vals = reference_search(m, mp, context, tokens, widths,
-                                          groups, score)
+  result = search(
+    m,
+    mp,
+    context,
+    tokens,
+    widths=widths,
+    length=3,
+    num_groups=groups,
+    score=score,
+    chunk_rows=2,
+  )
+  want_seqs, want_vals = reference_search(
+    m, mp, context, tokens, widths, groups, score
+  )
   assert result.sequences.shape == (groups, widths[-1] // groups, 3)
   np.testing.assert_array_equal(result.sequences, want_seqs)
-  np.testing.assert_allclose(getattr(result, score), want_vals, rtol=1e-4,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    getattr(result, score), want_vals, rtol=1e-4, atol=1e-6
+  )
   # Both scores of every returned sequence match Definition 3.1.
   flat = np.asarray(result.sequences).reshape(-1, 3)
   direct = score_all(m, mp, context, flat)
-  np.testing.assert_allclose(np.asarray(result.ds).reshape(-1), direct.ds,
-                             atol=1e-5)
-  np.testing.assert_allclose(np.asarray(result.rel_ds).reshape(-1),
-                             direct.rel_ds, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(result.ds).reshape(-1), direct.ds, atol=1e-5
+  )
+  np.testing.assert_allclose(
+    np.asarray(result.rel_ds).reshape(-1), direct.rel_ds, rtol=1e-4, atol=1e-5
+  )
 
 
 def test_groups_start_from_disjoint_first_tokens(pair):
@@ -201,13 +228,14 @@ def test_groups_start_from_disjoint_first_tokens(pair):
   m, mp = pair
   v = TINY.vocab_size - 1  # 6 tokens, 3 groups of 2 first tokens
   tokens = jnp.arange(1, 7)
-  result = search(m, mp, [BOS], tokens, widths=(6, 6, 6), length=3,
-                  num_groups=3)
+  result = search(
+    m, mp, [BOS], tokens, widths=(6, 6, 6), length=3, num_groups=3
+  )
   first = score_all(m, mp, [BOS], np.arange(1, 7)[:, None])
   ranked_first = np.arange(1, 7)[np.argsort(-np.asarray(first.ds))]
   for g in range(3):
     used = set(np.asarray(result.sequences[g, :, 0]).tolist())
-    assert used <= set(ranked_first[2 * g:2 * g + 2].tolist())
+    assert used <= set(ranked_first[2 * g : 2 * g + 2].tolist())
   assert v == 6
 
 
@@ -217,8 +245,9 @@ def test_search_compiles_once_per_shape(pair):
 
   def search(p, pp, ctx):
     traces.append(1)
-    return dlib.beam_search(m, mp, p, pp, ctx,
-                            widths=dlib.halving_widths(7, 4), length=4)
+    return dlib.beam_search(
+      m, mp, p, pp, ctx, widths=dlib.halving_widths(7, 4), length=4
+    )
 
   fn = jax.jit(search)
   a = fn(m.params, mp.params, jnp.array([BOS]))
@@ -233,9 +262,14 @@ def test_search_over_the_smollm2_vocabulary_on_a_tiny_llama():
   from leakjax.models import llama  # pylint: disable=g-import-not-at-top
 
   config = llama.LlamaConfig(
-      vocab_size=49_152, hidden_size=16, intermediate_size=32,
-      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-      max_position_embeddings=16)
+    vocab_size=49_152,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=16,
+  )
   m = llama.init_model(config, key=jax.random.key(0))
   mp = llama.init_model(config, key=jax.random.key(1))
   context = [1, 5]
@@ -247,8 +281,9 @@ def test_search_over_the_smollm2_vocabulary_on_a_tiny_llama():
   np.testing.assert_allclose(result.ds[0], direct.ds, atol=1e-7)
   # The best first token is the argmax of M' - M over the whole vocabulary.
   ids = jnp.asarray([context])
-  first = (jax.nn.softmax(mp.logits(mp.params, ids)[0, -1])
-           - jax.nn.softmax(m.logits(m.params, ids)[0, -1]))  # [49152]
+  first = jax.nn.softmax(mp.logits(mp.params, ids)[0, -1]) - jax.nn.softmax(
+    m.logits(m.params, ids)[0, -1]
+  )  # [49152]
   assert seqs[0, 0] in np.argsort(-np.asarray(first))[:32]
 
 
@@ -265,11 +300,13 @@ def test_halving_widths():
 def test_bad_widths_raise(pair):
   m, mp = pair
   with pytest.raises(LeakjaxError, match='exceeds'):
-    dlib.beam_search(m, mp, m.params, mp.params, jnp.array([BOS]),
-                     widths=(8, 4), length=2)
+    dlib.beam_search(
+      m, mp, m.params, mp.params, jnp.array([BOS]), widths=(8, 4), length=2
+    )
   with pytest.raises(LeakjaxError, match='widths'):
-    dlib.beam_search(m, mp, m.params, mp.params, jnp.array([BOS]),
-                     widths=(4,), length=2)
+    dlib.beam_search(
+      m, mp, m.params, mp.params, jnp.array([BOS]), widths=(4,), length=2
+    )
 
 
 # ----------------------------------------------------- DR (Prop. 3.3)
@@ -288,33 +325,39 @@ def test_dr_lower_bound_never_exceeds_true_rank(pair):
     # Prop. 3.3: the i-th returned sequence has DR >= i - 1.
     found = np.asarray(result.sequences[0])
     found_ds = np.asarray(result.ds[0])
-    lb = np.asarray(dlib.differential_rank_lower_bound(result, found,
-                                                       found_ds))
+    lb = np.asarray(dlib.differential_rank_lower_bound(result, found, found_ds))
     rank_in_result = np.array([(found_ds > d).sum() for d in found_ds])
     np.testing.assert_array_equal(lb, rank_in_result)
 
 
 def test_dr_bound_ignores_the_sequence_itself():
   result = dlib.SearchResult(
-      sequences=jnp.array([[[1, 2], [3, 4], [5, 6]]]),
-      ds=jnp.array([[0.9, 0.5, 0.1]]), rel_ds=jnp.zeros((1, 3)))
+    sequences=jnp.array([[[1, 2], [3, 4], [5, 6]]]),
+    ds=jnp.array([[0.9, 0.5, 0.1]]),
+    rel_ds=jnp.zeros((1, 3)),
+  )
   # [3, 4] given a score a hair below its found score: not counted itself.
   bound = dlib.differential_rank_lower_bound(
-      result, jnp.array([[3, 4], [7, 7], [1, 2]]),
-      jnp.array([0.4999999, 0.2, 0.95]))
+    result,
+    jnp.array([[3, 4], [7, 7], [1, 2]]),
+    jnp.array([0.4999999, 0.2, 0.95]),
+  )
   np.testing.assert_array_equal(bound, [1, 2, 0])
   np.testing.assert_array_equal(
-      dlib.contains(result, jnp.array([[3, 4], [4, 3]])), [True, False])
+    dlib.contains(result, jnp.array([[3, 4], [4, 3]])), [True, False]
+  )
 
 
 # ---------------------------------------------- planted canary recovery
 def test_search_finds_a_canary_planted_by_training():
   """M' = M trained further on a canary: the search finds it at DR 0."""
   words = ['<UNK>', '<S>'] + [f'w{i}' for i in range(28)]
-  config = lstm.LSTMConfig(vocab_size=30, embed_dim=16, hidden_size=16,
-                           num_layers=2)
-  model = lstm.init_model(config, key=jax.random.key(0),
-                          tokenizer=WordTokenizer(words))
+  config = lstm.LSTMConfig(
+    vocab_size=30, embed_dim=16, hidden_size=16, num_layers=2
+  )
+  model = lstm.init_model(
+    config, key=jax.random.key(0), tokenizer=WordTokenizer(words)
+  )
   canary = np.array([BOS, 17, 4, 29, 8, 23], np.int32)
   rng = np.random.default_rng(0)
   background = rng.integers(2, 30, (32, 6)).astype(np.int32)
@@ -339,8 +382,9 @@ def test_search_finds_a_canary_planted_by_training():
     params, state = step(params, state, jnp.asarray(update))
   prime = model.replace(params=params)
 
-  result = search(base, prime, [BOS], widths=dlib.halving_widths(30, 5),
-                  length=5)
+  result = search(
+    base, prime, [BOS], widths=dlib.halving_widths(30, 5), length=5
+  )
   np.testing.assert_array_equal(result.sequences[0, 0], canary[1:])
   s = score_all(base, prime, [BOS], canary[None, 1:])
   assert float(s.ds[0]) > 1.0  # most of the canary's probability is new
@@ -349,8 +393,9 @@ def test_search_finds_a_canary_planted_by_training():
   # A background sentence is not exposed: many found sequences beat it.
   other = background[:1]
   s_other = score_all(base, prime, [BOS], other[:, 1:])
-  dr_other = dlib.differential_rank_lower_bound(result, other[:, 1:],
-                                                s_other.ds)
+  dr_other = dlib.differential_rank_lower_bound(
+    result, other[:, 1:], s_other.ds
+  )
   assert int(dr_other[0]) >= 1
 
 
@@ -379,13 +424,25 @@ def test_experiment_smoke(tmp_path):
   corpus = tmp_path / 'corpus.txt'
   write_corpus(corpus)
   cfg = exp.DifferentialConfig(
-      data=str(corpus), vocab_size=40, embed_dim=16, hidden_size=16,
-      row_width=24, batch_size=16, epochs=1, learning_rate=1e-2,
-      continue_optimizer='adam', continue_epochs=20,
-      continue_learning_rate=3e-2, continue_batch_size=4,
-      canary_types=('all_low', 'high_to_low'), insertions=(8,),
-      methods=('continued', 'retrain'), prefix_lengths=(0, 2),
-      min_width=16, top=3)
+    data=str(corpus),
+    vocab_size=40,
+    embed_dim=16,
+    hidden_size=16,
+    row_width=24,
+    batch_size=16,
+    epochs=1,
+    learning_rate=1e-2,
+    continue_optimizer='adam',
+    continue_epochs=20,
+    continue_learning_rate=3e-2,
+    continue_batch_size=4,
+    canary_types=('all_low', 'high_to_low'),
+    insertions=(8,),
+    methods=('continued', 'retrain'),
+    prefix_lengths=(0, 2),
+    min_width=16,
+    top=3,
+  )
   summary = exp.run_experiment(cfg, tmp_path / 'run', progress=False)
   for kind in cfg.canary_types:
     for method in cfg.methods:
@@ -402,8 +459,10 @@ def test_experiment_smoke(tmp_path):
   assert saved == pytest.approx(summary)
   md = (tmp_path / 'run' / 'summary.md').read_text()
   assert '## retrain' in md and '## continued' in md and 'RQ3' in md
-  rows = [json.loads(x) for x in
-          (tmp_path / 'run' / 'results.jsonl').read_text().splitlines()]
+  rows = [
+    json.loads(x)
+    for x in (tmp_path / 'run' / 'results.jsonl').read_text().splitlines()
+  ]
   assert len(rows) == 2 * 2 * 2  # canaries x methods x prefixes
   assert (tmp_path / 'run' / 'ds_dr.png').stat().st_size > 1000
   # Resuming with the same workdir recomputes nothing and agrees.
@@ -424,9 +483,12 @@ def test_canaries_follow_the_frequency_profiles(tmp_path):
   assert [c.kind for c in canaries] == list(exp.PROFILES)
   for c in canaries:
     assert c.quintiles == exp.PROFILES[c.kind]
-  bad = exp.DifferentialConfig(data=str(corpus), vocab_size=40,
-                               canary_types=('all_low',),
-                               canaries=('w0 w1 w2 w3 w4',))
+  bad = exp.DifferentialConfig(
+    data=str(corpus),
+    vocab_size=40,
+    canary_types=('all_low',),
+    canaries=('w0 w1 w2 w3 w4',),
+  )
   with pytest.raises(LeakjaxError, match='quintiles'):
     exp.make_canaries(bad, tok, split.train)
   ids, mask = exp.pack_rows(tok, split.train, 24, seed=0)

@@ -20,20 +20,22 @@ def classic_epsilon(sigma, q, steps, delta):
 
 
 @pytest.mark.parametrize(
-    'sigma, q, steps, published',
-    [
-        # Abadi et al. 2016, Sec. 3.1: q = 0.01, σ = 4, δ = 1e-5, T = 10000
-        # "we have ε ≈ 1.26 using the moments accountant".
-        (4.0, 0.01, 10_000, 1.26),
-        # tensorflow/privacy tutorials/README.md, MNIST table (δ = 1e-5,
-        # n = 60000, batch 256, steps = epochs * 60000 // 256):
-        # σ = 1.12, 60 epochs -> ε = 2.92; σ = 1.2, 10 epochs -> ε = 1.20.
-        (1.12, 256 / 60_000, 60 * 60_000 // 256, 2.92),
-        (1.2, 256 / 60_000, 10 * 60_000 // 256, 1.20),
-    ])
+  'sigma, q, steps, published',
+  [
+    # Abadi et al. 2016, Sec. 3.1: q = 0.01, σ = 4, δ = 1e-5, T = 10000
+    # "we have ε ≈ 1.26 using the moments accountant".
+    (4.0, 0.01, 10_000, 1.26),
+    # tensorflow/privacy tutorials/README.md, MNIST table (δ = 1e-5,
+    # n = 60000, batch 256, steps = epochs * 60000 // 256):
+    # σ = 1.12, 60 epochs -> ε = 2.92; σ = 1.2, 10 epochs -> ε = 1.20.
+    (1.12, 256 / 60_000, 60 * 60_000 // 256, 2.92),
+    (1.2, 256 / 60_000, 10 * 60_000 // 256, 1.20),
+  ],
+)
 def test_rdp_curve_reproduces_published_epsilons(sigma, q, steps, published):
   assert classic_epsilon(sigma, q, steps, 1e-5) == pytest.approx(
-      published, abs=0.005)
+    published, abs=0.005
+  )
   # dp-accounting's conversion (Canonne et al. 2020) is tighter, and the
   # PLD accountant tighter still.
   eps_rdp = fl.epsilon(sigma, q, steps, 1e-5)
@@ -47,8 +49,7 @@ def test_epsilon_values_and_edge_cases():
   # our coarser grid gives a slightly larger ε).
   assert fl.epsilon(4.530877117, 1.0, 1, 1e-6) == pytest.approx(1.0, rel=0.01)
   # Regression value of our default (RDP) accountant for Abadi's setting.
-  assert fl.epsilon(4.0, 0.01, 10_000, 1e-5) == pytest.approx(1.0355,
-                                                              abs=1e-3)
+  assert fl.epsilon(4.0, 0.01, 10_000, 1e-5) == pytest.approx(1.0355, abs=1e-3)
   assert fl.epsilon(0.0, 0.01, 100, 1e-5) == math.inf
   assert fl.epsilon(1.0, 0.01, 0, 1e-5) == 0.0
   assert fl.epsilon(2.0, 0.01, 100, 1e-5) < fl.epsilon(1.0, 0.01, 100, 1e-5)

@@ -17,17 +17,19 @@ def _leaves(tree):
 
 # ----------------------------------------------------------------- pruning
 PRUNE_TREE = {
-    'a': np.random.default_rng(0).normal(size=(1000,)).astype(np.float32),
-    'b': {'c': np.random.default_rng(1).normal(size=(37, 27)).astype(
-        np.float32)},
-    'd': np.array([0.3, -2.0, 1.0], np.float32),
+  'a': np.random.default_rng(0).normal(size=(1000,)).astype(np.float32),
+  'b': {'c': np.random.default_rng(1).normal(size=(37, 27)).astype(np.float32)},
+  'd': np.array([0.3, -2.0, 1.0], np.float32),
 }
 
 
 def _expected_keep(flat_abs, fraction):
   keep = np.ones(flat_abs.size, bool)
-  keep[np.argsort(flat_abs, kind='stable')[
-      :defenses.num_pruned(flat_abs.size, fraction)]] = False
+  keep[
+    np.argsort(flat_abs, kind='stable')[
+      : defenses.num_pruned(flat_abs.size, fraction)
+    ]
+  ] = False
   return keep
 
 
@@ -35,7 +37,8 @@ def _expected_keep(flat_abs, fraction):
 @pytest.mark.parametrize('fraction', [0.9, 0.999])
 def test_pruning_keeps_exactly_the_top_fraction(scope, fraction):
   pruned = fx.jit(lambda t: fl.prune_by_magnitude(t, fraction, scope=scope))(
-      PRUNE_TREE)
+    PRUNE_TREE
+  )
   before, after = _leaves(PRUNE_TREE), _leaves(pruned)
   if scope == 'tensor':
     for x, y in zip(before, after):
@@ -48,14 +51,16 @@ def test_pruning_keeps_exactly_the_top_fraction(scope, fraction):
   else:
     flat = np.concatenate([x.ravel() for x in before])
     keep = _expected_keep(np.abs(flat), fraction)
-    np.testing.assert_array_equal(np.concatenate([y.ravel() for y in after]),
-                                  np.where(keep, flat, 0))
+    np.testing.assert_array_equal(
+      np.concatenate([y.ravel() for y in after]), np.where(keep, flat, 0)
+    )
     assert (flat[keep] != 0).sum() == flat.size - defenses.num_pruned(
-        flat.size, fraction)
+      flat.size, fraction
+    )
 
 
 def test_pruning_count_is_exact_with_ties():
-  x = {'w': np.array([0., 0., 0., 1., 1., 1., 1., 2.], np.float32)}
+  x = {'w': np.array([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 2.0], np.float32)}
   out = np.asarray(fx.jit(lambda t: fl.prune_by_magnitude(t, 0.5))(x)['w'])
   # 4 zeroed: the three zeros and the first tied 1.
   np.testing.assert_array_equal(out, [0, 0, 0, 0, 1, 1, 1, 2])
@@ -67,21 +72,27 @@ def test_pruning_count_is_exact_with_ties():
 def test_clip_per_example_bounds_norms_and_keeps_directions():
   rng = np.random.default_rng(0)
   scales = np.array([0.01, 0.5, 1.0, 3.0, 100.0], np.float32)
-  grads = {'w': rng.normal(size=(5, 4, 3)).astype(np.float32),
-           'b': rng.normal(size=(5, 7)).astype(np.float32)}
+  grads = {
+    'w': rng.normal(size=(5, 4, 3)).astype(np.float32),
+    'b': rng.normal(size=(5, 7)).astype(np.float32),
+  }
   norms0 = np.sqrt((grads['w'] ** 2).sum((1, 2)) + (grads['b'] ** 2).sum(1))
-  grads = {k: v * (scales / norms0).reshape((5,) + (1,) * (v.ndim - 1))
-           for k, v in grads.items()}
+  grads = {
+    k: v * (scales / norms0).reshape((5,) + (1,) * (v.ndim - 1))
+    for k, v in grads.items()
+  }
   clip = 1.0
   clipped, norms = fx.jit(defenses.clip_per_example, static_argnums=1)(
-      grads, clip)
+    grads, clip
+  )
   np.testing.assert_allclose(norms, scales, rtol=1e-5)
   after = np.asarray(defenses.global_norms(clipped))
   assert np.all(after <= clip * (1 + 1e-6))
   np.testing.assert_allclose(after, np.minimum(scales, clip), rtol=1e-5)
   for k in grads:  # same direction: clipped = grads * min(1, C / norm)
     factor = np.minimum(1.0, clip / scales).reshape(
-        (5,) + (1,) * (grads[k].ndim - 1))
+      (5,) + (1,) * (grads[k].ndim - 1)
+    )
     np.testing.assert_allclose(clipped[k], grads[k] * factor, rtol=1e-5)
 
 
@@ -89,17 +100,27 @@ def test_dp_sgd_gradient_is_mean_of_clipped_per_example_gradients():
   """sigma = 0: the DP-SGD gradient is (1/B) sum_i clip_C(grad loss_i)."""
   model = fx.model('cifg')
   ids, mask = fx.sentences(model, n=5)
-  per_example = [fx.LOSS_AND_GRAD(model)(model.params, ids[i:i + 1],
-                                         mask[i:i + 1])[1] for i in range(5)]
-  norms = np.array([np.sqrt(sum((g ** 2).sum() for g in _leaves(t)))
-                    for t in per_example])
+  per_example = [
+    fx.LOSS_AND_GRAD(model)(model.params, ids[i : i + 1], mask[i : i + 1])[1]
+    for i in range(5)
+  ]
+  norms = np.array(
+    [np.sqrt(sum((g**2).sum() for g in _leaves(t))) for t in per_example]
+  )
   clip = float(np.median(norms))  # some examples are clipped, some not
   assert (norms > clip * 1.01).any() and (norms < clip * 0.99).any()
   expected = fx.tree_map_np(
-      lambda *gs: sum(g * min(1.0, clip / n) for g, n in zip(gs, norms)) / 5,
-      *per_example)
-  grad = fx.GRADIENT(model, model.params, ids, mask,
-                     defense=fl.dp_sgd(clip, 0.0), key=jax.random.key(0))
+    lambda *gs: sum(g * min(1.0, clip / n) for g, n in zip(gs, norms)) / 5,
+    *per_example,
+  )
+  grad = fx.GRADIENT(
+    model,
+    model.params,
+    ids,
+    mask,
+    defense=fl.dp_sgd(clip, 0.0),
+    key=jax.random.key(0),
+  )
   fx.assert_trees_close(grad, expected, atol=1e-6, rtol=1e-5)
 
 
@@ -108,10 +129,18 @@ def test_dp_sgd_noise_std_is_sigma_times_clip():
   model = fx.model('gpt2')
   ids, mask = fx.sentences(model, n=4)
   d = fx.GPT2_DP
-  g1, g2 = (fx.GRADIENT(model, model.params, ids, mask, defense=d,
-                        key=jax.random.key(s)) for s in (1, 2))
-  noise = np.concatenate([((a - b) * 4 / np.sqrt(2)).ravel()
-                          for a, b in zip(_leaves(g1), _leaves(g2))])
+  g1, g2 = (
+    fx.GRADIENT(
+      model, model.params, ids, mask, defense=d, key=jax.random.key(s)
+    )
+    for s in (1, 2)
+  )
+  noise = np.concatenate(
+    [
+      ((a - b) * 4 / np.sqrt(2)).ravel()
+      for a, b in zip(_leaves(g1), _leaves(g2))
+    ]
+  )
   assert noise.size > 15_000
   expected = d.noise_multiplier * d.clip_norm
   assert abs(noise.std() / expected - 1) < 0.03
@@ -129,10 +158,15 @@ def test_gboard_local_noise_std(algorithm):
   else:
     defense, scale = fl.single_noise(sigma), sigma
   config = fl.ClientConfig.fedsgd(lr, defense)
-  u1, u2 = (fx.UPDATE(model, model.params, ids, mask, config,
-                      key=jax.random.key(s)).update for s in (1, 2))
-  noise = np.concatenate([((a - b) / np.sqrt(2)).ravel()
-                          for a, b in zip(_leaves(u1), _leaves(u2))])
+  u1, u2 = (
+    fx.UPDATE(
+      model, model.params, ids, mask, config, key=jax.random.key(s)
+    ).update
+    for s in (1, 2)
+  )
+  noise = np.concatenate(
+    [((a - b) / np.sqrt(2)).ravel() for a, b in zip(_leaves(u1), _leaves(u2))]
+  )
   assert abs(noise.std() / scale - 1) < 0.03
   assert abs(noise.mean()) < 5 * scale / np.sqrt(noise.size)
 
@@ -143,8 +177,11 @@ def test_frozen_tied_gpt2_gradient_has_no_embedding_rows():
   assert model.paths.lm_head is None  # tied: wte is also the LM head
   ids, mask = fx.sentences(model, n=5)
   plain = fx.np_tree(fx.GRADIENT(model, model.params, ids, mask))
-  frozen = fx.np_tree(fx.GRADIENT(model, model.params, ids, mask,
-                                  defense=fl.freeze_embeddings(model)))
+  frozen = fx.np_tree(
+    fx.GRADIENT(
+      model, model.params, ids, mask, defense=fl.freeze_embeddings(model)
+    )
+  )
   assert np.abs(plain['wte']['embedding']).max() > 1e-3  # it would leak
   np.testing.assert_array_equal(frozen['wte']['embedding'], 0)
   # Every other gradient is untouched (wpe is not frozen by default).
@@ -159,18 +196,28 @@ def test_frozen_composes_with_fedavg_dp_noise_and_pruning():
   sent; every sent tensor keeps exactly its top 10%."""
   model = fx.model('gpt2')
   ids, mask = fx.sentences(model, n=7)
-  defense = (fl.freeze_embeddings(model, positions=True) | fx.GPT2_DP
-             | fl.single_noise(1e-3) | fl.gradient_pruning(0.9))
+  defense = (
+    fl.freeze_embeddings(model, positions=True)
+    | fx.GPT2_DP
+    | fl.single_noise(1e-3)
+    | fl.gradient_pruning(0.9)
+  )
   config = fl.ClientConfig(
-      epochs=2, batch_size=3, learning_rate=0.01, defense=defense,
-      optimizer=lambda lr: optax.adamw(lr, weight_decay=0.1))
-  result = fx.UPDATE(model, model.params, ids, mask, config,
-                     key=jax.random.key(0))
+    epochs=2,
+    batch_size=3,
+    learning_rate=0.01,
+    defense=defense,
+    optimizer=lambda lr: optax.adamw(lr, weight_decay=0.1),
+  )
+  result = fx.UPDATE(
+    model, model.params, ids, mask, config, key=jax.random.key(0)
+  )
   update, params = fx.np_tree(result.update), fx.np_tree(result.params)
   for name in ('wte', 'wpe'):
     np.testing.assert_array_equal(update[name]['embedding'], 0)
-    np.testing.assert_array_equal(params[name]['embedding'],
-                                  model.params[name]['embedding'])
+    np.testing.assert_array_equal(
+      params[name]['embedding'], model.params[name]['embedding']
+    )
     del update[name]
   for x in jax.tree.leaves(update):
     assert (x != 0).sum() == x.size - defenses.num_pruned(x.size, 0.9)
@@ -182,16 +229,28 @@ def test_frozen_cifg_tied_and_untied_heads():
   untied = fx.model('cifg_untied')
   ids, mask = fx.sentences(tied, n=4)
   # Tied (GBoard's shape): the shared matrix is frozen for both uses.
-  grad = fx.np_tree(fx.GRADIENT(tied, tied.params, ids, mask,
-                                defense=fl.freeze_embeddings(tied)))
+  grad = fx.np_tree(
+    fx.GRADIENT(
+      tied, tied.params, ids, mask, defense=fl.freeze_embeddings(tied)
+    )
+  )
   np.testing.assert_array_equal(grad['embed']['embedding'], 0)
   assert np.abs(grad['head']['bias']).max() > 1e-3  # the bias still leaks
   # Untied with head=True: embeddings, head kernel and output bias frozen.
-  grad = fx.np_tree(fx.GRADIENT(untied, untied.params, ids, mask,
-                                defense=fl.freeze_embeddings(untied,
-                                                             head=True)))
-  for path in (untied.paths.word_embeddings, untied.paths.lm_head,
-               untied.paths.output_bias):
+  grad = fx.np_tree(
+    fx.GRADIENT(
+      untied,
+      untied.params,
+      ids,
+      mask,
+      defense=fl.freeze_embeddings(untied, head=True),
+    )
+  )
+  for path in (
+    untied.paths.word_embeddings,
+    untied.paths.lm_head,
+    untied.paths.output_bias,
+  ):
     np.testing.assert_array_equal(fl_get(grad, path), 0)
   others = [x for k, x in grad.items() if k not in ('embed', 'head')]
   assert max(np.abs(x).max() for x in jax.tree.leaves(others)) > 1e-3
@@ -206,8 +265,11 @@ def fl_get(tree, path):
 # ------------------------------------------------------------ composition
 def test_combine_merges_and_rejects_conflicts():
   model = fx.model('gpt2')
-  d = fl.freeze_embeddings(model) | fl.dp_sgd(1.0, 1.1) | fl.gradient_pruning(
-      0.99, scope='global')
+  d = (
+    fl.freeze_embeddings(model)
+    | fl.dp_sgd(1.0, 1.1)
+    | fl.gradient_pruning(0.99, scope='global')
+  )
   assert d.frozen == (('wte', 'embedding'),)
   assert (d.clip_norm, d.noise_multiplier) == (1.0, 1.1)
   assert (d.prune_fraction, d.prune_scope) == (0.99, 'global')

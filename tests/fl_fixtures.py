@@ -15,13 +15,18 @@ from leakjax.models import gpt2, lstm
 
 # A 1-layer GPT-2 (tied head, ~15k parameters: enough entries for the noise
 # statistics) and GBoard's tied CIFG-LSTM shrunk (lstm_test.py's shape).
-TINY_GPT2 = gpt2.GPT2Config.tiny(vocab_size=64, n_embd=32, n_layer=1,
-                                 n_head=2, n_positions=8)
+TINY_GPT2 = gpt2.GPT2Config.tiny(
+  vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=8
+)
 TINY_CIFG = lstm.CIFGConfig(vocab_size=13, embed_dim=6, units=7, proj_dim=6)
-TINY_CIFG_UNTIED = lstm.CIFGConfig(vocab_size=13, embed_dim=6, units=7,
-                                   proj_dim=6, tie_word_embeddings=False)
-CONFIGS = {'gpt2': TINY_GPT2, 'cifg': TINY_CIFG,
-           'cifg_untied': TINY_CIFG_UNTIED}
+TINY_CIFG_UNTIED = lstm.CIFGConfig(
+  vocab_size=13, embed_dim=6, units=7, proj_dim=6, tie_word_embeddings=False
+)
+CONFIGS = {
+  'gpt2': TINY_GPT2,
+  'cifg': TINY_CIFG,
+  'cifg_untied': TINY_CIFG_UNTIED,
+}
 FAMILIES = ('gpt2', 'cifg')
 
 
@@ -35,8 +40,8 @@ def model(name: str):
   # tiny; drawn with NumPy, which compiles nothing.
   rng = np.random.default_rng(100)
   params = jax.tree.map(
-      lambda x: jnp.asarray(0.5 * rng.normal(size=x.shape), jnp.float32),
-      m.params)
+    lambda x: jnp.asarray(0.5 * rng.normal(size=x.shape), jnp.float32), m.params
+  )
   return m.replace(params=params)
 
 
@@ -57,8 +62,9 @@ FAST_COMPILE = {'xla_backend_optimization_level': 0}
 jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE)
 
 # One jit object per client function: compiled programs are shared by tests.
-GRADIENT = jit(fl.client_gradient, static_argnums=0,
-               static_argnames=('defense', 'dropout'))
+GRADIENT = jit(
+  fl.client_gradient, static_argnums=0, static_argnames=('defense', 'dropout')
+)
 UPDATE = jit(fl.client_update, static_argnums=(0, 4))
 
 
@@ -94,10 +100,18 @@ def sgd_step(params, grads, lr):
 
 
 def assert_trees_close(actual, expected, *, atol, rtol=0.0):
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(
-      np.asarray(x), np.asarray(y), atol=atol, rtol=rtol), actual, expected)
+  jax.tree.map(
+    lambda x, y: np.testing.assert_allclose(
+      np.asarray(x), np.asarray(y), atol=atol, rtol=rtol
+    ),
+    actual,
+    expected,
+  )
 
 
 def assert_trees_equal(actual, expected):
-  jax.tree.map(lambda x, y: np.testing.assert_array_equal(
-      np.asarray(x), np.asarray(y)), actual, expected)
+  jax.tree.map(
+    lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+    actual,
+    expected,
+  )

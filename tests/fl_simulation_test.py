@@ -28,15 +28,22 @@ def test_round_is_example_weighted_average_of_client_updates():
   model, parts, data = three_clients()
   key = jax.random.key(4)
   result = ROUND(model, model.params, data, FEDSGD, key=key)
-  np.testing.assert_allclose(result.client_weights, np.array([5, 2, 4]) / 11,
-                             rtol=1e-6)
-  updates = [fx.UPDATE(model, model.params, ids, mask, FEDSGD,
-                       key=jax.random.fold_in(key, k)).update
-             for k, (ids, mask) in enumerate(parts)]
+  np.testing.assert_allclose(
+    result.client_weights, np.array([5, 2, 4]) / 11, rtol=1e-6
+  )
+  updates = [
+    fx.UPDATE(
+      model, model.params, ids, mask, FEDSGD, key=jax.random.fold_in(key, k)
+    ).update
+    for k, (ids, mask) in enumerate(parts)
+  ]
   expected = fx.tree_map_np(
-      lambda p, *us: p + sum(np.float32(n / 11) * u
-                             for n, u in zip((5, 2, 4), us)),
-      model.params, *updates)
+    lambda p, *us: (
+      p + sum(np.float32(n / 11) * u for n, u in zip((5, 2, 4), us))
+    ),
+    model.params,
+    *updates,
+  )
   fx.assert_trees_close(result.params, expected, atol=1e-6)
   assert fx.tree_max_abs_diff(result.params, model.params) > 1e-3
 
@@ -46,21 +53,31 @@ def test_round_with_one_client_is_that_clients_update():
   ids, mask = parts[0]
   config = fl.ClientConfig(epochs=2, batch_size=2, learning_rate=0.1)
   key = jax.random.key(5)
-  result = ROUND(model, model.params, fl.stack_clients([parts[0]]), config,
-                 key=key)
-  client = fx.UPDATE(model, model.params, ids, mask, config,
-                     key=jax.random.fold_in(key, 0))
+  result = ROUND(
+    model, model.params, fl.stack_clients([parts[0]]), config, key=key
+  )
+  client = fx.UPDATE(
+    model, model.params, ids, mask, config, key=jax.random.fold_in(key, 0)
+  )
   fx.assert_trees_close(result.params, client.params, atol=1e-6)
-  np.testing.assert_allclose(result.client_losses[0],
-                             np.nanmean(client.losses), rtol=1e-6)
+  np.testing.assert_allclose(
+    result.client_losses[0], np.nanmean(client.losses), rtol=1e-6
+  )
 
 
 def test_train_federated_snapshots_are_the_models_at_iteration_t():
   """With all clients and FedSGD (no randomness), θ^{t+1} is one fl_round
   applied to the snapshot θ^t."""
   model, _, data = three_clients()
-  run = fl.train_federated(model, model.params, data, 3, FEDSGD,
-                           key=jax.random.key(0), snapshot_every=1)
+  run = fl.train_federated(
+    model,
+    model.params,
+    data,
+    3,
+    FEDSGD,
+    key=jax.random.key(0),
+    snapshot_every=1,
+  )
   assert sorted(run.snapshots) == [0, 1, 2, 3]
   fx.assert_trees_equal(run.snapshots[0], model.params)
   fx.assert_trees_equal(run.snapshots[3], run.params)
@@ -74,15 +91,30 @@ def test_train_federated_snapshots_are_the_models_at_iteration_t():
 def test_train_federated_samples_clients_and_learns():
   model, _, data = three_clients()
   config = fl.ClientConfig(epochs=2, batch_size=2, learning_rate=0.5)
-  run = fl.train_federated(model, model.params, data, 6, config,
-                           key=jax.random.key(1), clients_per_round=2,
-                           snapshot_every=4)
+  run = fl.train_federated(
+    model,
+    model.params,
+    data,
+    6,
+    config,
+    key=jax.random.key(1),
+    clients_per_round=2,
+    snapshot_every=4,
+  )
   assert sorted(run.snapshots) == [0, 4, 6]
   assert run.client_ids.shape == (6, 2)
-  assert all(len(set(r)) == 2 and set(r) <= {0, 1, 2}
-             for r in run.client_ids.tolist())
+  assert all(
+    len(set(r)) == 2 and set(r) <= {0, 1, 2} for r in run.client_ids.tolist()
+  )
   assert len({tuple(sorted(r)) for r in run.client_ids.tolist()}) > 1
   assert run.losses[-1] < run.losses[0]
   with pytest.raises(LeakjaxError, match='clients_per_round'):
-    fl.train_federated(model, model.params, data, 1, config,
-                       key=jax.random.key(1), clients_per_round=4)
+    fl.train_federated(
+      model,
+      model.params,
+      data,
+      1,
+      config,
+      key=jax.random.key(1),
+      clients_per_round=4,
+    )

@@ -49,10 +49,12 @@ def _sentences(n: int, length: int = 4, seed: int = 0) -> np.ndarray:
 def test_fedsgd_word_recovery_is_exact():
   model = _model()
   ids = _sentences(4)
-  config = gboard.client_config(1, None, learning_rate=ETA,
-                                words_per_sentence=4)
-  result = UPDATE(model, model.params, jnp.asarray(ids), None, config,
-                  key=jax.random.key(0))
+  config = gboard.client_config(
+    1, None, learning_rate=ETA, words_per_sentence=4
+  )
+  result = UPDATE(
+    model, model.params, jnp.asarray(ids), None, config, key=jax.random.key(0)
+  )
   delta = gboard.bias_update(model, model.params, result.params)
   # Sec. 3.1: the bias step is η Σ_t (y_t - p_t) per sentence, batch mean.
   probs = jax.nn.softmax(model.logits(model.params, jnp.asarray(ids))[:, :-1])
@@ -70,7 +72,8 @@ def test_recover_words_under_jit_matches_eager():
   delta = jnp.asarray(np.random.default_rng(0).normal(size=200), jnp.float32)
   cand = gboard.candidate_mask(200)
   f = lambda d: gboard.recover_words(
-      d, gboard.choose_threshold(d, 'fdr', candidates=cand), cand)
+    d, gboard.choose_threshold(d, 'fdr', candidates=cand), cand
+  )
   np.testing.assert_array_equal(f(delta), jax.jit(f)(delta))
 
 
@@ -99,13 +102,15 @@ def test_noise_scale_and_threshold_rules():
     assert got >= typed, rule
     assert len(got - typed) <= max_false, rule
   fdr = float(gboard.choose_threshold(delta, 'fdr', candidates=cand))
-  universal = float(gboard.choose_threshold(delta, 'universal',
-                                            candidates=cand))
+  universal = float(
+    gboard.choose_threshold(delta, 'universal', candidates=cand)
+  )
   assert 0 < fdr <= universal  # BH adapts to many signals: a lower cut
   # The oracle threshold separates the two groups perfectly here.
   words = [str(i) for i in range(delta.shape[0])]
-  thr, f1 = gboard.oracle_threshold(np.asarray(delta), words,
-                                    [str(i) for i in typed])
+  thr, f1 = gboard.oracle_threshold(
+    np.asarray(delta), words, [str(i) for i in typed]
+  )
   assert f1 == 1.0 and fdr <= thr + 3 * sigma
 
 
@@ -133,11 +138,10 @@ def test_max_f1_cut_trades_precision_for_recall():
   # choose_threshold's 'maxf1' is the same cut on the robust z-scores.
   center, scale = gboard.robust_noise_scale(z)
   assert float(gboard.choose_threshold(z, 'maxf1')) == pytest.approx(
-      float(center + scale * gboard.max_f1_cut((z - center) / scale)),
-      rel=1e-5)
+    float(center + scale * gboard.max_f1_cut((z - center) / scale)), rel=1e-5
+  )
   # Only eligible entries count; with none eligible nothing is kept.
-  assert math.isinf(float(gboard.max_f1_cut(z, eligible=jnp.zeros(num,
-                                                                  bool))))
+  assert math.isinf(float(gboard.max_f1_cut(z, eligible=jnp.zeros(num, bool))))
   # Pure noise: (almost) nothing passes (slack: 3 null std; 0 gives
   # hundreds here).
   noise = jnp.asarray(rng.normal(size=num), jnp.float32)
@@ -151,14 +155,14 @@ def test_threshold_without_noise_stays_near_zero():
   delta[10:40] = rng.uniform(1e-6, 1e-4, 30)
   delta = jnp.asarray(delta, jnp.float32)
   for rule in gboard.THRESHOLD_RULES:
-    got = np.flatnonzero(gboard.recover_words(
-        delta, gboard.choose_threshold(delta, rule)))
+    got = np.flatnonzero(
+      gboard.recover_words(delta, gboard.choose_threshold(delta, rule))
+    )
     np.testing.assert_array_equal(got, np.arange(10, 40))
 
 
 def test_no_signal_recovers_nothing_with_fdr():
-  delta = jnp.asarray(np.random.default_rng(2).normal(0, 1, 9502),
-                      jnp.float32)
+  delta = jnp.asarray(np.random.default_rng(2).normal(0, 1, 9502), jnp.float32)
   thr = gboard.choose_threshold(delta, 'fdr')
   assert int(gboard.recover_words(delta, thr).sum()) <= 2
 
@@ -187,8 +191,12 @@ def _drift_update(seed=0):
   rows[typed] = rng.normal(size=(len(typed), dim)) * 1e-3
   hidden = 7  # typed, yet its bias fell: Algorithm 2 misses it
   rows[hidden] += 3e-4 * np.linalg.norm(hbar) * rng.normal(size=dim)
-  return (jnp.asarray(delta, jnp.float32), jnp.asarray(rows, jnp.float32),
-          set(typed.tolist()) | {hidden}, hidden)
+  return (
+    jnp.asarray(delta, jnp.float32),
+    jnp.asarray(rows, jnp.float32),
+    set(typed.tolist()) | {hidden},
+    hidden,
+  )
 
 
 def test_rescue_and_auto_without_noise():
@@ -215,8 +223,9 @@ def _peaked_update(typed_count: int):
   model = lstm.init_model(cfg, key=jax.random.key(0))
   leaves, tree = jax.tree.flatten(model.params)
   keys = jax.random.split(jax.random.key(5), len(leaves))
-  params = jax.tree.unflatten(tree, [
-      jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+  params = jax.tree.unflatten(
+    tree, [jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
+  )
   rng = np.random.default_rng(0)
   ids = rng.integers(2, cfg.vocab_size, (16, 5)).astype(np.int32)
   ids[:, 0] = 1
@@ -225,14 +234,20 @@ def _peaked_update(typed_count: int):
   ids = ids[np.all(ids[:, 1:] != word, axis=1)][:16]
   ids[:typed_count, -1] = word  # the last word: a target, never an input
   model = model.replace(params=None)
-  config = gboard.client_config(1, None, learning_rate=ETA,
-                                words_per_sentence=4)
-  params1 = UPDATE(model, params, jnp.asarray(ids), None, config,
-                   key=jax.random.key(0)).params
-  return (gboard.bias_update(model, params, params1),
-          gboard.output_rows_update(model, params, params1),
-          gboard.output_rows(model, params), gboard.output_bias(model, params),
-          set(ids[:, 1:].ravel().tolist()), word)
+  config = gboard.client_config(
+    1, None, learning_rate=ETA, words_per_sentence=4
+  )
+  params1 = UPDATE(
+    model, params, jnp.asarray(ids), None, config, key=jax.random.key(0)
+  ).params
+  return (
+    gboard.bias_update(model, params, params1),
+    gboard.output_rows_update(model, params, params1),
+    gboard.output_rows(model, params),
+    gboard.output_bias(model, params),
+    set(ids[:, 1:].ravel().tolist()),
+    word,
+  )
 
 
 def test_convexity_finds_typed_word_whose_bias_fell():
@@ -242,15 +257,14 @@ def test_convexity_finds_typed_word_whose_bias_fell():
   # the bias rule miss it.
   assert float(delta[word]) < 0
   bias_rule = gboard.recover_words(
-      delta, gboard.choose_threshold(delta, 'fdr', candidates=cand), cand)
+    delta, gboard.choose_threshold(delta, 'fdr', candidates=cand), cand
+  )
   assert set(np.flatnonzero(bias_rule).tolist()) == typed - {word}
   flagged = gboard.convexity_violations(delta, rows, rows0, bias0, cand)
   np.testing.assert_array_equal(np.flatnonzero(flagged), [word])
-  jitted = jax.jit(gboard.convexity_violations)(delta, rows, rows0, bias0,
-                                                cand)
+  jitted = jax.jit(gboard.convexity_violations)(delta, rows, rows0, bias0, cand)
   np.testing.assert_array_equal(jitted, flagged)
-  auto = gboard.recover_words_auto(delta, rows, cand, rows0=rows0,
-                                   bias0=bias0)
+  auto = gboard.recover_words_auto(delta, rows, cand, rows0=rows0, bias0=bias0)
   assert set(np.flatnonzero(auto).tolist()) == typed
   with pytest.raises(LeakjaxError):
     gboard.recover_words_auto(delta, rows, cand, rows0=rows0)
@@ -262,13 +276,13 @@ def test_convexity_flags_nothing_untyped():
   delta, rows, rows0, bias0, typed, word = _peaked_update(0)
   assert word not in typed
   cand = gboard.candidate_mask(delta.shape[0])
-  assert not gboard.convexity_violations(delta, rows, rows0, bias0,
-                                         cand).any()
+  assert not gboard.convexity_violations(delta, rows, rows0, bias0, cand).any()
   # Pure noise: no word's bias fell by 10 noise scales.
   noise = jax.random.normal(jax.random.key(1), delta.shape) * 1e-3
   noise_rows = jax.random.normal(jax.random.key(2), rows.shape) * 1e-3
-  assert not gboard.convexity_violations(noise, noise_rows, rows0, bias0,
-                                         cand).any()
+  assert not gboard.convexity_violations(
+    noise, noise_rows, rows0, bias0, cand
+  ).any()
 
 
 def test_auto_uses_rows_under_noise():
@@ -285,7 +299,8 @@ def test_auto_uses_rows_under_noise():
   cand = gboard.candidate_mask(num)
   assert float(gboard.drift_to_noise(delta, cand)) < 6
   bias_only = gboard.recover_words(
-      delta, gboard.choose_threshold(delta, 'fdr', candidates=cand), cand)
+    delta, gboard.choose_threshold(delta, 'fdr', candidates=cand), cand
+  )
   auto = np.asarray(gboard.recover_words_auto(delta, rows, cand))
   hits = auto[typed].sum()
   assert hits >= 0.8 * len(typed) > int(bias_only[typed].sum())
@@ -317,9 +332,12 @@ def _low_rank_noisy_update(seed=0):
   delta[frequent] -= 0.3 * drift
   rows[frequent] -= drift[:, None] * hbar
   scale = 1e-3
-  return (jnp.asarray(delta * scale, jnp.float32),
-          jnp.asarray(rows * scale, jnp.float32), set(typed.tolist()),
-          set(frequent.tolist()))
+  return (
+    jnp.asarray(delta * scale, jnp.float32),
+    jnp.asarray(rows * scale, jnp.float32),
+    set(typed.tolist()),
+    set(frequent.tolist()),
+  )
 
 
 def _f1(found: set, typed: set) -> float:
@@ -333,13 +351,16 @@ def test_mixture_finds_low_rank_signal_and_skips_drift():
   log_odds, post = gboard.mixture_word_posterior(delta, rows, cand)
   assert not np.isfinite(np.asarray(log_odds)[:2]).any()  # non-candidates
   assert float(post.sum()) == pytest.approx(len(typed), rel=0.15)
-  auto = set(np.flatnonzero(gboard.recover_words_auto(delta, rows,
-                                                      cand)).tolist())
+  auto = set(
+    np.flatnonzero(gboard.recover_words_auto(delta, rows, cand)).tolist()
+  )
   assert _f1(auto, typed) >= 0.9
   assert len(auto & frequent) <= 5
   # The bias + all-entries chi-square it replaced does clearly worse.
-  z = ((delta - jnp.median(delta)) / gboard.robust_noise_scale(delta, cand)[1]
-       + gboard.row_update_scores(rows, cand)) / math.sqrt(2.0)
+  z = (
+    (delta - jnp.median(delta)) / gboard.robust_noise_scale(delta, cand)[1]
+    + gboard.row_update_scores(rows, cand)
+  ) / math.sqrt(2.0)
   z = jnp.where(cand, z, -jnp.inf)
   old = z > gboard.max_f1_cut(z, cand, delta > 0)
   old = set(np.flatnonzero(old & (delta > 0)).tolist())
@@ -372,8 +393,9 @@ def test_bad_rule_raises():
   with pytest.raises(LeakjaxError):
     gboard.choose_threshold(jnp.zeros(4), 'magic')
   with pytest.raises(LeakjaxError):
-    gboard.select_sentences(np.zeros((1, 3), int), np.zeros(1),
-                            np.ones(3, bool), rule='magic')
+    gboard.select_sentences(
+      np.zeros((1, 3), int), np.zeros(1), np.ones(3, bool), rule='magic'
+    )
 
 
 # ----------------------------------------------------------- reconstruction
@@ -405,47 +427,61 @@ def test_batched_reconstruction_matches_reference(jit):
   model = _model(scale=0.7)
   params0 = model.params
   ids = _sentences(3, seed=4)
-  result = UPDATE(model, params0, jnp.asarray(ids), None, MEMORISE,
-                  key=jax.random.key(1))
+  result = UPDATE(
+    model, params0, jnp.asarray(ids), None, MEMORISE, key=jax.random.key(1)
+  )
   params1 = result.params
   allowed = np.zeros(TINY.vocab_size, bool)
   allowed[np.unique(ids[:, 1:])] = True
   starts, valid = gboard.padded_indices(allowed, size=16)
   fn = lambda p0, p1, s, v, a: gboard.reconstruct_sentences(
-      model, p0, p1, s, v, a, length=4, bos_id=1)
+    model, p0, p1, s, v, a, length=4, bos_id=1
+  )
   if jit:
     fn = jax.jit(fn)
-  out = fn(params0, params1, jnp.asarray(starts), jnp.asarray(valid),
-           jnp.asarray(allowed))
+  out = fn(
+    params0,
+    params1,
+    jnp.asarray(starts),
+    jnp.asarray(valid),
+    jnp.asarray(allowed),
+  )
   assert out.tokens.shape == (16, 5)
   for i in np.flatnonzero(valid):
-    tokens, score = _reference(model, params0, params1, starts[i],
-                               jnp.asarray(allowed), 4, 1)
+    tokens, score = _reference(
+      model, params0, params1, starts[i], jnp.asarray(allowed), 4, 1
+    )
     np.testing.assert_array_equal(np.asarray(out.tokens[i]), tokens)
-    np.testing.assert_allclose(float(out.scores[i]), score, rtol=1e-4,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+      float(out.scores[i]), score, rtol=1e-4, atol=1e-6
+    )
     assert set(tokens[2:]) <= set(np.flatnonzero(allowed))
   assert np.all(np.isneginf(np.asarray(out.scores)[~valid]))
 
 
-@pytest.mark.skipif(jax.device_count() < 2,
-                    reason='needs >= 2 devices (tests/conftest.py fakes 8)')
+@pytest.mark.skipif(
+  jax.device_count() < 2,
+  reason='needs >= 2 devices (tests/conftest.py fakes 8)',
+)
 @pytest.mark.parametrize('spec', ['data:-1', 'data:3'])
 def test_reconstruction_on_a_mesh_matches_one_device(spec):
   from experiments import gboard as experiment  # noqa: PLC0415
+
   model = _model(scale=0.7)
   params0 = model.params
   ids = _sentences(3, seed=4)
-  params1 = UPDATE(model, params0, jnp.asarray(ids), None, MEMORISE,
-                   key=jax.random.key(1)).params
+  params1 = UPDATE(
+    model, params0, jnp.asarray(ids), None, MEMORISE, key=jax.random.key(1)
+  ).params
   words = np.zeros(TINY.vocab_size, bool)
   words[np.unique(ids[:, 1:])] = True  # 11 words: 16 slots, 18 on 3
   bare = model.replace(params=None)
   kw = dict(length=4, bos_id=1)
   one = experiment.reconstruct_candidates(bare, params0, params1, words, **kw)
   mesh = experiment.make_mesh(spec)
-  many = experiment.reconstruct_candidates(bare, params0, params1, words,
-                                           mesh=mesh, **kw)
+  many = experiment.reconstruct_candidates(
+    bare, params0, params1, words, mesh=mesh, **kw
+  )
   n = mesh.shape['data']
   assert n >= 2 and many.tokens.shape[0] % n == 0
   assert len(many.tokens.sharding.device_set) == n
@@ -463,23 +499,34 @@ def test_reconstruction_recovers_memorised_sentences():
   # θ1 trained hard on 3 sentences with distinct words: greedy decoding from
   # each first word gives back the sentence, and those rank first.
   model = _model(scale=0.5)
-  ids = np.array([[1, 2, 3, 4, 5], [1, 6, 7, 8, 9], [1, 10, 11, 12, 13]],
-                 np.int32)
-  result = UPDATE(model, model.params, jnp.asarray(ids), None, MEMORISE,
-                  key=jax.random.key(2))
+  ids = np.array(
+    [[1, 2, 3, 4, 5], [1, 6, 7, 8, 9], [1, 10, 11, 12, 13]], np.int32
+  )
+  result = UPDATE(
+    model, model.params, jnp.asarray(ids), None, MEMORISE, key=jax.random.key(2)
+  )
   delta = gboard.bias_update(model, model.params, result.params)
-  words = np.asarray(gboard.recover_words(delta, 0.0,
-                                          gboard.candidate_mask(64)))
+  words = np.asarray(
+    gboard.recover_words(delta, 0.0, gboard.candidate_mask(64))
+  )
   np.testing.assert_array_equal(np.flatnonzero(words), np.arange(2, 14))
   starts, valid = gboard.padded_indices(words)
   out = gboard.reconstruct_sentences(
-      model, model.params, result.params, jnp.asarray(starts),
-      jnp.asarray(valid), jnp.asarray(words), length=4, bos_id=1)
+    model,
+    model.params,
+    result.params,
+    jnp.asarray(starts),
+    jnp.asarray(valid),
+    jnp.asarray(words),
+    length=4,
+    bos_id=1,
+  )
   tokens = np.asarray(out.tokens)
   for row in ids:
     np.testing.assert_array_equal(tokens[list(starts).index(row[1])], row)
-  kept = gboard.select_sentences(tokens, np.asarray(out.scores), words,
-                                 rule='cover')
+  kept = gboard.select_sentences(
+    tokens, np.asarray(out.scores), words, rule='cover'
+  )
   assert sorted(tokens[kept, 1].tolist()) == [2, 6, 10]
 
 
@@ -496,27 +543,41 @@ def test_scale_update_is_a_longer_fedsgd_step():
 
 
 def test_client_config_emulates_sentence_sum_loss():
-  config = gboard.client_config(3, 8, learning_rate=1e-3,
-                                words_per_sentence=4, step_noise=0.1,
-                                update_noise=0.01)
+  config = gboard.client_config(
+    3,
+    8,
+    learning_rate=1e-3,
+    words_per_sentence=4,
+    step_noise=0.1,
+    update_noise=0.01,
+  )
   assert config.learning_rate == pytest.approx(4e-3)
   # Algorithm 3's η N(0, σ): (η T) (σ / T) = η σ.
-  assert config.learning_rate * config.defense.step_noise_std == \
-      pytest.approx(1e-3 * 0.1)
+  assert config.learning_rate * config.defense.step_noise_std == pytest.approx(
+    1e-3 * 0.1
+  )
   assert config.defense.update_noise_std == 0.01
 
 
 @pytest.mark.parametrize('batch', ['full', '4'])
 def test_batch_sum_loss_is_sentence_sum_with_eta_times_batch(batch):
   from experiments import gboard as experiment  # noqa: PLC0415
+
   model, ids = _model(), _sentences(8)
   per_batch = 8 if batch == 'full' else 4
 
   def theta1(loss, eta):
     cfg = types.SimpleNamespace(loss=loss, learning_rate=eta)
-    (_, params), = experiment.trajectory(
-        model, model.params, ids, cfg, batch=batch, step_noise=0.0,
-        epochs=(2,), key=jax.random.key(0))
+    ((_, params),) = experiment.trajectory(
+      model,
+      model.params,
+      ids,
+      cfg,
+      batch=batch,
+      step_noise=0.0,
+      epochs=(2,),
+      key=jax.random.key(0),
+    )
     return params
 
   summed = theta1('batch_sum', ETA)
@@ -524,15 +585,24 @@ def test_batch_sum_loss_is_sentence_sum_with_eta_times_batch(batch):
   moved = theta1('sentence_sum', ETA)
   for a, b in zip(jax.tree.leaves(summed), jax.tree.leaves(expected)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-  assert not all(np.allclose(a, c) for a, c in zip(
-      jax.tree.leaves(summed), jax.tree.leaves(moved)))
+  assert not all(
+    np.allclose(a, c)
+    for a, c in zip(jax.tree.leaves(summed), jax.tree.leaves(moved))
+  )
 
 
 # ------------------------------------------------------------------ keeping
 def test_select_sentences_rules():
   # Candidates (best first): two true sentences, then junk reusing words.
-  tokens = np.array([[1, 2, 3, 4, 5], [1, 6, 7, 8, 9], [1, 3, 3, 3, 3],
-                     [1, 10, 2, 2, 2], [1, 4, 4, 4, 4]])
+  tokens = np.array(
+    [
+      [1, 2, 3, 4, 5],
+      [1, 6, 7, 8, 9],
+      [1, 3, 3, 3, 3],
+      [1, 10, 2, 2, 2],
+      [1, 4, 4, 4, 4],
+    ]
+  )
   scores = np.array([0.9, 0.8, 0.1, 0.05, 0.11])
   recovered = np.zeros(12, bool)
   recovered[2:11] = True  # words 2..10
@@ -543,8 +613,9 @@ def test_select_sentences_rules():
   gap = gboard.select_sentences(tokens, scores, recovered, rule='gap')
   np.testing.assert_array_equal(gap, [0, 1])
   scores[4] = -np.inf  # padding is never kept
-  assert 4 not in gboard.select_sentences(tokens, scores, recovered,
-                                          rule='words')
+  assert 4 not in gboard.select_sentences(
+    tokens, scores, recovered, rule='words'
+  )
 
 
 def test_padded_indices():
@@ -556,7 +627,9 @@ def test_padded_indices():
 
 
 # ------------------------------------------------------------------ metrics
-@pytest.mark.parametrize('a,b,ratio', [
+@pytest.mark.parametrize(
+  'a,b,ratio',
+  [
     ('how are you doing', 'how are you', 600 / 7),  # LCS 3, 7 words
     ('how are you', 'how are you', 100.0),
     ('a b c d', 'e f g h', 0.0),
@@ -564,12 +637,11 @@ def test_padded_indices():
     ('a b c d', 'b c d e', 75.0),  # delete a, insert e
     ('a b', 'b a', 50.0),
     ('', '', 100.0),
-])
+  ],
+)
 def test_levenshtein_ratio_hand_computed(a, b, ratio):
-  assert gboard.levenshtein_ratio(a.split(), b.split()) == pytest.approx(
-      ratio)
-  assert gboard.levenshtein_ratio(b.split(), a.split()) == pytest.approx(
-      ratio)
+  assert gboard.levenshtein_ratio(a.split(), b.split()) == pytest.approx(ratio)
+  assert gboard.levenshtein_ratio(b.split(), a.split()) == pytest.approx(ratio)
 
 
 def test_levenshtein_distance_unit_costs():
@@ -581,15 +653,22 @@ def test_levenshtein_distance_unit_costs():
 
 def test_best_match_ratios():
   refs = [('how', 'are', 'you', 'doing'), ('see', 'you', 'at', 'home')]
-  cands = [('how', 'are', 'you', 'doing'), ('see', 'you', 'at', 'work'),
-           ('x', 'y', 'z', 'w')]
-  np.testing.assert_allclose(gboard.best_match_ratios(cands, refs),
-                             [100.0, 75.0, 0.0])
+  cands = [
+    ('how', 'are', 'you', 'doing'),
+    ('see', 'you', 'at', 'work'),
+    ('x', 'y', 'z', 'w'),
+  ]
+  np.testing.assert_allclose(
+    gboard.best_match_ratios(cands, refs), [100.0, 75.0, 0.0]
+  )
 
 
 def test_word_metrics_hand_computed():
-  m = gboard.word_metrics(['a', 'b', 'd'], ['a', 'b', 'c', 'zz', 'a'],
-                          ['<UNK>', '<S>', 'a', 'b', 'c', 'd'])
+  m = gboard.word_metrics(
+    ['a', 'b', 'd'],
+    ['a', 'b', 'c', 'zz', 'a'],
+    ['<UNK>', '<S>', 'a', 'b', 'c', 'd'],
+  )
   assert m.precision == pytest.approx(2 / 3)
   assert m.recall == pytest.approx(1 / 2)
   assert m.f1 == pytest.approx(4 / 7)
@@ -615,8 +694,9 @@ def _write_corpora(tmp_path):
 
   lines = ['Label\tSMS']
   for _ in range(300):
-    text = ' '.join(sentence(int(rng.choice([3, 4, 4, 5])))
-                    for _ in range(rng.integers(1, 3)))
+    text = ' '.join(
+      sentence(int(rng.choice([3, 4, 4, 5]))) for _ in range(rng.integers(1, 3))
+    )
     lines.append(f'{"spam" if rng.random() < 0.1 else "ham"}\t{text}')
   sms = tmp_path / 'sms.tsv'
   sms.write_text('\n'.join(lines) + '\n')
@@ -627,44 +707,76 @@ def _write_corpora(tmp_path):
 
 def test_experiment_smoke(tmp_path):
   from experiments import gboard as experiment  # noqa: PLC0415
+
   sms, public = _write_corpora(tmp_path)
   cfg = experiment.Config(
-      sms=str(sms), public=(('extra', str(public)),), public_limit=100,
-      vocab_size=200, embed_dim=8, units=12, pretrain_steps=4,
-      pretrain_batch_size=16, pretrain_lr=3e-3, pretrain_max_length=8,
-      pretrain_eval=40, sentence_length=4, client_pool=24,
-      num_sentences=(16,), num_datasets=1, epochs=(1, 2),
-      batch_sizes=('full', '16'), max_sentence_epochs=10_000,
-      learning_rate=1e-3, loss='sentence_sum', dpsgd_sigmas=(0.1,),
-      dpsgd_runs=((16, '8', 1000),), single_sigmas=(1e-3,),
-      scales=(0.0, 10.0), threshold_rule='auto', fdr_q=0.05, keep_rule='cover',
-      seed=0)
+    sms=str(sms),
+    public=(('extra', str(public)),),
+    public_limit=100,
+    vocab_size=200,
+    embed_dim=8,
+    units=12,
+    pretrain_steps=4,
+    pretrain_batch_size=16,
+    pretrain_lr=3e-3,
+    pretrain_max_length=8,
+    pretrain_eval=40,
+    sentence_length=4,
+    client_pool=24,
+    num_sentences=(16,),
+    num_datasets=1,
+    epochs=(1, 2),
+    batch_sizes=('full', '16'),
+    max_sentence_epochs=10_000,
+    learning_rate=1e-3,
+    loss='sentence_sum',
+    dpsgd_sigmas=(0.1,),
+    dpsgd_runs=((16, '8', 1000),),
+    single_sigmas=(1e-3,),
+    scales=(0.0, 10.0),
+    threshold_rule='auto',
+    fdr_q=0.05,
+    keep_rule='cover',
+    seed=0,
+  )
   workdir = tmp_path / 'run'
   summary = experiment.run_experiment(cfg, workdir)
-  for name in ('config.json', 'results.jsonl', 'summary.json', 'summary.md',
-               'fig2_word_recovery.png', 'fig3_sentence_reconstruction.png',
-               'fig5_dpsgd_threshold.png', 'fig6_local_dp_words.png'):
+  for name in (
+    'config.json',
+    'results.jsonl',
+    'summary.json',
+    'summary.md',
+    'fig2_word_recovery.png',
+    'fig3_sentence_reconstruction.png',
+    'fig5_dpsgd_threshold.png',
+    'fig6_local_dp_words.png',
+  ):
     assert (workdir / name).is_file(), name
   assert json.loads((workdir / 'summary.json').read_text()) == summary
   key = 'B=full,E=1,n_k=16,noise=none,sigma=0.0'
   # Noise-free FedSGD on a barely trained model: Algorithm 2 and the bias
   # rule are exact; the auto rule (bias + rows) is at least close.
-  assert summary[f'zero_f1@{key}'] == pytest.approx(
-      summary[f'f1_upper@{key}'])
+  assert summary[f'zero_f1@{key}'] == pytest.approx(summary[f'f1_upper@{key}'])
   assert summary[f'fdr_f1@{key}'] == pytest.approx(summary[f'f1_upper@{key}'])
   assert summary[f'f1@{key}'] >= 0.9 * summary[f'f1_upper@{key}']
   assert 0 < summary[f'f1_upper@{key}'] <= 1
   assert 0 <= summary[f'levenshtein@{key}'] <= 100
   assert f'levenshtein@{key.replace("sigma", "scale=10.0,sigma")}' in summary
-  for k in ('f1@B=8,E=2,n_k=16,noise=dpsgd,sigma=0.1',
-            'f1@B=full,E=2,n_k=16,noise=single,sigma=0.001',
-            # n_k <= B is full-batch training, run once, reported under both.
-            'levenshtein@B=16,E=2,n_k=16,noise=none,sigma=0.0'):
+  for k in (
+    'f1@B=8,E=2,n_k=16,noise=dpsgd,sigma=0.1',
+    'f1@B=full,E=2,n_k=16,noise=single,sigma=0.001',
+    # n_k <= B is full-batch training, run once, reported under both.
+    'levenshtein@B=16,E=2,n_k=16,noise=none,sigma=0.0',
+  ):
     assert k in summary and math.isfinite(summary[k]), k
-  rows = [json.loads(x) for x in (workdir / 'results.jsonl').read_text()
-          .splitlines()]
+  rows = [
+    json.loads(x) for x in (workdir / 'results.jsonl').read_text().splitlines()
+  ]
   assert {(r['B'], r['noise']) for r in rows} == {
-      ('full', 'none'), ('full', 'single'), ('8', 'dpsgd')}
+    ('full', 'none'),
+    ('full', 'single'),
+    ('8', 'dpsgd'),
+  }
   # The oracle cut of the combined score beats its FDR cut (same score).
   for r in rows:
     assert r['stouffer_f1'] <= r['stouffer_oracle_f1'] + 1e-12 <= 1 + 1e-12
@@ -672,8 +784,9 @@ def test_experiment_smoke(tmp_path):
   corpora = experiment.load_corpora(cfg)
   pool = set(corpora.pool)
   split = experiment._split  # pylint: disable=protected-access
-  assert not any(split(s) in pool
-                 for s in corpora.public_train + corpora.public_eval)
+  assert not any(
+    split(s) in pool for s in corpora.public_train + corpora.public_eval
+  )
   # A re-run resumes: nothing is recomputed, the summary is the same.
   again = experiment.run_experiment(cfg, workdir)
   assert again == summary

@@ -19,8 +19,26 @@ from leakjax.models import llama
 
 # ------------------------------------------------------ a tiny vocabulary
 SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
-MERGES = ['Ġ t', 'h e', 'Ġt he', 'i n', 'Ġ a', 'e r', 'o n', 'Ġ s', 'r e',
-          'a t', 'Ġ o', 'e n', 'Ġ w', 'Ġa n', 'Ġan d', 'i s', 'Ġ 1', 'Ġ Â']
+MERGES = [
+  'Ġ t',
+  'h e',
+  'Ġt he',
+  'i n',
+  'Ġ a',
+  'e r',
+  'o n',
+  'Ġ s',
+  'r e',
+  'a t',
+  'Ġ o',
+  'e n',
+  'Ġ w',
+  'Ġa n',
+  'Ġan d',
+  'i s',
+  'Ġ 1',
+  'Ġ Â',
+]
 
 
 def _byte_tokens():
@@ -41,11 +59,20 @@ VOCAB = len(TOKENS)  # 277
 
 def _hf_model(tied: bool, seed: int = 0):
   config = transformers.LlamaConfig(
-      vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-      rope_theta=5000.0, rms_norm_eps=1e-5, max_position_embeddings=64,
-      tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
-      attn_implementation='eager')
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_theta=5000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=64,
+    tie_word_embeddings=tied,
+    bos_token_id=1,
+    eos_token_id=2,
+    attn_implementation='eager',
+  )
   torch.manual_seed(seed)
   model = transformers.LlamaForCausalLM(config).eval()
   gen = torch.Generator().manual_seed(seed + 1)
@@ -58,31 +85,41 @@ def _hf_model(tied: bool, seed: int = 0):
 
 def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
   """What llama.cpp's convert_hf_to_gguf.py does to q/k rows."""
-  return (w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
-          .swapaxes(1, 2).reshape(w.shape))
+  return (
+    w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
+    .swapaxes(1, 2)
+    .reshape(w.shape)
+  )
 
 
 _TO_GGUF = {
-    'input_layernorm': 'attn_norm', 'post_attention_layernorm': 'ffn_norm',
-    'self_attn.q_proj': 'attn_q', 'self_attn.k_proj': 'attn_k',
-    'self_attn.v_proj': 'attn_v', 'self_attn.o_proj': 'attn_output',
-    'mlp.gate_proj': 'ffn_gate', 'mlp.up_proj': 'ffn_up',
-    'mlp.down_proj': 'ffn_down',
+  'input_layernorm': 'attn_norm',
+  'post_attention_layernorm': 'ffn_norm',
+  'self_attn.q_proj': 'attn_q',
+  'self_attn.k_proj': 'attn_k',
+  'self_attn.v_proj': 'attn_v',
+  'self_attn.o_proj': 'attn_output',
+  'mlp.gate_proj': 'ffn_gate',
+  'mlp.up_proj': 'ffn_up',
+  'mlp.down_proj': 'ffn_down',
 }
 
 
 def _gguf_name(hf_name: str) -> str:
-  fixed = {'model.embed_tokens.weight': 'token_embd.weight',
-           'model.norm.weight': 'output_norm.weight',
-           'lm_head.weight': 'output.weight'}
+  fixed = {
+    'model.embed_tokens.weight': 'token_embd.weight',
+    'model.norm.weight': 'output_norm.weight',
+    'lm_head.weight': 'output.weight',
+  }
   if hf_name in fixed:
     return fixed[hf_name]
   _, _, layer, rest = hf_name.split('.', 3)
   return f'blk.{layer}.{_TO_GGUF[rest.removesuffix(".weight")]}.weight'
 
 
-def write_gguf(path, hf_model, *, qtype=QT.F32, arch='llama', pre='smollm',
-               edit=None):
+def write_gguf(
+  path, hf_model, *, qtype=QT.F32, arch='llama', pre='smollm', edit=None
+):
   """Writes `hf_model` as llama.cpp would: permuted q/k, GGUF names."""
   c = hf_model.config
   writer = gguf.GGUFWriter(str(path), arch)
@@ -115,8 +152,9 @@ def write_gguf(path, hf_model, *, qtype=QT.F32, arch='llama', pre='smollm',
     elif name.endswith('k_proj.weight'):
       w = llama_cpp_permute(w, c.num_key_value_heads)
     if w.ndim == 2 and qtype != QT.F32:
-      writer.add_tensor(_gguf_name(name), gguf.quants.quantize(w, qtype),
-                        raw_dtype=qtype)
+      writer.add_tensor(
+        _gguf_name(name), gguf.quants.quantize(w, qtype), raw_dtype=qtype
+      )
     else:
       writer.add_tensor(_gguf_name(name), w)
   writer.write_header_to_file()
@@ -134,16 +172,21 @@ def transformers_gguf_model(path):
   """
   if importlib.util.find_spec('accelerate') is not None:
     return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32,
-        attn_implementation='eager').eval()
+      path.parent,
+      gguf_file=path.name,
+      dtype=torch.float32,
+      attn_implementation='eager',
+    ).eval()
   from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-  config = transformers.AutoConfig.from_pretrained(path.parent,
-                                                   gguf_file=path.name)
+  config = transformers.AutoConfig.from_pretrained(
+    path.parent, gguf_file=path.name
+  )
   config._attn_implementation = 'eager'  # pylint: disable=protected-access
   model = transformers.LlamaForCausalLM(config).eval()
-  tensors = load_gguf_checkpoint(str(path), return_tensors=True,
-                                 model_to_load=model)['tensors']
+  tensors = load_gguf_checkpoint(
+    str(path), return_tensors=True, model_to_load=model
+  )['tensors']
   missing, unexpected = model.load_state_dict(tensors, strict=False)
   assert not unexpected, unexpected
   assert set(missing) <= {'lm_head.weight'}, missing
@@ -158,8 +201,9 @@ def _torch_logits(model, ids):
 
 
 def _ids(batch, time_, seed=0):
-  return np.random.default_rng(seed).integers(0, VOCAB, (batch, time_),
-                                              dtype=np.int32)
+  return np.random.default_rng(seed).integers(
+    0, VOCAB, (batch, time_), dtype=np.int32
+  )
 
 
 # ------------------------------------------------------------ dequantize
@@ -174,12 +218,16 @@ def _single_tensor_file(path, name, data, raw_dtype=None):
 
 
 # Worst error of a quantise/dequantise round trip, as a fraction of max|x|.
-_ROUND_TRIP_TOL = {QT.F16: 1e-3, QT.BF16: 4e-3, QT.Q8_0: 1 / 127,
-                   QT.Q4_0: 1 / 8, QT.Q4_1: 1 / 15}
+_ROUND_TRIP_TOL = {
+  QT.F16: 1e-3,
+  QT.BF16: 4e-3,
+  QT.Q8_0: 1 / 127,
+  QT.Q4_0: 1 / 8,
+  QT.Q4_1: 1 / 15,
+}
 
 
-@pytest.mark.parametrize('qtype', list(_ROUND_TRIP_TOL),
-                         ids=lambda q: q.name)
+@pytest.mark.parametrize('qtype', list(_ROUND_TRIP_TOL), ids=lambda q: q.name)
 def test_dequantize_round_trip(tmp_path, qtype):
   x = np.random.default_rng(0).normal(size=(3, 256)).astype(np.float32)
   x[1] *= 10  # blocks with different scales
@@ -191,8 +239,9 @@ def test_dequantize_round_trip(tmp_path, qtype):
   assert tensor.tensor_type == qtype
   got = leakjax_gguf.dequantize(tensor)
   assert got.shape == (3, 256) and got.dtype == np.float32
-  np.testing.assert_array_equal(got, gguf.quants.dequantize(stored, qtype)
-                                .reshape(3, 256))
+  np.testing.assert_array_equal(
+    got, gguf.quants.dequantize(stored, qtype).reshape(3, 256)
+  )
   err = np.abs(got - x).max(axis=1) / np.abs(x).max(axis=1)
   assert (err <= _ROUND_TRIP_TOL[qtype]).all(), err
   assert err.max() > 0 or qtype == QT.F32
@@ -215,8 +264,9 @@ def test_k_quants_match_transformers_dequantizer(tmp_path, qtype):
   got = leakjax_gguf.dequantize(tensor)
   assert got.shape == (4, 256)
   want = dequant.dequantize(torch.from_numpy(raw.reshape(-1)), int(qtype))
-  np.testing.assert_allclose(got, want.numpy().reshape(4, 256), rtol=1e-6,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    got, want.numpy().reshape(4, 256), rtol=1e-6, atol=1e-6
+  )
   assert np.abs(got).max() > 0
 
 
@@ -234,18 +284,26 @@ def tiny_models():
 
 
 @pytest.mark.parametrize('tied', [False, True], ids=['untied', 'tied'])
-def test_f32_gguf_matches_source_and_transformers(tmp_path, tiny_models,
-                                                  tied):
+def test_f32_gguf_matches_source_and_transformers(tmp_path, tiny_models, tied):
   source = tiny_models[tied]
   path = write_gguf(tmp_path / 'tiny.gguf', source)
   model = models.load(path)  # dispatches on the .gguf suffix
   assert model.family == 'llama'
   assert model.config == llama.LlamaConfig(
-      vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-      head_dim=16, rms_norm_eps=model.config.rms_norm_eps, rope_theta=5000.0,
-      max_position_embeddings=64, tie_word_embeddings=tied, bos_token_id=1,
-      eos_token_id=2)
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=model.config.rms_norm_eps,
+    rope_theta=5000.0,
+    max_position_embeddings=64,
+    tie_word_embeddings=tied,
+    bos_token_id=1,
+    eos_token_id=2,
+  )
   assert abs(model.config.rms_norm_eps - 1e-5) < 1e-9
   ids = _ids(2, 10)
   got = np.asarray(jax.jit(model.logits)(model.params, ids))
@@ -254,24 +312,28 @@ def test_f32_gguf_matches_source_and_transformers(tmp_path, tiny_models,
   assert np.abs(got - _torch_logits(theirs, ids)).max() <= 1e-5
 
 
-@pytest.mark.parametrize('qtype', [QT.Q8_0, QT.Q4_0, QT.Q4_1],
-                         ids=lambda q: q.name)
+@pytest.mark.parametrize(
+  'qtype', [QT.Q8_0, QT.Q4_0, QT.Q4_1], ids=lambda q: q.name
+)
 def test_quantized_gguf_matches_numpy_reference(tmp_path, tiny_models, qtype):
   source = tiny_models[False]
   path = write_gguf(tmp_path / 'tiny.gguf', source, qtype=qtype)
   model = leakjax_gguf.load_gguf(path)
   # Reference: gguf's numpy dequantizer, un-permuted by llama.cpp's formula.
   reader = gguf.GGUFReader(str(path))
-  raw = {t.name: gguf.quants.dequantize(t.data, t.tensor_type)
-         for t in reader.tensors}
+  raw = {
+    t.name: gguf.quants.dequantize(t.data, t.tensor_type)
+    for t in reader.tensors
+  }
   c = source.config
   for hf_name, spec in llama.hf_name_map(model.config).items():
     want = raw[_gguf_name(hf_name)]
-    for proj, heads in (('q_proj', c.num_attention_heads),
-                        ('k_proj', c.num_key_value_heads)):
+    for proj, heads in (
+      ('q_proj', c.num_attention_heads),
+      ('k_proj', c.num_key_value_heads),
+    ):
       if hf_name.endswith(f'{proj}.weight'):
-        inverse = np.argsort(llama_cpp_permute(np.arange(want.shape[0]),
-                                               heads))
+        inverse = np.argsort(llama_cpp_permute(np.arange(want.shape[0]), heads))
         want = want[inverse]
     got = spec.to_hf(np.asarray(models.get_path(model.params, spec.path)))
     np.testing.assert_array_equal(got, want, err_msg=hf_name)
@@ -286,12 +348,12 @@ def test_quantized_gguf_matches_numpy_reference(tmp_path, tiny_models, qtype):
 
 
 SENTENCES = [
-    'The theory and the practice at 10 and 1999.',
-    'Hello, world! (she said) -- isn\'t it "fine"?',
-    '  leading spaces\n\nand new lines\tand tabs  ',
-    'Café naïve façade — 東京 🎉 ∑x²',
-    'numbers: 3.14159, 2,718, -42 and 1e-9; 0x1F!',
-    '<|im_start|>user\nhi there<|im_end|>',
+  'The theory and the practice at 10 and 1999.',
+  'Hello, world! (she said) -- isn\'t it "fine"?',
+  '  leading spaces\n\nand new lines\tand tabs  ',
+  'Café naïve façade — 東京 🎉 ∑x²',
+  'numbers: 3.14159, 2,718, -42 and 1e-9; 0x1F!',
+  '<|im_start|>user\nhi there<|im_end|>',
 ]
 
 
@@ -299,15 +361,15 @@ def test_tiny_tokenizer_matches_transformers(tmp_path, tiny_models):
   # pre='gpt2': transformers does not implement 'smollm' (see below).
   path = write_gguf(tmp_path / 'tiny.gguf', tiny_models[True], pre='gpt2')
   ours = leakjax_gguf.load_gguf(path).tokenizer
-  theirs = transformers.AutoTokenizer.from_pretrained(tmp_path,
-                                                      gguf_file=path.name)
+  theirs = transformers.AutoTokenizer.from_pretrained(
+    tmp_path, gguf_file=path.name
+  )
   assert (ours.bos_id, ours.eos_id, ours.vocab_size) == (1, 2, VOCAB)
   for text in SENTENCES:
     ids = ours.encode(text)
     assert ids == theirs.encode(text, add_special_tokens=False), text
     assert ours.decode(ids, skip_special=False) == text
-  assert ours.encode(' the and') == [TOKENS.index('Ġthe'),
-                                     TOKENS.index('Ġand')]
+  assert ours.encode(' the and') == [TOKENS.index('Ġthe'), TOKENS.index('Ġand')]
 
 
 def test_numeric_characters_split_like_llama_cpp(tmp_path, tiny_models):
@@ -342,8 +404,10 @@ def test_unsupported_quant_type_raises(tmp_path, tiny_models):
 
 def test_rope_scaling_and_bad_files_raise(tmp_path, tiny_models):
   path = write_gguf(
-      tmp_path / 'scaled.gguf', tiny_models[True],
-      edit=lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR))
+    tmp_path / 'scaled.gguf',
+    tiny_models[True],
+    edit=lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR),
+  )
   with pytest.raises(LeakjaxError, match='RoPE scaling'):
     leakjax_gguf.load_gguf(path)
   junk = tmp_path / 'junk.gguf'
@@ -378,8 +442,13 @@ SMOLLM2_TEXT = 'The capital of France is Paris, and it is famous for its food.'
 def test_smollm2_config_and_load_time(smollm2):
   model, seconds, _ = smollm2
   c = model.config
-  assert (c.num_layers, c.hidden_size, c.num_attention_heads,
-          c.num_key_value_heads, c.vocab_size) == (30, 576, 9, 3, 49152)
+  assert (
+    c.num_layers,
+    c.hidden_size,
+    c.num_attention_heads,
+    c.num_key_value_heads,
+    c.vocab_size,
+  ) == (30, 576, 9, 3, 49152)
   assert c.tie_word_embeddings and c.rope_theta == 100000.0
   assert model.paths.lm_head is None
   assert 134_000_000 < model.num_params < 135_000_000
@@ -404,7 +473,8 @@ def test_smollm2_prefers_natural_text(smollm2):
   random.Random(0).shuffle(shuffled)
   assert shuffled != words
   ids, mask = model.tokenizer.encode_batch(
-      [' '.join(words) + '.', ' '.join(shuffled) + '.'])
+    [' '.join(words) + '.', ' '.join(shuffled) + '.']
+  )
   logp = np.asarray(model.token_log_probs(model.params, ids, mask))
   real = mask[:, 1:].astype(bool)
   ppl = [float(np.exp(-logp[i][real[i]].mean())) for i in range(2)]
@@ -414,8 +484,9 @@ def test_smollm2_prefers_natural_text(smollm2):
 
 def test_smollm2_tokenizer_matches_transformers(smollm2):
   model, _, path = smollm2
-  theirs = transformers.AutoTokenizer.from_pretrained(path.parent,
-                                                      gguf_file=path.name)
+  theirs = transformers.AutoTokenizer.from_pretrained(
+    path.parent, gguf_file=path.name
+  )
   ours = model.tokenizer
   assert (ours.bos_id, ours.eos_id, ours.vocab_size) == (1, 2, 49152)
   for text in SENTENCES + [SMOLLM2_TEXT, 'In 2024, 1234567 people paid $3.50']:

@@ -23,7 +23,8 @@ def test_writer_writes_and_resumes(tmp_path):
   rows = [json.loads(l) for l in (tmp_path / 'results.jsonl').open()]
   assert rows[0]['rougeL'] == 0.5 and rows[1]['bad'] is None
   assert json.loads((tmp_path / 'summary.json').read_text()) == {
-      'rougeL@b=4': 0.375}
+    'rougeL@b=4': 0.375
+  }
   again = io.ExperimentWriter(tmp_path, {'b': 4, 'name': 'x'})
   assert again.done(batch=1)['rougeL'] == 0.25
   assert again.done(batch=2) is None
@@ -60,8 +61,12 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
 
 def test_markdown_table():
   t = io.markdown_table(['a', 'b'], [[1, 0.12345], ['x', float('nan')]])
-  assert t.splitlines() == ['| a | b |', '|---|---|', '| 1 | 0.123 |',
-                            '| x | nan |']
+  assert t.splitlines() == [
+    '| a | b |',
+    '|---|---|',
+    '| 1 | 0.123 |',
+    '| x | nan |',
+  ]
 
 
 def test_errors_are_one_line():
@@ -112,7 +117,10 @@ def test_resume_accepts_fields_added_at_their_default(tmp_path):
   w = io.ExperimentWriter(tmp_path, New())  # a field added since: resumes
   assert w.done(b=4) is not None
   assert json.loads((tmp_path / 'config.json').read_text()) == {
-      'b': 4, 'patience': 0, 'sizes': [1, 2]}
+    'b': 4,
+    'patience': 0,
+    'sizes': [1, 2],
+  }
   io.ExperimentWriter(tmp_path, New())
   other = tmp_path / 'other'
   io.ExperimentWriter(other, Old())

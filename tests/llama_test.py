@@ -19,10 +19,18 @@ VOCAB, MAX_LEN = 200, 32
 
 def _hf_config(tied: bool) -> transformers.LlamaConfig:
   return transformers.LlamaConfig(
-      vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-      rope_theta=5000.0, rms_norm_eps=1e-5, max_position_embeddings=MAX_LEN,
-      tie_word_embeddings=tied, attn_implementation='eager')
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_theta=5000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=MAX_LEN,
+    tie_word_embeddings=tied,
+    attn_implementation='eager',
+  )
 
 
 def _randomize(hf_model: torch.nn.Module, seed: int) -> None:
@@ -71,9 +79,11 @@ def _ids(batch, time, seed=0):
 
 def _hf_logits(hf_model, ids, mask=None):
   with torch.no_grad():
-    out = hf_model(torch.tensor(ids, dtype=torch.long),
-                   attention_mask=None if mask is None else torch.tensor(mask),
-                   output_hidden_states=True)
+    out = hf_model(
+      torch.tensor(ids, dtype=torch.long),
+      attention_mask=None if mask is None else torch.tensor(mask),
+      output_hidden_states=True,
+    )
   return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
 
 
@@ -94,8 +104,10 @@ def test_loaded_params_and_paths(pair):
   state = hf_model.state_dict()
   for name, spec in llama.hf_name_map(ours.config).items():
     np.testing.assert_array_equal(
-        spec.to_hf(np.asarray(get_path(ours.params, spec.path))),
-        state[name].numpy(), err_msg=name)
+      spec.to_hf(np.asarray(get_path(ours.params, spec.path))),
+      state[name].numpy(),
+      err_msg=name,
+    )
   assert ours.family == 'llama'
   assert ours.word_embeddings(ours.params).shape == (VOCAB, 64)
   if ours.config.tie_word_embeddings:
@@ -104,9 +116,11 @@ def test_loaded_params_and_paths(pair):
     assert get_path(ours.params, ours.paths.lm_head).shape == (64, VOCAB)
 
 
-@pytest.mark.parametrize('tied,jit', [(False, False), (False, True),
-                                      (True, True)],
-                         ids=['untied-eager', 'untied-jit', 'tied-jit'])
+@pytest.mark.parametrize(
+  'tied,jit',
+  [(False, False), (False, True), (True, True)],
+  ids=['untied-eager', 'untied-jit', 'tied-jit'],
+)
 def test_logits_and_hidden_states_match_transformers(make_pair, tied, jit):
   ours, hf_model, _ = make_pair(tied)
   ids = _ids(2, 11)
@@ -122,7 +136,8 @@ def test_logits_and_hidden_states_match_transformers(make_pair, tied, jit):
   for i in range(2):
     np.testing.assert_allclose(hidden[i], want_hidden[i], atol=1e-5)
   np.testing.assert_allclose(
-      np.asarray(ours.lm_head(ours.params, hidden[-1])), got, atol=1e-5)
+    np.asarray(ours.lm_head(ours.params, hidden[-1])), got, atol=1e-5
+  )
 
 
 def test_padding_mask_matches_transformers_and_isolates_padding(untied):
@@ -148,8 +163,9 @@ def test_gradients_match_transformers(pair):
   hf_model.zero_grad()
   logits = hf_model(torch.tensor(ids, dtype=torch.long)).logits
   loss = torch.nn.functional.cross_entropy(
-      logits[:, :-1].reshape(-1, VOCAB),
-      torch.tensor(ids[:, 1:], dtype=torch.long).reshape(-1))
+    logits[:, :-1].reshape(-1, VOCAB),
+    torch.tensor(ids[:, 1:], dtype=torch.long).reshape(-1),
+  )
   loss.backward()
   our_loss, grads = jax.value_and_grad(ours.loss)(ours.params, ids)
   assert abs(float(our_loss) - loss.item()) <= 1e-5
@@ -172,8 +188,9 @@ def test_decode_matches_full_forward_eager(untied):
   assert all(x.shape[0] == 3 for x in jax.tree.leaves(cache))
   first, cache = ours.decode(ours.params, ids[:, :5], cache)
   second, cache = ours.decode(ours.params, ids[:, 5:], cache)
-  np.testing.assert_allclose(np.concatenate([first, second], 1), full,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.concatenate([first, second], 1), full, atol=1e-5
+  )
   np.testing.assert_array_equal(np.asarray(cache.index), [6, 6, 6])
 
 
@@ -201,10 +218,14 @@ def test_decode_matches_full_forward_jit(pair):
   # Rows may sit at different positions: the index is per row.
   index = np.array([5, 4, 3], np.int32)
   rows = np.arange(3)
-  step, cache = decode(ours.params, ids[rows, index][:, None],
-                       prefix.replace(index=jnp.asarray(index)))
-  np.testing.assert_allclose(np.asarray(step)[:, 0], full[rows, index],
-                             atol=1e-5)
+  step, cache = decode(
+    ours.params,
+    ids[rows, index][:, None],
+    prefix.replace(index=jnp.asarray(index)),
+  )
+  np.testing.assert_allclose(
+    np.asarray(step)[:, 0], full[rows, index], atol=1e-5
+  )
   np.testing.assert_array_equal(np.asarray(cache.index), index + 1)
 
 
@@ -226,7 +247,8 @@ def test_save_load_round_trip_with_tokenizer(pair, tmp_path):
   assert config['model_type'] == 'llama'
 
   hf_model = transformers.LlamaForCausalLM.from_pretrained(
-      tmp_path, dtype=torch.float32, attn_implementation='eager').eval()
+    tmp_path, dtype=torch.float32, attn_implementation='eager'
+  ).eval()
   ids = _ids(2, 7, seed=11)
   want, _ = _hf_logits(hf_model, ids)
   got = np.asarray(ours.logits(ours.params, ids))
@@ -237,8 +259,10 @@ def test_save_load_round_trip_with_tokenizer(pair, tmp_path):
   for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(ours.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert again.tokenizer.encode('w5 w17 zzz') == [5, 17, VOCAB - 3]
-  assert (again.tokenizer.bos_id, again.tokenizer.eos_id) == (VOCAB - 2,
-                                                               VOCAB - 1)
+  assert (again.tokenizer.bos_id, again.tokenizer.eos_id) == (
+    VOCAB - 2,
+    VOCAB - 1,
+  )
 
 
 def _rewrite(src, dst, edit_tensors=None, edit_config=None):
@@ -252,14 +276,23 @@ def _rewrite(src, dst, edit_tensors=None, edit_config=None):
   return dst
 
 
-@pytest.mark.parametrize('edit,message', [
+@pytest.mark.parametrize(
+  'edit,message',
+  [
     (lambda t: t.pop('model.layers.1.mlp.up_proj.weight'), 'missing 1'),
     (lambda t: t.update(extra=np.zeros(3, np.float32)), 'does not use'),
-    (lambda t: t.update({'model.norm.weight': np.ones(63, np.float32)}),
-     'model.norm.weight has shape'),
-    (lambda t: t['model.layers.0.self_attn.k_proj.weight'].__setitem__(
-        (0, 0), np.nan), 'NaN'),
-])
+    (
+      lambda t: t.update({'model.norm.weight': np.ones(63, np.float32)}),
+      'model.norm.weight has shape',
+    ),
+    (
+      lambda t: t['model.layers.0.self_attn.k_proj.weight'].__setitem__(
+        (0, 0), np.nan
+      ),
+      'NaN',
+    ),
+  ],
+)
 def test_bad_tensors_raise(untied, tmp_path, edit, message):
   _, _, directory = untied
   bad = _rewrite(directory, tmp_path, edit_tensors=edit)
@@ -267,18 +300,25 @@ def test_bad_tensors_raise(untied, tmp_path, edit, message):
     models.load(bad)
 
 
-@pytest.mark.parametrize('key,value,message', [
+@pytest.mark.parametrize(
+  'key,value,message',
+  [
     ('rope_scaling', {'rope_type': 'linear', 'factor': 2.0}, 'linear'),
-    ('rope_parameters', {'rope_type': 'llama3', 'factor': 8.0,
-                         'rope_theta': 5e5}, 'llama3'),
+    (
+      'rope_parameters',
+      {'rope_type': 'llama3', 'factor': 8.0, 'rope_theta': 5e5},
+      'llama3',
+    ),
     ('attention_bias', True, 'attention_bias'),
     ('mlp_bias', True, 'mlp_bias'),
     ('hidden_act', 'gelu', 'gelu'),
-])
+  ],
+)
 def test_unsupported_config_raises(untied, tmp_path, key, value, message):
   _, _, directory = untied
-  bad = _rewrite(directory, tmp_path,
-                 edit_config=lambda c: c.__setitem__(key, value))
+  bad = _rewrite(
+    directory, tmp_path, edit_config=lambda c: c.__setitem__(key, value)
+  )
   with pytest.raises(LeakjaxError, match=message):
     models.load(bad)
 
@@ -309,8 +349,9 @@ def test_init_model_and_bfloat16(untied):
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(fresh.params))
   assert jax.tree.structure(fresh.params) == jax.tree.structure(ours.params)
   # The test model's weights in bfloat16 give nearly the fp32 logits.
-  half = llama.make_model(config, jax.tree.map(
-      lambda x: x.astype(jnp.bfloat16), ours.params))
+  half = llama.make_model(
+    config, jax.tree.map(lambda x: x.astype(jnp.bfloat16), ours.params)
+  )
   ids = _ids(2, 8)
   logits = jax.jit(half.logits)(half.params, ids)
   assert logits.dtype == jnp.float32 and logits.shape == (2, 8, VOCAB)

@@ -19,20 +19,23 @@ ATOL = 1e-5
 # Tiny configs: a tied CIFG with projection (GBoard's shape, shrunk), a
 # 2-layer untied LSTM, and the 512/160 shape (embedding narrower than state).
 TINY_CIFG = lstm.CIFGConfig(vocab_size=13, embed_dim=6, units=7, proj_dim=6)
-TINY_LSTM = lstm.LSTMConfig(vocab_size=11, embed_dim=5, hidden_size=8,
-                            num_layers=2, dropout_keep=0.9)
+TINY_LSTM = lstm.LSTMConfig(
+  vocab_size=11, embed_dim=5, hidden_size=8, num_layers=2, dropout_keep=0.9
+)
 TINY_NARROW = lstm.LSTMConfig(vocab_size=11, embed_dim=4, hidden_size=6)
 CONFIGS = {'cifg': TINY_CIFG, 'lstm': TINY_LSTM, 'narrow': TINY_NARROW}
 
 
 def words(vocab_size):
-  return WordTokenizer(['<UNK>', '<S>'] + [f'w{i}' for i in range(
-      vocab_size - 2)])
+  return WordTokenizer(
+    ['<UNK>', '<S>'] + [f'w{i}' for i in range(vocab_size - 2)]
+  )
 
 
 def abstract_params(config, dtype=jnp.float32):
-  return jax.eval_shape(lambda: lstm.init_model(
-      config, key=jax.random.key(0), dtype=dtype).params)
+  return jax.eval_shape(
+    lambda: lstm.init_model(config, key=jax.random.key(0), dtype=dtype).params
+  )
 
 
 @functools.cache
@@ -44,8 +47,9 @@ def random_model(config, seed=0):
   """
   rng = np.random.default_rng(seed)
   params = jax.tree.map(
-      lambda x: jnp.asarray(0.5 * rng.standard_normal(x.shape), x.dtype),
-      abstract_params(config))
+    lambda x: jnp.asarray(0.5 * rng.standard_normal(x.shape), x.dtype),
+    abstract_params(config),
+  )
   return lstm.make_model(config, params, words(config.vocab_size))
 
 
@@ -59,8 +63,9 @@ def jitted(model, name):
 
 def random_ids(config, batch=3, time=7, seed=1):
   rng = np.random.default_rng(seed)
-  return jnp.asarray(rng.integers(0, config.vocab_size, (batch, time)),
-                     jnp.int32)
+  return jnp.asarray(
+    rng.integers(0, config.vocab_size, (batch, time)), jnp.int32
+  )
 
 
 def padded_mask(ids):
@@ -81,8 +86,9 @@ def np_cell(w, c, h, x, cifg):
 
   def pre(gate):
     cols = slice(names.index(gate) * units, (names.index(gate) + 1) * units)
-    return x @ w['kernel_x'][:, cols] + h @ w['kernel_h'][:, cols] + \
-        w['bias'][cols]
+    return (
+      x @ w['kernel_x'][:, cols] + h @ w['kernel_h'][:, cols] + w['bias'][cols]
+    )
 
   i = sigmoid(pre('i'))
   f = 1.0 - i if cifg else sigmoid(pre('f'))
@@ -124,19 +130,27 @@ def test_one_step_matches_numpy(cifg, proj_dim, jit):
   batch, inputs, units = 4, 5, 6
   out = proj_dim or units
   gates = (3 if cifg else 4) * units
-  normal = functools.partial(np.random.default_rng(0).standard_normal,
-                             dtype=np.float32)
-  w = {'kernel_x': normal((inputs, gates)), 'kernel_h': normal((out, gates)),
-       'bias': normal((gates,))}
+  normal = functools.partial(
+    np.random.default_rng(0).standard_normal, dtype=np.float32
+  )
+  w = {
+    'kernel_x': normal((inputs, gates)),
+    'kernel_h': normal((out, gates)),
+    'bias': normal((gates,)),
+  }
   if proj_dim:
     w['proj'] = normal((units, proj_dim))
   state = lstm.LSTMState(c=normal((batch, units)), h=normal((batch, out)))
   x = normal((batch, inputs))
   cell = lambda w, s, x: lstm.lstm_cell(w, s, x, cifg=cifg)
   new, h = (jax.jit(cell) if jit else cell)(w, state, x)
-  want_c, want_h = np_cell(w, np.asarray(state.c, np.float64),
-                           np.asarray(state.h, np.float64),
-                           np.asarray(x, np.float64), cifg)
+  want_c, want_h = np_cell(
+    w,
+    np.asarray(state.c, np.float64),
+    np.asarray(state.h, np.float64),
+    np.asarray(x, np.float64),
+    cifg,
+  )
   np.testing.assert_allclose(new.c, want_c, atol=ATOL)
   np.testing.assert_allclose(new.h, want_h, atol=ATOL)
   np.testing.assert_allclose(h, want_h, atol=ATOL)
@@ -147,9 +161,11 @@ def test_cifg_forget_gate_is_coupled():
   # With g = 0 the cell only decays: c_t = (1 - i) c_{t-1}, i = sigmoid(b_i).
   units = 3
   b_i = jnp.array([-1.0, 0.0, 2.0])
-  w = {'kernel_x': jnp.zeros((2, 3 * units)),
-       'kernel_h': jnp.zeros((units, 3 * units)),
-       'bias': jnp.concatenate([b_i, jnp.zeros(2 * units)])}
+  w = {
+    'kernel_x': jnp.zeros((2, 3 * units)),
+    'kernel_h': jnp.zeros((units, 3 * units)),
+    'bias': jnp.concatenate([b_i, jnp.zeros(2 * units)]),
+  }
   c0 = jnp.array([[1.0, 2.0, 3.0]])
   state = lstm.LSTMState(c=c0, h=jnp.zeros((1, units)))
   new, _ = lstm.lstm_cell(w, state, jnp.ones((1, 2)), cifg=True)
@@ -178,8 +194,9 @@ def test_logits_and_hidden_states_match_numpy(name, jit):
     np.testing.assert_allclose(hidden[k, ..., :width], want, atol=ATOL)
     # A narrower embedding is zero-padded to hidden_size.
     np.testing.assert_array_equal(hidden[k, ..., width:], 0.0)
-  np.testing.assert_allclose(model.lm_head(model.params, hidden[-1]),
-                             logits, atol=ATOL)
+  np.testing.assert_allclose(
+    model.lm_head(model.params, hidden[-1]), logits, atol=ATOL
+  )
 
 
 def test_hidden_states_refuses_embedding_wider_than_state():
@@ -222,18 +239,18 @@ def test_decode_matches_logits(name, jit):
     assert leaf.shape[0] == 3
   steps = []
   for t in range(7):
-    logits, cache = decode(model.params, ids[:, t:t + 1], cache)
+    logits, cache = decode(model.params, ids[:, t : t + 1], cache)
     steps.append(logits)
-  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full,
-                             atol=ATOL)
+  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=ATOL)
   np.testing.assert_array_equal(cache.index, [7, 7, 7])
 
   # Chunks of different lengths continue the same recurrence.
   cache = model.init_cache(batch_size=3, max_length=7)
   first, cache = decode(model.params, ids[:, :4], cache)
   second, cache = decode(model.params, ids[:, 4:], cache)
-  np.testing.assert_allclose(jnp.concatenate([first, second], axis=1), full,
-                             atol=ATOL)
+  np.testing.assert_allclose(
+    jnp.concatenate([first, second], axis=1), full, atol=ATOL
+  )
 
 
 def test_decode_cache_reorders_like_beams():
@@ -259,8 +276,9 @@ def test_gradient_reaches_output_bias_and_embeddings(name):
   _, grads = jitted(model, 'loss_and_grad')(model.params, ids, mask)
 
   # dL/db = mean over real targets of softmax(z_t) - onehot(y_t).
-  logits = np.asarray(jitted(model, 'logits')(model.params, ids),
-                      np.float64)[:, :-1]
+  logits = np.asarray(jitted(model, 'logits')(model.params, ids), np.float64)[
+    :, :-1
+  ]
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
   onehot = np.eye(config.vocab_size)[np.asarray(ids)[:, 1:]]
@@ -279,31 +297,33 @@ def test_gradient_reaches_output_bias_and_embeddings(name):
 def test_tied_embedding_gradient_sums_both_uses():
   tied = random_model(TINY_CIFG)
   untied_config = lstm.CIFGConfig(
-      vocab_size=13, embed_dim=6, units=7, proj_dim=6,
-      tie_word_embeddings=False)
+    vocab_size=13, embed_dim=6, units=7, proj_dim=6, tie_word_embeddings=False
+  )
   assert tied.paths.lm_head is None
   emb = tied.params['embed']['embedding']
   untied_params = dict(tied.params)
-  untied_params['head'] = {'bias': tied.params['head']['bias'],
-                           'kernel': emb.T}
+  untied_params['head'] = {'bias': tied.params['head']['bias'], 'kernel': emb.T}
   untied = lstm.make_model(untied_config, untied_params, tied.tokenizer)
   assert untied.paths.lm_head == ('head', 'kernel')
   ids = random_ids(TINY_CIFG)
   mask = padded_mask(ids)
   loss_tied, g_tied = jitted(tied, 'loss_and_grad')(tied.params, ids, mask)
   loss_untied, g_untied = jitted(untied, 'loss_and_grad')(
-      untied.params, ids, mask)
+    untied.params, ids, mask
+  )
   np.testing.assert_allclose(loss_tied, loss_untied, atol=ATOL)
   in_use = g_untied['embed']['embedding']
   out_use = g_untied['head']['kernel'].T
   assert np.abs(in_use).max() > 1e-4 and np.abs(out_use).max() > 1e-4
-  np.testing.assert_allclose(g_tied['embed']['embedding'], in_use + out_use,
-                             atol=ATOL)
+  np.testing.assert_allclose(
+    g_tied['embed']['embedding'], in_use + out_use, atol=ATOL
+  )
   # Rows of words never typed still move through the output use.
   unused = np.setdiff1d(np.arange(13), np.asarray(ids))
   assert unused.size
-  assert (np.abs(np.asarray(g_tied['embed']['embedding'])[unused]).sum(-1)
-          > 0).all()
+  assert (
+    np.abs(np.asarray(g_tied['embed']['embedding'])[unused]).sum(-1) > 0
+  ).all()
 
 
 # ----------------------------------------------------------------- dropout
@@ -315,7 +335,8 @@ def test_dropout_only_in_train_logits():
   b = train_logits(model.params, ids, key=jax.random.key(2))
   assert not np.allclose(a, b)
   np.testing.assert_array_equal(
-      a, train_logits(model.params, ids, key=jax.random.key(1)))
+    a, train_logits(model.params, ids, key=jax.random.key(1))
+  )
   logits = jitted(model, 'logits')
   clean = logits(model.params, ids)
   np.testing.assert_array_equal(clean, logits(model.params, ids))
@@ -327,15 +348,18 @@ def test_no_dropout_without_keep_below_one():
   model = random_model(TINY_CIFG)
   ids = random_ids(TINY_CIFG)
   np.testing.assert_array_equal(
-      jitted(model, 'train_logits')(model.params, ids,
-                                    key=jax.random.key(1)),
-      jitted(model, 'logits')(model.params, ids))
+    jitted(model, 'train_logits')(model.params, ids, key=jax.random.key(1)),
+    jitted(model, 'logits')(model.params, ids),
+  )
 
 
 # ---------------------------------------------------------------- configs
 def test_gboard_parameter_count():
-  params = jax.eval_shape(lambda: lstm.init_model(
-      lstm.CIFGConfig.gboard(), key=jax.random.key(0)).params)
+  params = jax.eval_shape(
+    lambda: (
+      lstm.init_model(lstm.CIFGConfig.gboard(), key=jax.random.key(0)).params
+    )
+  )
   model = lstm.make_model(lstm.CIFGConfig.gboard(), params)
   v, d, u, p = 9502, 96, 670, 96
   embedding = v * d  # tied: also the output matrix W
@@ -352,27 +376,36 @@ def test_gboard_parameter_count():
 
 def test_paper_presets():
   small = lstm.LSTMConfig.ptb_small()
-  assert (small.num_layers, small.embed_dim, small.hidden_size,
-          small.dropout_keep) == (2, 200, 200, 1.0)
+  assert (
+    small.num_layers,
+    small.embed_dim,
+    small.hidden_size,
+    small.dropout_keep,
+  ) == (2, 200, 200, 1.0)
   medium = lstm.LSTMConfig.medium_512()
-  assert (medium.num_layers, medium.embed_dim, medium.hidden_size,
-          medium.dropout_keep, medium.tie_word_embeddings) == (
-              1, 160, 512, 0.9, False)
+  assert (
+    medium.num_layers,
+    medium.embed_dim,
+    medium.hidden_size,
+    medium.dropout_keep,
+    medium.tie_word_embeddings,
+  ) == (1, 160, 512, 0.9, False)
   shapes = jax.eval_shape(
-      lambda: lstm.init_model(medium, key=jax.random.key(0)).params)
+    lambda: lstm.init_model(medium, key=jax.random.key(0)).params
+  )
   assert shapes['head']['kernel'].shape == (512, 10_000)
   assert shapes['layer_0']['kernel_x'].shape == (160, 4 * 512)
 
 
 def test_config_validation():
   with pytest.raises(LeakjaxError, match='tied embeddings'):
-    lstm.LSTMConfig(vocab_size=10, embed_dim=4, hidden_size=6,
-                    tie_word_embeddings=True)
+    lstm.LSTMConfig(
+      vocab_size=10, embed_dim=4, hidden_size=6, tie_word_embeddings=True
+    )
   with pytest.raises(LeakjaxError, match='tied embeddings'):
     lstm.CIFGConfig(proj_dim=None)
   with pytest.raises(LeakjaxError, match='dropout_keep'):
-    lstm.LSTMConfig(vocab_size=10, embed_dim=4, hidden_size=4,
-                    dropout_keep=0.0)
+    lstm.LSTMConfig(vocab_size=10, embed_dim=4, hidden_size=4, dropout_keep=0.0)
   with pytest.raises(LeakjaxError, match='units'):
     lstm.CIFGConfig(units=0)
 
@@ -381,21 +414,25 @@ def test_standard_lstm_forget_bias_starts_at_one():
   model = lstm.init_model(TINY_LSTM, key=jax.random.key(0))
   bias = np.asarray(model.params['layer_0']['bias'])
   h = TINY_LSTM.hidden_size
-  np.testing.assert_array_equal(bias[h:2 * h], 1.0)
-  np.testing.assert_array_equal(np.delete(bias, np.s_[h:2 * h]), 0.0)
+  np.testing.assert_array_equal(bias[h : 2 * h], 1.0)
+  np.testing.assert_array_equal(np.delete(bias, np.s_[h : 2 * h]), 0.0)
 
 
 def test_bfloat16_params():
   for leaf in jax.tree.leaves(abstract_params(TINY_LSTM, jnp.bfloat16)):
     assert leaf.dtype == jnp.bfloat16
   ref = random_model(TINY_CIFG)
-  model = lstm.make_model(TINY_CIFG, jax.tree.map(
-      lambda x: x.astype(jnp.bfloat16), ref.params), dtype=jnp.bfloat16)
+  model = lstm.make_model(
+    TINY_CIFG,
+    jax.tree.map(lambda x: x.astype(jnp.bfloat16), ref.params),
+    dtype=jnp.bfloat16,
+  )
   ids = random_ids(TINY_CIFG)
   logits = jax.jit(model.logits)(model.params, ids)
   assert logits.dtype == jnp.float32
-  np.testing.assert_allclose(logits, jitted(ref, 'logits')(ref.params, ids),
-                             atol=0.1)
+  np.testing.assert_allclose(
+    logits, jitted(ref, 'logits')(ref.params, ids), atol=0.1
+  )
 
 
 # ------------------------------------------------------------- checkpoints
@@ -415,8 +452,10 @@ def test_save_load_round_trip(name, tmp_path):
   assert loaded.tokenizer.words == model.tokenizer.words
   jax.tree.map(np.testing.assert_array_equal, loaded.params, model.params)
   ids = random_ids(config)
-  np.testing.assert_array_equal(jitted(loaded, 'logits')(loaded.params, ids),
-                                jitted(model, 'logits')(model.params, ids))
+  np.testing.assert_array_equal(
+    jitted(loaded, 'logits')(loaded.params, ids),
+    jitted(model, 'logits')(model.params, ids),
+  )
 
 
 def test_round_trip_without_tokenizer(tmp_path):
@@ -442,12 +481,15 @@ def _edit_tensors(directory, edit):
   save_file(tensors, str(directory / 'model.safetensors'))
 
 
-@pytest.mark.parametrize('problem, edit', [
+@pytest.mark.parametrize(
+  'problem, edit',
+  [
     ('missing', lambda t: t.pop('lstm.weight_hr_l0')),
     ('does not use', lambda t: t.update(extra=np.zeros(3, np.float32))),
     ('shape', lambda t: t.update({'output.bias': np.zeros(12, np.float32)})),
     ('NaN', lambda t: t['lstm.bias_l0'].__setitem__(0, np.nan)),
-])
+  ],
+)
 def test_bad_checkpoints_are_refused(problem, edit, tmp_path):
   models.save(random_model(TINY_CIFG), tmp_path)
   _edit_tensors(tmp_path, edit)

@@ -12,10 +12,14 @@ def test_eight_fake_devices():
   assert len(jax.devices()) == 8
 
 
-@pytest.mark.parametrize('spec,shape', [(None, {'data': 8}),
-                                        ('data:4', {'data': 4}),
-                                        ('data:-1,model:2',
-                                         {'data': 4, 'model': 2})])
+@pytest.mark.parametrize(
+  'spec,shape',
+  [
+    (None, {'data': 8}),
+    ('data:4', {'data': 4}),
+    ('data:-1,model:2', {'data': 4, 'model': 2}),
+  ],
+)
 def test_make_mesh(spec, shape):
   assert dict(sharding.make_mesh(spec).shape) == shape
 

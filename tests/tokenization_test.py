@@ -20,16 +20,18 @@ def test_gpt2_hello_world(gpt2):
 
 
 def test_gpt2_roundtrip_unicode(gpt2):
-  text = ' Caf\u00e9 na\u00efve \u2014 1234 emojis \U0001F600!'
+  text = ' Caf\u00e9 na\u00efve \u2014 1234 emojis \U0001f600!'
   assert gpt2.decode(gpt2.encode(text)) == text
 
 
 def test_gpt2_matches_transformers_vocab(gpt2):
   transformers = pytest.importorskip('transformers')
   from tokenizers import Tokenizer as HFTokenizer
+
   ref = transformers.PreTrainedTokenizerFast(
-      tokenizer_object=HFTokenizer.from_str(gpt2.backend.to_str()))
-  text = 'The quick brown fox, 2 dogs & Enron\'s CEO.'
+    tokenizer_object=HFTokenizer.from_str(gpt2.backend.to_str())
+  )
+  text = "The quick brown fox, 2 dogs & Enron's CEO."
   assert ref(text)['input_ids'] == gpt2.encode(text)
 
 
@@ -43,8 +45,9 @@ def test_encode_batch_pads_right(gpt2):
 def test_encode_batch_too_long(gpt2):
   with pytest.raises(LeakjaxError, match='max_length=2'):
     gpt2.encode_batch(['one two three four'], max_length=2)
-  ids, mask = gpt2.encode_batch(['one two three four'], max_length=2,
-                                truncate=True)
+  ids, mask = gpt2.encode_batch(
+    ['one two three four'], max_length=2, truncate=True
+  )
   assert ids.shape == (1, 2) and mask.sum() == 2
 
 
@@ -61,7 +64,8 @@ def test_token_strings(gpt2):
 def test_tokenizer_from_file_roundtrip(gpt2, tmp_path):
   gpt2.backend.save(str(tmp_path / 'tokenizer.json'))
   (tmp_path / 'tokenizer_config.json').write_text(
-      json.dumps({'eos_token': '<|endoftext|>'}))
+    json.dumps({'eos_token': '<|endoftext|>'})
+  )
   tok = tokenization.tokenizer_from_file(tmp_path / 'tokenizer.json')
   assert tok.encode('Hello world') == [15496, 995]
   assert tok.eos_id == 50256
@@ -91,11 +95,13 @@ def test_word_tokenizer_build_and_encode(tmp_path):
 
 
 def test_word_tokenizer_options():
-  cased = tokenization.WordTokenizer.build(['Hi, Bob.'], 10, lowercase=False,
-                                           punctuation=True)
+  cased = tokenization.WordTokenizer.build(
+    ['Hi, Bob.'], 10, lowercase=False, punctuation=True
+  )
   assert set(cased.words[2:]) == {'Hi', ',', 'Bob', '.'}
-  assert tokenization.split_words("Don't stop!", lowercase=True,
-                                  punctuation=False) == ["don't", 'stop']
+  assert tokenization.split_words(
+    "Don't stop!", lowercase=True, punctuation=False
+  ) == ["don't", 'stop']
 
 
 def test_word_tokenizer_errors(tmp_path):

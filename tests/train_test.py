@@ -21,25 +21,34 @@ from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2
 from leakjax.tokenization import Tokenizer
 
-WORDS = ('<pad> <s> <unk> the cat sat on mat dog ran to park a big red ball'
-         ' we saw bird sang in tree').split()
-CORPUS = ['the cat sat on the mat', 'the dog ran to the park',
-          'a big red ball', 'we saw a bird sang in the tree'] * 6  # 24
+WORDS = (
+  '<pad> <s> <unk> the cat sat on mat dog ran to park a big red ball'
+  ' we saw bird sang in tree'
+).split()
+CORPUS = [
+  'the cat sat on the mat',
+  'the dog ran to the park',
+  'a big red ball',
+  'we saw a bird sang in the tree',
+] * 6  # 24
 
 
 def toy_tokenizer() -> Tokenizer:
-  backend = HFTokenizer(hf_models.WordLevel(
-      {w: i for i, w in enumerate(WORDS)}, unk_token='<unk>'))
+  backend = HFTokenizer(
+    hf_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token='<unk>')
+  )
   backend.pre_tokenizer = pre_tokenizers.Whitespace()
   return Tokenizer(backend, bos_id=1, pad_id=0, unk_id=2, name='toy')
 
 
 @functools.cache
 def tiny_model(seed: int = 0):
-  config = gpt2.GPT2Config.tiny(vocab_size=32, n_positions=16, n_embd=32,
-                                n_layer=1, n_head=2)
-  return gpt2.init_model(config, key=jax.random.key(seed),
-                         tokenizer=toy_tokenizer())
+  config = gpt2.GPT2Config.tiny(
+    vocab_size=32, n_positions=16, n_embd=32, n_layer=1, n_head=2
+  )
+  return gpt2.init_model(
+    config, key=jax.random.key(seed), tokenizer=toy_tokenizer()
+  )
 
 
 def with_logit_dropout(model):
@@ -68,17 +77,19 @@ def test_linear_schedule_values():
   config = train_lib.TrainConfig(learning_rate=0.1, warmup_steps=2)
   schedule = train_lib.learning_rate_schedule(config, total_steps=10)
   got = [float(schedule(s)) for s in (0, 1, 2, 6, 9, 10, 12)]
-  np.testing.assert_allclose(got, [0, 0.05, 0.1, 0.05, 0.0125, 0, 0],
-                             atol=1e-7)
+  np.testing.assert_allclose(got, [0, 0.05, 0.1, 0.05, 0.0125, 0, 0], atol=1e-7)
   constant = train_lib.learning_rate_schedule(
-      train_lib.TrainConfig(learning_rate=0.1, schedule='constant'), 10)
-  np.testing.assert_allclose([float(constant(s)) for s in (0, 10, 99)],
-                             [0.1] * 3, rtol=1e-7)
+    train_lib.TrainConfig(learning_rate=0.1, schedule='constant'), 10
+  )
+  np.testing.assert_allclose(
+    [float(constant(s)) for s in (0, 10, 99)], [0.1] * 3, rtol=1e-7
+  )
 
 
 def test_sgd_optimizer_follows_linear_schedule():
-  config = train_lib.TrainConfig(optimizer='sgd', learning_rate=0.5,
-                                 grad_clip_norm=None)
+  config = train_lib.TrainConfig(
+    optimizer='sgd', learning_rate=0.5, grad_clip_norm=None
+  )
   tx = train_lib.make_optimizer(config, total_steps=4)
   params = {'w': jnp.ones((2, 3))}
   grads = {'w': jnp.full((2, 3), 2.0)}
@@ -91,8 +102,9 @@ def test_sgd_optimizer_follows_linear_schedule():
 
 @pytest.mark.parametrize('name', ['adamw', 'adam', 'sgd'])
 def test_weight_decay_skips_biases_and_scales(name):
-  config = train_lib.TrainConfig(optimizer=name, learning_rate=0.1,
-                                 weight_decay=0.5, schedule='constant')
+  config = train_lib.TrainConfig(
+    optimizer=name, learning_rate=0.1, weight_decay=0.5, schedule='constant'
+  )
   tx = train_lib.make_optimizer(config, total_steps=1)
   params = {'kernel': jnp.full((2, 2), 3.0), 'bias': jnp.full((2,), 3.0)}
   zeros = jax.tree.map(jnp.zeros_like, params)
@@ -103,13 +115,16 @@ def test_weight_decay_skips_biases_and_scales(name):
     np.testing.assert_allclose(updates['kernel'], -0.1 * 0.5 * 3.0, rtol=1e-6)
 
 
-@pytest.mark.parametrize('kwargs, match', [
+@pytest.mark.parametrize(
+  'kwargs, match',
+  [
     (dict(optimizer='lion'), 'unknown optimizer'),
     (dict(schedule='cosine'), 'unknown learning-rate schedule'),
     (dict(learning_rate=0.0), 'learning_rate must be positive'),
     (dict(batch_size=0), 'batch_size must be positive'),
     (dict(warmup_steps=-1), 'warmup_steps'),
-])
+  ],
+)
 def test_config_errors(kwargs, match):
   with pytest.raises(LeakjaxError, match=match):
     train_lib.TrainConfig(**kwargs)
@@ -121,41 +136,49 @@ def test_sgd_step_is_params_minus_lr_grad():
   model = tiny_model()
   lr = 0.25
   config = train_lib.TrainConfig(
-      optimizer='sgd', learning_rate=lr, schedule='constant',
-      grad_clip_norm=None, batch_size=len(CORPUS), num_steps=1,
-      shuffle=False)
+    optimizer='sgd',
+    learning_rate=lr,
+    schedule='constant',
+    grad_clip_norm=None,
+    batch_size=len(CORPUS),
+    num_steps=1,
+    shuffle=False,
+  )
   ids, mask, _ = data_lib.encode_corpus(model.tokenizer, CORPUS, 16)
-  loss, grads = jax.jit(jax.value_and_grad(model.loss))(model.params, ids,
-                                                         mask)
+  loss, grads = jax.jit(jax.value_and_grad(model.loss))(model.params, ids, mask)
   expected = jax.tree.map(lambda p, g: p - lr * g, model.params, grads)
 
   result = train_lib.train(model, CORPUS, config=config, progress=False)
   assert result.step == 1
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=0,
-                                 atol=1e-7), result.model.params, expected)
+  jax.tree.map(
+    functools.partial(np.testing.assert_allclose, rtol=0, atol=1e-7),
+    result.model.params,
+    expected,
+  )
   row = result.history[-1]
   np.testing.assert_allclose(row['loss'], loss, rtol=1e-5)
-  np.testing.assert_allclose(row['grad_norm'], optax.global_norm(grads),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    row['grad_norm'], optax.global_norm(grads), rtol=1e-5
+  )
   assert row['learning_rate'] == pytest.approx(lr)
 
 
 def test_evaluate_is_token_weighted_and_ignores_padding():
   model = tiny_model()
   texts = ['the cat sat on the mat', 'a big red ball', 'we saw a bird']
-  batches = list(data_lib.batches(model.tokenizer, texts, 2, 16,
-                                  shuffle=False))
+  batches = list(data_lib.batches(model.tokenizer, texts, 2, 16, shuffle=False))
   assert batches[-1][1][1].sum() == 0  # a filler row
   got = train_lib.evaluate(model, model.params, batches)
   # Reference: all texts in one batch without filler rows, numpy NLL.
   ids, mask, _ = data_lib.encode_corpus(model.tokenizer, texts, 16)
-  logits = np.asarray(jax.jit(model.logits)(model.params, ids, mask),
-                      np.float64)[:, :-1]
+  logits = np.asarray(
+    jax.jit(model.logits)(model.params, ids, mask), np.float64
+  )[:, :-1]
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp, ids[:, 1:, None], -1)[..., 0]
   lengths = [1 + len(model.tokenizer.encode(t)) for t in texts]
   count = sum(n - 1 for n in lengths)
-  expected = sum(nll[r, :n - 1].sum() for r, n in enumerate(lengths)) / count
+  expected = sum(nll[r, : n - 1].sum() for r, n in enumerate(lengths)) / count
   assert got['tokens'] == count
   np.testing.assert_allclose(got['loss'], expected, rtol=1e-5)
   np.testing.assert_allclose(got['perplexity'], np.exp(expected), rtol=1e-5)
@@ -164,18 +187,22 @@ def test_evaluate_is_token_weighted_and_ignores_padding():
 # --------------------------------------------------------------- runner
 def test_training_lowers_eval_perplexity_without_retracing(monkeypatch):
   chex.clear_trace_counter()
-  monkeypatch.setattr(train_lib, 'train_step',
-                      chex.assert_max_traces(train_lib.train_step, n=1))
-  monkeypatch.setattr(train_lib, 'eval_step',
-                      chex.assert_max_traces(train_lib.eval_step, n=1))
+  monkeypatch.setattr(
+    train_lib, 'train_step', chex.assert_max_traces(train_lib.train_step, n=1)
+  )
+  monkeypatch.setattr(
+    train_lib, 'eval_step', chex.assert_max_traces(train_lib.eval_step, n=1)
+  )
   model = tiny_model()
   before = jax.tree.map(np.array, model.params)
   # 24 examples in batches of 5: every epoch ends with a padded batch.
-  config = train_lib.TrainConfig(learning_rate=1e-2, batch_size=5,
-                                 num_epochs=6, warmup_steps=3, log_every=5)
+  config = train_lib.TrainConfig(
+    learning_rate=1e-2, batch_size=5, num_epochs=6, warmup_steps=3, log_every=5
+  )
   long_text = ' '.join(CORPUS[:4])  # 24 tokens: cut to the context, 16
-  result = train_lib.train(model, CORPUS[:-1] + [long_text], CORPUS[:4],
-                           config, progress=False)
+  result = train_lib.train(
+    model, CORPUS[:-1] + [long_text], CORPUS[:4], config, progress=False
+  )
   monkeypatch.undo()
   assert result.num_truncated == 1
   evals = eval_rows(result.history)
@@ -189,9 +216,11 @@ def test_training_lowers_eval_perplexity_without_retracing(monkeypatch):
   assert len(losses) == 6 and losses[-1] < 0.5 * losses[0]
   assert result.step == 30 and not result.stopped_early
   # The returned model is the best one; the caller's params are intact.
-  again = train_lib.evaluate(result.model, result.model.params,
-                             data_lib.batches(model.tokenizer, CORPUS[:4], 5,
-                                              128, shuffle=False))
+  again = train_lib.evaluate(
+    result.model,
+    result.model.params,
+    data_lib.batches(model.tokenizer, CORPUS[:4], 5, 128, shuffle=False),
+  )
   np.testing.assert_allclose(again['loss'], best['eval_loss'], rtol=1e-5)
   assert_trees_equal(jax.tree.map(np.array, model.params), before)
 
@@ -201,11 +230,18 @@ def test_early_stopping_keeps_best_params():
   train_texts = ['the cat sat on the mat'] * 8
   # Reversed word order: what the model learns makes these less likely.
   eval_texts = ['mat the on sat cat the'] * 2
-  config = train_lib.TrainConfig(learning_rate=3e-2, schedule='constant',
-                                 batch_size=4, num_steps=60, eval_every=2,
-                                 early_stopping_patience=2, add_bos=False)
-  result = train_lib.train(model, train_texts, eval_texts, config,
-                           progress=False)
+  config = train_lib.TrainConfig(
+    learning_rate=3e-2,
+    schedule='constant',
+    batch_size=4,
+    num_steps=60,
+    eval_every=2,
+    early_stopping_patience=2,
+    add_bos=False,
+  )
+  result = train_lib.train(
+    model, train_texts, eval_texts, config, progress=False
+  )
   evals = eval_rows(result.history)
   assert result.stopped_early and result.step < 60
   best = result.best_eval
@@ -213,20 +249,29 @@ def test_early_stopping_keeps_best_params():
   assert all(h['eval_loss'] >= best['loss'] for h in evals[-2:])
   assert best['step'] == result.step - 4
   got = train_lib.evaluate(
-      result.model, result.model.params,
-      data_lib.batches(model.tokenizer, eval_texts, 2, 16, add_bos=False))
+    result.model,
+    result.model.params,
+    data_lib.batches(model.tokenizer, eval_texts, 2, 16, add_bos=False),
+  )
   np.testing.assert_allclose(got['loss'], best['loss'], rtol=1e-5)
 
 
-def test_resume_gives_same_params_as_uninterrupted_run(tmp_path,
-                                                       monkeypatch):
+def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
   model = with_logit_dropout(tiny_model())
   config = train_lib.TrainConfig(
-      learning_rate=1e-2, weight_decay=0.1, warmup_steps=2, batch_size=5,
-      num_steps=9, eval_every=3, checkpoint_every=3, log_every=1)
+    learning_rate=1e-2,
+    weight_decay=0.1,
+    warmup_steps=2,
+    batch_size=5,
+    num_steps=9,
+    eval_every=3,
+    checkpoint_every=3,
+    log_every=1,
+  )
   eval_texts = CORPUS[:3]
-  whole = train_lib.train(model, CORPUS, eval_texts, config,
-                          workdir=tmp_path / 'a', progress=False)
+  whole = train_lib.train(
+    model, CORPUS, eval_texts, config, workdir=tmp_path / 'a', progress=False
+  )
   assert whole.start_step == 0
 
   # Interrupt the second run while it takes the batch of step 6.
@@ -240,25 +285,34 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path,
 
   monkeypatch.setattr(data_lib, 'take_batch', take_then_crash)
   with pytest.raises(KeyboardInterrupt):
-    train_lib.train(model, CORPUS, eval_texts, config,
-                    workdir=tmp_path / 'b', progress=False)
+    train_lib.train(
+      model, CORPUS, eval_texts, config, workdir=tmp_path / 'b', progress=False
+    )
   monkeypatch.setattr(data_lib, 'take_batch', real_take)
-  state = json.loads((tmp_path / 'b' / 'checkpoint' /
-                      'train_state.json').read_text())
+  state = json.loads(
+    (tmp_path / 'b' / 'checkpoint' / 'train_state.json').read_text()
+  )
   assert state['step'] == 3 and not state['finished']
 
-  resumed = train_lib.train(model, CORPUS, eval_texts,
-                            dataclasses.replace(config, log_every=2),
-                            workdir=tmp_path / 'b', progress=False)
+  resumed = train_lib.train(
+    model,
+    CORPUS,
+    eval_texts,
+    dataclasses.replace(config, log_every=2),
+    workdir=tmp_path / 'b',
+    progress=False,
+  )
   assert resumed.start_step == 3 and resumed.step == 9
   assert_trees_equal(resumed.model.params, whole.model.params)
   assert resumed.best_eval == whole.best_eval
-  assert ([h['eval_loss'] for h in eval_rows(resumed.history)]
-          == [h['eval_loss'] for h in eval_rows(whole.history)])
+  assert [h['eval_loss'] for h in eval_rows(resumed.history)] == [
+    h['eval_loss'] for h in eval_rows(whole.history)
+  ]
 
   # A finished run returns at once with the same model.
-  done = train_lib.train(model, CORPUS, eval_texts, config,
-                         workdir=tmp_path / 'b', progress=False)
+  done = train_lib.train(
+    model, CORPUS, eval_texts, config, workdir=tmp_path / 'b', progress=False
+  )
   assert done.start_step == done.step == 9
   assert_trees_equal(done.model.params, whole.model.params)
 
@@ -272,23 +326,41 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path,
 
   # Another config or other data is refused.
   with pytest.raises(LeakjaxError, match='different config.*learning_rate'):
-    train_lib.train(model, CORPUS, eval_texts,
-                    dataclasses.replace(config, learning_rate=1e-3),
-                    workdir=tmp_path / 'b', progress=False)
+    train_lib.train(
+      model,
+      CORPUS,
+      eval_texts,
+      dataclasses.replace(config, learning_rate=1e-3),
+      workdir=tmp_path / 'b',
+      progress=False,
+    )
   with pytest.raises(LeakjaxError, match='different data'):
-    train_lib.train(model, CORPUS[:-1], eval_texts, config,
-                    workdir=tmp_path / 'b', progress=False)
+    train_lib.train(
+      model,
+      CORPUS[:-1],
+      eval_texts,
+      config,
+      workdir=tmp_path / 'b',
+      progress=False,
+    )
 
 
 def test_nan_loss_names_the_step_with_pretokenized_input():
   model = tiny_model()
   ids, mask, _ = data_lib.encode_corpus(model.tokenizer, CORPUS, 16)
-  config = train_lib.TrainConfig(optimizer='sgd', learning_rate=1e4,
-                                 schedule='constant', grad_clip_norm=None,
-                                 batch_size=8, num_steps=50)
-  with pytest.raises(LeakjaxError,
-                     match=r'is (nan|inf) at step \d+ \(learning rate 1e\+04'
-                           r'\); lower the learning rate') as e:
+  config = train_lib.TrainConfig(
+    optimizer='sgd',
+    learning_rate=1e4,
+    schedule='constant',
+    grad_clip_norm=None,
+    batch_size=8,
+    num_steps=50,
+  )
+  with pytest.raises(
+    LeakjaxError,
+    match=r'is (nan|inf) at step \d+ \(learning rate 1e\+04'
+    r'\); lower the learning rate',
+  ) as e:
     train_lib.train(model, (ids, mask), config=config, progress=False)
   step = int(str(e.value).split('at step ')[1].split()[0])
   assert 1 < step < 50
@@ -300,29 +372,47 @@ def test_input_errors():
   with pytest.raises(LeakjaxError, match='training set is empty'):
     train_lib.train(model, [], config=config, progress=False)
   with pytest.raises(LeakjaxError, match='training set is empty'):
-    train_lib.train(model, (np.zeros((0, 4)), np.zeros((0, 4))),
-                    config=config, progress=False)
+    train_lib.train(
+      model, (np.zeros((0, 4)), np.zeros((0, 4))), config=config, progress=False
+    )
   long_text = ' '.join(['the cat sat on the mat'] * 4)  # 25 tokens with BOS
   with pytest.raises(LeakjaxError, match='longer than max_length=16'):
-    train_lib.train(model, [long_text, 'a dog'],
-                    config=dataclasses.replace(config, truncate=False),
-                    progress=False)
+    train_lib.train(
+      model,
+      [long_text, 'a dog'],
+      config=dataclasses.replace(config, truncate=False),
+      progress=False,
+    )
   with pytest.raises(LeakjaxError, match='no tokenizer'):
-    train_lib.train(model.replace(tokenizer=None), CORPUS, config=config,
-                    progress=False)
+    train_lib.train(
+      model.replace(tokenizer=None), CORPUS, config=config, progress=False
+    )
   with pytest.raises(LeakjaxError, match='nothing to predict'):
-    train_lib.train(model, ['the', 'cat'],
-                    config=dataclasses.replace(config, add_bos=False),
-                    progress=False)
+    train_lib.train(
+      model,
+      ['the', 'cat'],
+      config=dataclasses.replace(config, add_bos=False),
+      progress=False,
+    )
   with pytest.raises(LeakjaxError, match='out of range'):
-    train_lib.train(model, (np.full((2, 4), 40), np.ones((2, 4))),
-                    config=config, progress=False)
+    train_lib.train(
+      model,
+      (np.full((2, 4), 40), np.ones((2, 4))),
+      config=config,
+      progress=False,
+    )
   wide = (np.full((2, 20), 3), np.ones((2, 20)))
-  with pytest.raises(LeakjaxError, match='2 examples of the training set are'
-                                         ' longer than 16 tokens'):
-    train_lib.train(model, wide,
-                    config=dataclasses.replace(config, truncate=False),
-                    progress=False)
+  with pytest.raises(
+    LeakjaxError,
+    match='2 examples of the training set are longer than 16 tokens',
+  ):
+    train_lib.train(
+      model,
+      wide,
+      config=dataclasses.replace(config, truncate=False),
+      progress=False,
+    )
   with pytest.raises(LeakjaxError, match=r'shapes \(2, 4\) and \(2, 5\)'):
-    train_lib.train(model, (np.ones((2, 4)), np.ones((2, 5))),
-                    config=config, progress=False)
+    train_lib.train(
+      model, (np.ones((2, 4)), np.ones((2, 5))), config=config, progress=False
+    )

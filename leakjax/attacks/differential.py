@@ -74,7 +74,7 @@ class DifferentialScores:
 
 
 def token_differential_scores(
-    log_probs: jax.Array, log_probs_prime: jax.Array
+  log_probs: jax.Array, log_probs_prime: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
   """Per-token DS and relative DS from log-probabilities of M and M'.
 
@@ -95,14 +95,14 @@ def token_differential_scores(
 
 
 def differential_score(
-    model,
-    model_prime,
-    params: PyTree,
-    params_prime: PyTree,
-    ids: jax.Array,
-    mask: jax.Array | None = None,
-    *,
-    num_context: int = 1,
+  model,
+  model_prime,
+  params: PyTree,
+  params_prime: PyTree,
+  ids: jax.Array,
+  mask: jax.Array | None = None,
+  *,
+  num_context: int = 1,
 ) -> DifferentialScores:
   """DS and relative DS (Definition 3.1) of many sequences on M and M'.
 
@@ -126,8 +126,10 @@ def differential_score(
     :class:`DifferentialScores`.
   """
   if num_context < 1:
-    raise LeakjaxError(f'num_context must be >= 1, got {num_context}',
-                       'start every sequence with the BOS token')
+    raise LeakjaxError(
+      f'num_context must be >= 1, got {num_context}',
+      'start every sequence with the BOS token',
+    )
   ids = jnp.asarray(ids, jnp.int32)
   if mask is None:
     mask = jnp.ones_like(ids)
@@ -138,8 +140,12 @@ def differential_score(
   scored = (positions[None, :] >= num_context) & (mask[:, 1:] > 0)
   token_ds = jnp.where(scored, token_ds, 0.0)
   token_rel = jnp.where(scored, token_rel, 0.0)
-  return DifferentialScores(ds=token_ds.sum(-1), rel_ds=token_rel.sum(-1),
-                            token_ds=token_ds, token_rel_ds=token_rel)
+  return DifferentialScores(
+    ds=token_ds.sum(-1),
+    rel_ds=token_rel.sum(-1),
+    token_ds=token_ds,
+    token_rel_ds=token_rel,
+  )
 
 
 # ----------------------------------------------------- search (Algorithm 1)
@@ -170,11 +176,11 @@ class SearchResult:
 
 
 def halving_widths(
-    num_tokens: int,
-    length: int,
-    *,
-    min_width: int = 1,
-    num_groups: int = 1,
+  num_tokens: int,
+  length: int,
+  *,
+  min_width: int = 1,
+  num_groups: int = 1,
 ) -> tuple[int, ...]:
   """The paper's beam schedule: |T|, |T|/2, |T|/4, ... (Sec. 3.2).
 
@@ -190,7 +196,8 @@ def halving_widths(
   """
   if num_tokens < 1 or length < 1:
     raise LeakjaxError(
-        f'need num_tokens >= 1 and length >= 1, got {num_tokens}, {length}')
+      f'need num_tokens >= 1 and length >= 1, got {num_tokens}, {length}'
+    )
   widths = []
   for i in range(length):
     available = num_tokens ** (i + 1)
@@ -198,32 +205,40 @@ def halving_widths(
     w = max(w - w % num_groups, num_groups)  # at least one per group
     if w > available or (i == 0 and w > num_tokens):
       raise LeakjaxError(
-          f'{num_groups} groups need {w} sequences at step {i + 1}, but'
-          f' there are {num_tokens} tokens', 'use fewer groups')
+        f'{num_groups} groups need {w} sequences at step {i + 1}, but'
+        f' there are {num_tokens} tokens',
+        'use fewer groups',
+      )
     widths.append(w)
   return tuple(widths)
 
 
-def _check_widths(widths: Sequence[int], length: int, num_tokens: int,
-                  num_groups: int) -> tuple[int, ...]:
+def _check_widths(
+  widths: Sequence[int], length: int, num_tokens: int, num_groups: int
+) -> tuple[int, ...]:
   widths = tuple(int(w) for w in widths)
   if len(widths) != length:
     raise LeakjaxError(
-        f'{len(widths)} beam widths for a search of length {length}',
-        'give one width per step, e.g. halving_widths(|T|, length)')
+      f'{len(widths)} beam widths for a search of length {length}',
+      'give one width per step, e.g. halving_widths(|T|, length)',
+    )
   if widths[0] > num_tokens:
     raise LeakjaxError(
-        f'first beam width {widths[0]} exceeds |T| = {num_tokens}',
-        'the first step has only |T| one-token sequences')
+      f'first beam width {widths[0]} exceeds |T| = {num_tokens}',
+      'the first step has only |T| one-token sequences',
+    )
   for i, w in enumerate(widths):
     if w < 1 or w % num_groups:
       raise LeakjaxError(
-          f'beam width {w} at step {i + 1} is not a positive multiple of'
-          f' num_groups={num_groups}',
-          'use halving_widths(..., num_groups=G)')
+        f'beam width {w} at step {i + 1} is not a positive multiple of'
+        f' num_groups={num_groups}',
+        'use halving_widths(..., num_groups=G)',
+      )
     if i and w > widths[i - 1] * num_tokens:
-      raise LeakjaxError(f'beam width {w} at step {i + 1} exceeds the'
-                         f' {widths[i - 1] * num_tokens} candidates')
+      raise LeakjaxError(
+        f'beam width {w} at step {i + 1} exceeds the'
+        f' {widths[i - 1] * num_tokens} candidates'
+      )
   return widths
 
 
@@ -254,8 +269,9 @@ def _next_token(model, params, tokens, last, cache):
   return _NextToken(logits=logits, probs=probs, lse=lse), cache
 
 
-def _token_score(score, cur: _NextToken, new: _NextToken, at=None,
-                 per_row=None):
+def _token_score(
+  score, cur: _NextToken, new: _NextToken, at=None, per_row=None
+):
   """Per-token DS (`M' - M`) or relative DS (`M'/M - 1`).
 
   DS subtracts the probabilities; the relative DS is
@@ -267,8 +283,9 @@ def _token_score(score, cur: _NextToken, new: _NextToken, at=None,
   per_row = per_row or (lambda x: x)
   if score == 'ds':
     return at(new.probs) - at(cur.probs)
-  return jnp.expm1((at(new.logits) - at(cur.logits))
-                   - (per_row(new.lse) - per_row(cur.lse)))
+  return jnp.expm1(
+    (at(new.logits) - at(cur.logits)) - (per_row(new.lse) - per_row(cur.lse))
+  )
 
 
 def _reshape_leading(tree: PyTree, shape: tuple[int, ...]) -> PyTree:
@@ -278,18 +295,29 @@ def _reshape_leading(tree: PyTree, shape: tuple[int, ...]) -> PyTree:
 
 def _merge_leading(tree: PyTree, num_axes: int) -> PyTree:
   """Merges the first `num_axes` axes of every leaf into one."""
+
   def f(x):
     rows = 1
     for d in x.shape[:num_axes]:
       rows *= d
     return x.reshape((rows,) + x.shape[num_axes:])
+
   return jax.tree.map(f, tree)
 
 
-def _search_step(model, model_prime, params, params_prime, tokens,
-                 num_tokens: int, state: BeamState, width: int,
-                 chunk_rows: int, score: str,
-                 mesh: Mesh | None = None) -> BeamState:
+def _search_step(
+  model,
+  model_prime,
+  params,
+  params_prime,
+  tokens,
+  num_tokens: int,
+  state: BeamState,
+  width: int,
+  chunk_rows: int,
+  score: str,
+  mesh: Mesh | None = None,
+) -> BeamState:
   """Extends every sequence by every token of T; keeps the best `width`.
 
   Algorithm 1 lines 3-4 for all groups at once: the `G*W*|T|` candidate
@@ -319,14 +347,16 @@ def _search_step(model, model_prime, params, params_prime, tokens,
   cache_prime = _reshape_leading(state.cache_prime, (groups, beam))
   if pad:  # Padded rows score -inf and are never kept.
     pad_rows = lambda x, **kw: jnp.pad(  # [G, W, ...] -> [G, W+pad, ...]
-        x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), **kw)
+      x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), **kw
+    )
     parent_score = pad_rows(parent_score, constant_values=-jnp.inf)
     other_score = pad_rows(other_score)
     # Copies of real rows (not zeros) keep the models' inputs valid.
     last = pad_rows(last, mode='edge')
     cache = jax.tree.map(functools.partial(pad_rows, mode='edge'), cache)
-    cache_prime = jax.tree.map(functools.partial(pad_rows, mode='edge'),
-                               cache_prime)
+    cache_prime = jax.tree.map(
+      functools.partial(pad_rows, mode='edge'), cache_prime
+    )
 
   def to_chunks(x):  # [G, C*c, ...] -> [C, c, G, ...]
     x = x.reshape((groups, num_chunks, chunk) + x.shape[2:])
@@ -336,10 +366,16 @@ def _search_step(model, model_prime, params, params_prime, tokens,
     if mesh is None:
       return x
     return jax.lax.with_sharding_constraint(
-        x, NamedSharding(mesh, PartitionSpec(None, sharding.DATA_AXIS)))
+      x, NamedSharding(mesh, PartitionSpec(None, sharding.DATA_AXIS))
+    )
 
-  xs = (to_chunks(parent_score), to_chunks(other_score), to_chunks(last),
-        jax.tree.map(to_chunks, cache), jax.tree.map(to_chunks, cache_prime))
+  xs = (
+    to_chunks(parent_score),
+    to_chunks(other_score),
+    to_chunks(last),
+    jax.tree.map(to_chunks, cache),
+    jax.tree.map(to_chunks, cache_prime),
+  )
   xs = jax.tree.map(shard_axis_1, xs)  # [C, c, G, ...], c over 'data'
   # With a mesh each device keeps its own best `keep` candidates first
   # (a top-k along a sharded axis would gather all of them); the final
@@ -358,36 +394,49 @@ def _search_step(model, model_prime, params, params_prime, tokens,
   def score_chunk(x):
     p_score, p_other, p_last, p_cache, p_cache_prime = x  # [c, G, ...]
     last_rows = p_last.reshape(-1)  # [c, G] -> [c*G]
-    cur, new_cache = _next_token(model, params, tokens, last_rows,
-                                 _merge_leading(p_cache, 2))
-    new, new_cache_prime = _next_token(model_prime, params_prime, tokens,
-                                       last_rows,
-                                       _merge_leading(p_cache_prime, 2))
+    cur, new_cache = _next_token(
+      model, params, tokens, last_rows, _merge_leading(p_cache, 2)
+    )
+    new, new_cache_prime = _next_token(
+      model_prime,
+      params_prime,
+      tokens,
+      last_rows,
+      _merge_leading(p_cache_prime, 2),
+    )
     tok_score = _token_score(score, cur, new)  # [c*G, |T|]
     # [G, P, c/P, |T|] -> [G, P, c/P*|T|]: a group's chunk extensions, in
     # P parts of whole rows (one per device).
-    cand = (to_parts(p_score.reshape(-1, 1))
-            + to_parts(tok_score)).reshape(groups, parts, -1)
+    cand = (to_parts(p_score.reshape(-1, 1)) + to_parts(tok_score)).reshape(
+      groups, parts, -1
+    )
     values, local = jax.lax.top_k(shard_axis_1(cand), keep)  # [G, P, keep]
     # The other score only for the kept candidates, gathered per part.
     row = local // num_tokens  # [G, P, keep] in [0, c/P)
     at = lambda x: jnp.take_along_axis(  # [c*G, |T|] -> [G, P, keep]
-        to_parts(x).reshape(groups, parts, -1), local, axis=2)
+      to_parts(x).reshape(groups, parts, -1), local, axis=2
+    )
     per_row = lambda x: jnp.take_along_axis(  # [c*G, 1] -> [G, P, keep]
-        to_parts(x)[..., 0], row, axis=2)
-    others = jnp.take_along_axis(to_parts(p_other.reshape(-1, 1))[..., 0],
-                                 row, axis=2)
+      to_parts(x)[..., 0], row, axis=2
+    )
+    others = jnp.take_along_axis(
+      to_parts(p_other.reshape(-1, 1))[..., 0], row, axis=2
+    )
     others = others + _token_score(other, cur, new, at, per_row)
     # Part-local -> chunk-local flat index; [G, P, keep] -> [G, P*keep].
     flat = local + jnp.arange(parts)[:, None] * (part_rows * num_tokens)
-    values, others, flat = (x.reshape(groups, -1)
-                            for x in (values, others, flat))
-    new_caches = (_reshape_leading(new_cache, (chunk, groups)),
-                  _reshape_leading(new_cache_prime, (chunk, groups)))
+    values, others, flat = (
+      x.reshape(groups, -1) for x in (values, others, flat)
+    )
+    new_caches = (
+      _reshape_leading(new_cache, (chunk, groups)),
+      _reshape_leading(new_cache_prime, (chunk, groups)),
+    )
     return values, others, flat, new_caches
 
   values, others, flat, (new_cache, new_cache_prime) = jax.lax.map(
-      score_chunk, xs)  # [C, G, P*keep], caches [C, c, G, ...]
+    score_chunk, xs
+  )  # [C, G, P*keep], caches [C, c, G, ...]
   # Chunk-local flat index -> (row within group, token index).
   chunk_ids = jnp.arange(num_chunks, dtype=jnp.int32)[:, None, None]
   rows = chunk_ids * chunk + flat // num_tokens  # [C, G, P*keep]
@@ -406,12 +455,17 @@ def _search_step(model, model_prime, params, params_prime, tokens,
 
   token_ids = tok if tokens is None else tokens[tok]
   sequences = jnp.concatenate(
-      [state.sequences[group_ids, parents], token_ids[..., None]], axis=-1)
+    [state.sequences[group_ids, parents], token_ids[..., None]], axis=-1
+  )
   ds, rel_ds = (values, others) if score == 'ds' else (others, values)
-  return BeamState(sequences=sequences.astype(jnp.int32), ds=ds,
-                   rel_ds=rel_ds, last=token_ids.astype(jnp.int32),
-                   cache=jax.tree.map(gather_rows, new_cache),
-                   cache_prime=jax.tree.map(gather_rows, new_cache_prime))
+  return BeamState(
+    sequences=sequences.astype(jnp.int32),
+    ds=ds,
+    rel_ds=rel_ds,
+    last=token_ids.astype(jnp.int32),
+    cache=jax.tree.map(gather_rows, new_cache),
+    cache_prime=jax.tree.map(gather_rows, new_cache_prime),
+  )
 
 
 def _split_groups(state: BeamState, num_groups: int) -> BeamState:
@@ -419,25 +473,30 @@ def _split_groups(state: BeamState, num_groups: int) -> BeamState:
   width = state.ds.shape[1]
   per = width // num_groups
   split = lambda x: x.reshape((num_groups, per) + x.shape[2:])
-  return BeamState(sequences=split(state.sequences), ds=split(state.ds),
-                   rel_ds=split(state.rel_ds), last=split(state.last),
-                   cache=state.cache, cache_prime=state.cache_prime)
+  return BeamState(
+    sequences=split(state.sequences),
+    ds=split(state.ds),
+    rel_ds=split(state.rel_ds),
+    last=split(state.last),
+    cache=state.cache,
+    cache_prime=state.cache_prime,
+  )
 
 
 def beam_search(
-    model,
-    model_prime,
-    params: PyTree,
-    params_prime: PyTree,
-    context: jax.Array,
-    tokens: jax.Array | None = None,
-    *,
-    widths: Sequence[int],
-    length: int,
-    num_groups: int = 1,
-    score: str = 'ds',
-    chunk_rows: int | None = None,
-    mesh: Mesh | None = None,
+  model,
+  model_prime,
+  params: PyTree,
+  params_prime: PyTree,
+  context: jax.Array,
+  tokens: jax.Array | None = None,
+  *,
+  widths: Sequence[int],
+  length: int,
+  num_groups: int = 1,
+  score: str = 'ds',
+  chunk_rows: int | None = None,
+  mesh: Mesh | None = None,
 ) -> SearchResult:
   """Algorithm 1: the sequences of T^n with the highest differential score.
 
@@ -509,25 +568,32 @@ def beam_search(
   context = jnp.asarray(context, jnp.int32)
   if context.ndim != 1 or context.shape[0] < 1:
     raise LeakjaxError(
-        f'context must be a non-empty 1-D array of ids, got shape'
-        f' {context.shape}', 'pass at least the BOS token')
+      f'context must be a non-empty 1-D array of ids, got shape'
+      f' {context.shape}',
+      'pass at least the BOS token',
+    )
   vocab_size = model.config.vocab_size
   if model_prime.config.vocab_size != vocab_size:
     raise LeakjaxError(
-        f'M has {vocab_size} tokens but M\' has'
-        f' {model_prime.config.vocab_size}', 'compare snapshots of one model')
+      f"M has {vocab_size} tokens but M' has {model_prime.config.vocab_size}",
+      'compare snapshots of one model',
+    )
   num_tokens = vocab_size if tokens is None else int(tokens.shape[0])
   widths = _check_widths(widths, length, num_tokens, num_groups)
   if mesh is not None and sharding.DATA_AXIS not in mesh.shape:
     raise LeakjaxError(
-        f'the mesh has axes {tuple(mesh.shape)}, none named'
-        f' {sharding.DATA_AXIS!r}', "build it with make_mesh('data:N')")
+      f'the mesh has axes {tuple(mesh.shape)}, none named'
+      f' {sharding.DATA_AXIS!r}',
+      "build it with make_mesh('data:N')",
+    )
   if chunk_rows is None:  # the same memory per device with a mesh
-    chunk_rows = (max(1, DEFAULT_CHUNK_CANDIDATES // (num_groups * num_tokens))
-                  * sharding.data_size(mesh))
+    chunk_rows = max(
+      1, DEFAULT_CHUNK_CANDIDATES // (num_groups * num_tokens)
+    ) * sharding.data_size(mesh)
   if mesh is not None:
     params, params_prime = jax.lax.with_sharding_constraint(
-        (params, params_prime), sharding.replicated(mesh))
+      (params, params_prime), sharding.replicated(mesh)
+    )
   if tokens is not None:
     tokens = jnp.asarray(tokens, jnp.int32)
 
@@ -537,23 +603,38 @@ def beam_search(
   cache_prime = model_prime.init_cache(1, max_length)
   if context.shape[0] > 1:
     _, cache = model.decode(params, context[None, :-1], cache)
-    _, cache_prime = model_prime.decode(params_prime, context[None, :-1],
-                                        cache_prime)
+    _, cache_prime = model_prime.decode(
+      params_prime, context[None, :-1], cache_prime
+    )
   state = BeamState(
-      sequences=jnp.zeros((1, 1, 0), jnp.int32),
-      ds=jnp.zeros((1, 1), jnp.float32), rel_ds=jnp.zeros((1, 1), jnp.float32),
-      last=context[-1:].reshape(1, 1), cache=cache, cache_prime=cache_prime)
-  step = functools.partial(_search_step, model, model_prime, params,
-                           params_prime, tokens, num_tokens,
-                           chunk_rows=chunk_rows, score=score, mesh=mesh)
+    sequences=jnp.zeros((1, 1, 0), jnp.int32),
+    ds=jnp.zeros((1, 1), jnp.float32),
+    rel_ds=jnp.zeros((1, 1), jnp.float32),
+    last=context[-1:].reshape(1, 1),
+    cache=cache,
+    cache_prime=cache_prime,
+  )
+  step = functools.partial(
+    _search_step,
+    model,
+    model_prime,
+    params,
+    params_prime,
+    tokens,
+    num_tokens,
+    chunk_rows=chunk_rows,
+    score=score,
+    mesh=mesh,
+  )
   # Step 1 runs as one group; its |T| one-token sequences are then ranked
   # and split into the G groups.
   state = step(state, widths[0])
   state = _split_groups(state, num_groups)
   for width in widths[1:]:
     state = step(state, width // num_groups)
-  return SearchResult(sequences=state.sequences, ds=state.ds,
-                      rel_ds=state.rel_ds)
+  return SearchResult(
+    sequences=state.sequences, ds=state.ds, rel_ds=state.rel_ds
+  )
 
 
 def ranked(result: SearchResult, score: str = 'ds') -> SearchResult:
@@ -563,18 +644,20 @@ def ranked(result: SearchResult, score: str = 'ds') -> SearchResult:
   flat = lambda x: x.reshape((1, -1) + x.shape[2:])
   values = flat(getattr(result, score))
   order = jnp.argsort(-values[0])
-  return SearchResult(sequences=flat(result.sequences)[:, order],
-                      ds=flat(result.ds)[:, order],
-                      rel_ds=flat(result.rel_ds)[:, order])
+  return SearchResult(
+    sequences=flat(result.sequences)[:, order],
+    ds=flat(result.ds)[:, order],
+    rel_ds=flat(result.rel_ds)[:, order],
+  )
 
 
 # ------------------------------------------------------- DR (Prop. 3.3)
 def differential_rank_lower_bound(
-    result: SearchResult,
-    sequences: jax.Array,
-    scores: jax.Array,
-    *,
-    score: str = 'ds',
+  result: SearchResult,
+  sequences: jax.Array,
+  scores: jax.Array,
+  *,
+  score: str = 'ds',
 ) -> jax.Array:
   """Lower bounds on the differential rank of given sequences (Prop. 3.3).
 
@@ -602,8 +685,10 @@ def differential_rank_lower_bound(
   sequences = jnp.asarray(sequences, jnp.int32)
   if sequences.shape[-1] != found.shape[-1]:
     raise LeakjaxError(
-        f'sequences have {sequences.shape[-1]} tokens but the search found'
-        f' sequences of {found.shape[-1]}', 'search with length=len(s)')
+      f'sequences have {sequences.shape[-1]} tokens but the search found'
+      f' sequences of {found.shape[-1]}',
+      'search with length=len(s)',
+    )
   differs = jnp.any(found[None, :, :] != sequences[:, None, :], -1)  # [B, S]
   higher = found_scores[None, :] > jnp.asarray(scores)[:, None]
   return jnp.sum(differs & higher, axis=-1).astype(jnp.int32)
@@ -617,7 +702,14 @@ def contains(result: SearchResult, sequences: jax.Array) -> jax.Array:
 
 
 __all__ = [
-    'DifferentialScores', 'BeamState', 'SearchResult',
-    'token_differential_scores', 'differential_score', 'halving_widths',
-    'beam_search', 'ranked', 'differential_rank_lower_bound', 'contains',
+  'DifferentialScores',
+  'BeamState',
+  'SearchResult',
+  'token_differential_scores',
+  'differential_score',
+  'halving_widths',
+  'beam_search',
+  'ranked',
+  'differential_rank_lower_bound',
+  'contains',
 ]

@@ -105,8 +105,9 @@ _MAD_TO_STD = 1.482602218505602  # 1 / Φ^{-1}(3/4): MAD -> Gaussian std
 def _require_bias(model: Model) -> None:
   if model.paths.output_bias is None:
     raise LeakjaxError(
-        f'a {model.family} model has no output bias to read words from',
-        'use a CIFG-LSTM / LSTM model (leakjax.models.lstm)')
+      f'a {model.family} model has no output bias to read words from',
+      'use a CIFG-LSTM / LSTM model (leakjax.models.lstm)',
+    )
 
 
 def bias_update(model: Model, params0: PyTree, params1: PyTree) -> jax.Array:
@@ -122,8 +123,9 @@ def bias_update(model: Model, params0: PyTree, params1: PyTree) -> jax.Array:
   """
   _require_bias(model)
   path = model.paths.output_bias
-  return (get_path(params1, path).astype(jnp.float32)
-          - get_path(params0, path).astype(jnp.float32))
+  return get_path(params1, path).astype(jnp.float32) - get_path(
+    params0, path
+  ).astype(jnp.float32)
 
 
 def output_rows(model: Model, params: PyTree) -> jax.Array:
@@ -143,8 +145,9 @@ def output_bias(model: Model, params: PyTree) -> jax.Array:
   return get_path(params, model.paths.output_bias).astype(jnp.float32)
 
 
-def output_rows_update(model: Model, params0: PyTree,
-                       params1: PyTree) -> jax.Array:
+def output_rows_update(
+  model: Model, params0: PyTree, params1: PyTree
+) -> jax.Array:
   """`W1 - W0` of the output matrix as rows per word, float32 `[vocab, D]`."""
   return output_rows(model, params1) - output_rows(model, params0)
 
@@ -154,10 +157,15 @@ def scale_update(params0: PyTree, params1: PyTree, scale: float) -> PyTree:
   return jax.tree.map(lambda a, b: b + scale * (b - a), params0, params1)
 
 
-def client_config(epochs: int, batch_size: int | None, *,
-                  learning_rate: float = 1e-3, words_per_sentence: int = 1,
-                  step_noise: float = 0.0,
-                  update_noise: float = 0.0) -> fl.ClientConfig:
+def client_config(
+  epochs: int,
+  batch_size: int | None,
+  *,
+  learning_rate: float = 1e-3,
+  words_per_sentence: int = 1,
+  step_noise: float = 0.0,
+  update_noise: float = 0.0,
+) -> fl.ClientConfig:
   """The client of Sec. 4.1 / 6 as a :class:`leakjax.fl.ClientConfig`.
 
   :func:`leakjax.fl.client_update` minimises the mean cross-entropy over
@@ -182,18 +190,25 @@ def client_config(epochs: int, batch_size: int | None, *,
     A ClientConfig with plain SGD.
   """
   if words_per_sentence < 1:
-    raise LeakjaxError(f'words_per_sentence must be >= 1, got'
-                       f' {words_per_sentence}')
-  defense = fl.Defense(step_noise_std=step_noise / words_per_sentence,
-                       update_noise_std=update_noise)
-  return fl.ClientConfig(epochs=epochs, batch_size=batch_size,
-                         learning_rate=learning_rate * words_per_sentence,
-                         defense=defense)
+    raise LeakjaxError(
+      f'words_per_sentence must be >= 1, got {words_per_sentence}'
+    )
+  defense = fl.Defense(
+    step_noise_std=step_noise / words_per_sentence,
+    update_noise_std=update_noise,
+  )
+  return fl.ClientConfig(
+    epochs=epochs,
+    batch_size=batch_size,
+    learning_rate=learning_rate * words_per_sentence,
+    defense=defense,
+  )
 
 
 # ---------------------------------------------------------- word recovery
-def candidate_mask(vocab_size: int, special_ids: Sequence[int] = (0, 1)
-                   ) -> jax.Array:
+def candidate_mask(
+  vocab_size: int, special_ids: Sequence[int] = (0, 1)
+) -> jax.Array:
   """bool `[vocab]`: False at ids that are no words (`<UNK>`, `<S>`)."""
   mask = jnp.ones((vocab_size,), bool)
   if special_ids:
@@ -201,8 +216,11 @@ def candidate_mask(vocab_size: int, special_ids: Sequence[int] = (0, 1)
   return mask
 
 
-def recover_words(delta: jax.Array, threshold: jax.Array | float = 0.0,
-                  candidates: jax.Array | None = None) -> jax.Array:
+def recover_words(
+  delta: jax.Array,
+  threshold: jax.Array | float = 0.0,
+  candidates: jax.Array | None = None,
+) -> jax.Array:
   """Algorithm 2: bool `[vocab]`, True where `delta > threshold`.
 
   Args:
@@ -215,8 +233,9 @@ def recover_words(delta: jax.Array, threshold: jax.Array | float = 0.0,
   return words if candidates is None else words & candidates
 
 
-def robust_noise_scale(delta: jax.Array, candidates: jax.Array | None = None
-                       ) -> tuple[jax.Array, jax.Array]:
+def robust_noise_scale(
+  delta: jax.Array, candidates: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
   """`(median, 1.4826 * MAD)` of `delta`: centre and std of the bulk.
 
   Most of the vocabulary was not typed, so the median and the median
@@ -239,9 +258,14 @@ def robust_noise_scale(delta: jax.Array, candidates: jax.Array | None = None
   return center, jnp.maximum(scale, jnp.finfo(jnp.float32).tiny)
 
 
-def choose_threshold(delta: jax.Array, rule: str = 'fdr', *, q: float = 0.05,
-                     candidates: jax.Array | None = None,
-                     eligible: jax.Array | None = None) -> jax.Array:
+def choose_threshold(
+  delta: jax.Array,
+  rule: str = 'fdr',
+  *,
+  q: float = 0.05,
+  candidates: jax.Array | None = None,
+  eligible: jax.Array | None = None,
+) -> jax.Array:
   """A word threshold for :func:`recover_words` that needs no true words.
 
   Args:
@@ -269,8 +293,10 @@ def choose_threshold(delta: jax.Array, rule: str = 'fdr', *, q: float = 0.05,
     float32 scalar threshold, at least 0.
   """
   if rule not in THRESHOLD_RULES:
-    raise LeakjaxError(f'unknown threshold rule {rule!r}',
-                       f'use one of {", ".join(THRESHOLD_RULES)}')
+    raise LeakjaxError(
+      f'unknown threshold rule {rule!r}',
+      f'use one of {", ".join(THRESHOLD_RULES)}',
+    )
   delta = delta.astype(jnp.float32)
   if rule == 'zero':
     return jnp.zeros((), jnp.float32)
@@ -300,9 +326,13 @@ def choose_threshold(delta: jax.Array, rule: str = 'fdr', *, q: float = 0.05,
   return jnp.maximum(cut, 0.0)
 
 
-def max_f1_cut(z: jax.Array, candidates: jax.Array | None = None,
-               eligible: jax.Array | None = None, *,
-               slack: float = 3.0) -> jax.Array:
+def max_f1_cut(
+  z: jax.Array,
+  candidates: jax.Array | None = None,
+  eligible: jax.Array | None = None,
+  *,
+  slack: float = 3.0,
+) -> jax.Array:
   """The cut on z-scores that maximises the estimated F1 (N(0, 1) null).
 
   Above a cut t, `k(t)` eligible entries pass and `V Φ(-t)` are expected
@@ -336,21 +366,21 @@ def max_f1_cut(z: jax.Array, candidates: jax.Array | None = None,
   # Typed words above the cut, less `slack` null standard deviations
   # (Poisson): on pure noise `k(t) - V Φ(-t)` alone wanders up by
   # tens of entries near t = 1.5-2.
-  excess = jnp.where(finite, rank - null - slack * jnp.sqrt(null),
-                     -jnp.inf)
+  excess = jnp.where(finite, rank - null - slack * jnp.sqrt(null), -jnp.inf)
   n1 = jnp.maximum(jnp.max(excess), 1.0)
-  est_f1 = jnp.where(finite, 2.0 * jnp.maximum(excess, 0.0) / (rank + n1),
-                     -1.0)
+  est_f1 = jnp.where(finite, 2.0 * jnp.maximum(excess, 0.0) / (rank + n1), -1.0)
   best = jnp.argmax(est_f1)
   kept = z_sorted[best]
   nxt = jnp.minimum(best + 1, z.shape[0] - 1)
-  dropped = jnp.where((best + 1 < z.shape[0]) & finite[nxt], z_sorted[nxt],
-                      kept - 1.0)
+  dropped = jnp.where(
+    (best + 1 < z.shape[0]) & finite[nxt], z_sorted[nxt], kept - 1.0
+  )
   return jnp.where(jnp.max(est_f1) > 0, 0.5 * (kept + dropped), jnp.inf)
 
 
-def row_update_scores(rows: jax.Array, candidates: jax.Array | None = None
-                      ) -> jax.Array:
+def row_update_scores(
+  rows: jax.Array, candidates: jax.Array | None = None
+) -> jax.Array:
   """Robust z-scores of the squared norms of the output-matrix row updates.
 
   Each entry of an untyped word's row is noise (plus a small drift); the
@@ -369,18 +399,22 @@ def row_update_scores(rows: jax.Array, candidates: jax.Array | None = None
   """
   rows = rows.astype(jnp.float32)
   dim = rows.shape[-1]
-  mask = None if candidates is None else jnp.broadcast_to(
-      candidates[:, None], rows.shape)
+  mask = (
+    None
+    if candidates is None
+    else jnp.broadcast_to(candidates[:, None], rows.shape)
+  )
   center, scale = robust_noise_scale(rows, mask)
-  var = scale ** 2
+  var = scale**2
   chi = jnp.sum((rows - center) ** 2, axis=-1) / var  # ~ chi2(D) if untyped
   k = 2.0 / (9.0 * dim)
   z = ((chi / dim) ** (1.0 / 3.0) - (1.0 - k)) / jnp.sqrt(k)
   return z if candidates is None else jnp.where(candidates, z, -jnp.inf)
 
 
-def row_residual_scores(delta: jax.Array, rows: jax.Array,
-                        fit: jax.Array) -> jax.Array:
+def row_residual_scores(
+  delta: jax.Array, rows: jax.Array, fit: jax.Array
+) -> jax.Array:
   """How far each output row moved away from the untyped words' pattern.
 
   For a word k that was not typed, the bias step is `-η/n Σ_t p_tk` and the
@@ -404,17 +438,24 @@ def row_residual_scores(delta: jax.Array, rows: jax.Array,
   rows = rows.astype(jnp.float32)
   weight = jnp.where(fit, 1.0, 0.0)
   denom = jnp.sum(weight * delta)
-  hhat = jnp.sum(weight[:, None] * rows, 0) / jnp.where(denom == 0, 1.0,
-                                                        denom)  # [D]
+  hhat = jnp.sum(weight[:, None] * rows, 0) / jnp.where(
+    denom == 0, 1.0, denom
+  )  # [D]
   resid = jnp.linalg.norm(rows - delta[:, None] * hhat[None], axis=-1)
-  return resid / (jnp.abs(delta) * jnp.linalg.norm(hhat)
-                  + jnp.finfo(jnp.float32).tiny)
+  return resid / (
+    jnp.abs(delta) * jnp.linalg.norm(hhat) + jnp.finfo(jnp.float32).tiny
+  )
 
 
-def rescued_words(delta: jax.Array, rows: jax.Array,
-                  candidates: jax.Array | None = None, *,
-                  gate: float = 30.0, z: float = 5.0,
-                  min_pool: int = 20) -> jax.Array:
+def rescued_words(
+  delta: jax.Array,
+  rows: jax.Array,
+  candidates: jax.Array | None = None,
+  *,
+  gate: float = 30.0,
+  z: float = 5.0,
+  min_pool: int = 20,
+) -> jax.Array:
   """Typed words whose bias fell, found from the tied output rows.
 
   Algorithm 2 misses a typed word k when the model already predicted it so
@@ -455,11 +496,17 @@ def _ulp(x: jax.Array) -> jax.Array:
   return jnp.nextafter(x, jnp.float32(jnp.inf)) - x
 
 
-def convexity_violations(delta: jax.Array, rows: jax.Array,
-                         rows0: jax.Array, bias0: jax.Array,
-                         candidates: jax.Array | None = None, *,
-                         num_sources: int = 64, margin: float = 0.3,
-                         gate: float = 10.0) -> jax.Array:
+def convexity_violations(
+  delta: jax.Array,
+  rows: jax.Array,
+  rows0: jax.Array,
+  bias0: jax.Array,
+  candidates: jax.Array | None = None,
+  *,
+  num_sources: int = 64,
+  margin: float = 0.3,
+  gate: float = 10.0,
+) -> jax.Array:
   r"""Typed words whose bias fell, found by a convexity test (no oracle).
 
   Algorithm 2 misses a typed word k when the model already predicted it
@@ -531,9 +578,11 @@ def convexity_violations(delta: jax.Array, rows: jax.Array,
     candidates = jnp.ones(delta.shape, bool)
   tiny = jnp.finfo(jnp.float32).tiny
   fell = candidates & (delta < 0)
-  err = jnp.maximum(_ulp(bias0) / jnp.maximum(-delta, tiny),
-                    jnp.max(_ulp(rows0), -1)
-                    / jnp.maximum(jnp.linalg.norm(rows, axis=-1), tiny))
+  err = jnp.maximum(
+    _ulp(bias0) / jnp.maximum(-delta, tiny),
+    jnp.max(_ulp(rows0), -1)
+    / jnp.maximum(jnp.linalg.norm(rows, axis=-1), tiny),
+  )
   num_sources = min(num_sources, vocab)
   neg_err, src = lax.top_k(jnp.where(fell, -err, -jnp.inf), num_sources)
   src_ok = jnp.isfinite(neg_err)  # [S]; False when fewer words fell
@@ -544,10 +593,15 @@ def convexity_violations(delta: jax.Array, rows: jax.Array,
   a = rows / safe[:, None]  # [V, D]
   a_s, x_s, g_s = a[src], x[src], g[src]  # [S, D], [S, D], [S]
   # planes[k, j] = g_j + a_j · (x_k - x_j) - g_k  (> 0: k below plane j)
-  planes = (x @ a_s.T + (g_s - jnp.sum(a_s * x_s, -1))[None, :]
-            - g[:, None])  # [V, S]
-  conflict = ((planes[src] > margin) & src_ok[:, None] & src_ok[None, :]
-              & ~jnp.eye(num_sources, dtype=bool))  # [S, S]
+  planes = (
+    x @ a_s.T + (g_s - jnp.sum(a_s * x_s, -1))[None, :] - g[:, None]
+  )  # [V, S]
+  conflict = (
+    (planes[src] > margin)
+    & src_ok[:, None]
+    & src_ok[None, :]
+    & ~jnp.eye(num_sources, dtype=bool)
+  )  # [S, S]
 
   def live_conflicts(alive):
     return conflict & alive[:, None] & alive[None, :]
@@ -557,8 +611,9 @@ def convexity_violations(delta: jax.Array, rows: jax.Array,
     degree = c.sum(0) + c.sum(1)
     return alive.at[jnp.argmax(degree)].set(False)
 
-  alive = lax.while_loop(lambda al: jnp.any(live_conflicts(al)), drop_worst,
-                         src_ok)
+  alive = lax.while_loop(
+    lambda al: jnp.any(live_conflicts(al)), drop_worst, src_ok
+  )
   below = jnp.max(jnp.where(alive[None, :], planes, -jnp.inf), -1)  # [V]
   dropped = jnp.zeros((vocab,), bool).at[src].max(src_ok & ~alive)
   center, scale = robust_noise_scale(delta, candidates)
@@ -566,8 +621,9 @@ def convexity_violations(delta: jax.Array, rows: jax.Array,
   return pool & ((below > margin) | dropped)
 
 
-def drift_to_noise(delta: jax.Array,
-                   candidates: jax.Array | None = None) -> jax.Array:
+def drift_to_noise(
+  delta: jax.Array, candidates: jax.Array | None = None
+) -> jax.Array:
   """`(median - 10th smallest) / scale` of `delta`: is drift above noise?
 
   Pure Gaussian noise gives about 3.3 (V = 9502); without noise the
@@ -580,8 +636,9 @@ def drift_to_noise(delta: jax.Array,
   return (center - values[jnp.minimum(9, delta.shape[0] - 1)]) / scale
 
 
-def stouffer_scores(delta: jax.Array, rows: jax.Array,
-                    candidates: jax.Array | None = None) -> jax.Array:
+def stouffer_scores(
+  delta: jax.Array, rows: jax.Array, candidates: jax.Array | None = None
+) -> jax.Array:
   """`(z_b + z_W) / sqrt(2)`: bias z-score and row chi-square z-score.
 
   The robust bias z-score (:func:`robust_noise_scale`) and
@@ -592,13 +649,16 @@ def stouffer_scores(delta: jax.Array, rows: jax.Array,
     candidates = jnp.ones(delta.shape, bool)
   center, scale = robust_noise_scale(delta, candidates)
   return jnp.where(
-      candidates, ((delta - center) / scale
-                   + row_update_scores(rows, candidates)) / math.sqrt(2.0),
-      -jnp.inf)
+    candidates,
+    ((delta - center) / scale + row_update_scores(rows, candidates))
+    / math.sqrt(2.0),
+    -jnp.inf,
+  )
 
 
-def stouffer_words(delta: jax.Array, rows: jax.Array,
-                   candidates: jax.Array | None = None) -> jax.Array:
+def stouffer_words(
+  delta: jax.Array, rows: jax.Array, candidates: jax.Array | None = None
+) -> jax.Array:
   """bool `[vocab]`: :func:`stouffer_scores` cut by :func:`max_f1_cut`
   among the words whose bias rose (the noisy-regime rule up to session 3,
   now :func:`recover_words_auto`'s fallback when the mixture sees no
@@ -611,20 +671,25 @@ def stouffer_words(delta: jax.Array, rows: jax.Array,
   return recover_words(combined, thr, candidates) & rose
 
 
-def _gaussian_loglik(y: jax.Array, mean: jax.Array, cov: jax.Array
-                     ) -> jax.Array:
+def _gaussian_loglik(
+  y: jax.Array, mean: jax.Array, cov: jax.Array
+) -> jax.Array:
   """`log N(y; mean, cov)` up to the shared `-d/2 log 2π`, rows of y."""
   chol = jnp.linalg.cholesky(cov)
   sol = jax.scipy.linalg.solve_triangular(chol, (y - mean).T, lower=True)
-  return -0.5 * jnp.sum(sol ** 2, 0) - jnp.sum(jnp.log(jnp.diag(chol)))
+  return -0.5 * jnp.sum(sol**2, 0) - jnp.sum(jnp.log(jnp.diag(chol)))
 
 
-def mixture_word_posterior(delta: jax.Array, rows: jax.Array,
-                           candidates: jax.Array | None = None, *,
-                           init_fraction: float = 0.05,
-                           min_signal: float = 2.0,
-                           num_iters: int = 200, tol: float = 1e-5
-                           ) -> tuple[jax.Array, jax.Array]:
+def mixture_word_posterior(
+  delta: jax.Array,
+  rows: jax.Array,
+  candidates: jax.Array | None = None,
+  *,
+  init_fraction: float = 0.05,
+  min_signal: float = 2.0,
+  num_iters: int = 200,
+  tol: float = 1e-5,
+) -> tuple[jax.Array, jax.Array]:
   """Log-odds and posterior that each word was typed, under local DP noise.
 
   The bias alone carries little of a typed word's signal under Algorithm
@@ -692,13 +757,15 @@ def mixture_word_posterior(delta: jax.Array, rows: jax.Array,
   num_words, width = rows.shape
   if candidates is None:
     candidates = jnp.ones((num_words,), bool)
-  x = jnp.concatenate([delta.astype(jnp.float32)[:, None],
-                       rows.astype(jnp.float32)], 1)  # [V, D + 1]
+  x = jnp.concatenate(
+    [delta.astype(jnp.float32)[:, None], rows.astype(jnp.float32)], 1
+  )  # [V, D + 1]
   dim = width + 1
   xm = jnp.where(candidates[:, None], x, jnp.nan)
   x = x - jnp.nanmedian(xm, 0)
-  _, scale = robust_noise_scale(x, jnp.broadcast_to(candidates[:, None],
-                                                    x.shape))
+  _, scale = robust_noise_scale(
+    x, jnp.broadcast_to(candidates[:, None], x.shape)
+  )
   x = jnp.where(candidates[:, None], x / scale, 0.0)
   n = jnp.sum(candidates).astype(jnp.float32)
   evals, evecs = jnp.linalg.eigh(x.T @ x / n)
@@ -710,16 +777,19 @@ def mixture_word_posterior(delta: jax.Array, rows: jax.Array,
   # The null is Gaussian white noise: per word, the mean square of the
   # standardised entries is then chi2(dim) / dim; noise-free updates (drift
   # only) put their 90th percentile at 100-20000 x that.
-  mean_sq = jnp.where(candidates, jnp.mean(x ** 2, 1), jnp.nan)
+  mean_sq = jnp.where(candidates, jnp.mean(x**2, 1), jnp.nan)
   wh = 2.0 / (9.0 * dim)
   chi2_q90 = (1.0 - wh + 1.2815516 * math.sqrt(wh)) ** 3  # Wilson-Hilferty
   gaussian = jnp.nanquantile(mean_sq, 0.9) < 2.0 * chi2_q90
   signal = (evals[0] > min_signal * edge) & gaussian
   # Without a signal the answer is fixed: the EM below is skipped.
-  return lax.cond(signal, lambda: _fit_mixture(x, y, keep, candidates, n,
-                                               init_fraction, num_iters, tol),
-                  lambda: (jnp.full((num_words,), -jnp.inf),
-                           jnp.zeros((num_words,))))
+  return lax.cond(
+    signal,
+    lambda: _fit_mixture(
+      x, y, keep, candidates, n, init_fraction, num_iters, tol
+    ),
+    lambda: (jnp.full((num_words,), -jnp.inf), jnp.zeros((num_words,))),
+  )
 
 
 def _fit_mixture(x, y, keep, candidates, n, init_fraction, num_iters, tol):
@@ -729,7 +799,7 @@ def _fit_mixture(x, y, keep, candidates, n, init_fraction, num_iters, tol):
   outer = keep[:, None] & keep[None, :]
 
   # Initial responsibilities: null / low / high projection.
-  norm2 = jnp.where(candidates, jnp.sum(y ** 2, 1), -jnp.inf)
+  norm2 = jnp.where(candidates, jnp.sum(y**2, 1), -jnp.inf)
   num_top = jnp.maximum(jnp.round(init_fraction * n), 4.0)
   top = candidates & (jnp.argsort(jnp.argsort(-norm2)) < num_top)
   ytop = jnp.where(top[:, None], y, 0.0)
@@ -737,8 +807,11 @@ def _fit_mixture(x, y, keep, candidates, n, init_fraction, num_iters, tol):
   proj = y @ vt[0]
   bias_z = x[:, 0]
   tw = top.astype(jnp.float32)
-  cov_pb = jnp.sum(tw * (proj - jnp.sum(tw * proj) / num_top)
-                   * (bias_z - jnp.sum(tw * bias_z) / num_top))
+  cov_pb = jnp.sum(
+    tw
+    * (proj - jnp.sum(tw * proj) / num_top)
+    * (bias_z - jnp.sum(tw * bias_z) / num_top)
+  )
   proj = jnp.where(cov_pb < 0, -proj, proj)
   mid = jnp.nanmedian(jnp.where(top, proj, jnp.nan))
   high = top & (proj >= mid)
@@ -747,7 +820,7 @@ def _fit_mixture(x, y, keep, candidates, n, init_fraction, num_iters, tol):
 
   def loglik(resp):
     weight = resp.sum(0) + 1e-6  # [3]
-    out = [jnp.log(weight[0] / n) - 0.5 * jnp.sum(y ** 2, 1)]
+    out = [jnp.log(weight[0] / n) - 0.5 * jnp.sum(y**2, 1)]
     for j in (1, 2):
       w = resp[:, j]
       mean = (w @ y) / weight[j]
@@ -805,17 +878,23 @@ def expected_f1_cut(scores: jax.Array, posterior: jax.Array) -> jax.Array:
   est = jnp.where(jnp.isfinite(s), 2.0 * tp / (rank + total), -1.0)
   best = jnp.argmax(est)
   nxt = jnp.minimum(best + 1, scores.shape[0] - 1)
-  dropped = jnp.where((best + 1 < scores.shape[0]) & jnp.isfinite(s[nxt]),
-                      s[nxt], s[best] - 1.0)
+  dropped = jnp.where(
+    (best + 1 < scores.shape[0]) & jnp.isfinite(s[nxt]), s[nxt], s[best] - 1.0
+  )
   return jnp.where(total > 0, 0.5 * (s[best] + dropped), jnp.inf)
 
 
-def recover_words_auto(delta: jax.Array, rows: jax.Array,
-                       candidates: jax.Array | None = None, *,
-                       rows0: jax.Array | None = None,
-                       bias0: jax.Array | None = None,
-                       q: float = 0.05, max_drift: float = 8.0,
-                       bias_first_drift: float = 50.0) -> jax.Array:
+def recover_words_auto(
+  delta: jax.Array,
+  rows: jax.Array,
+  candidates: jax.Array | None = None,
+  *,
+  rows0: jax.Array | None = None,
+  bias0: jax.Array | None = None,
+  q: float = 0.05,
+  max_drift: float = 8.0,
+  bias_first_drift: float = 50.0,
+) -> jax.Array:
   """The no-oracle word recovery used by the experiments.
 
   Three rules; which one applies is read off the update (no true words):
@@ -885,8 +964,9 @@ def recover_words_auto(delta: jax.Array, rows: jax.Array,
   def noisy():
     log_odds, posterior = mixture_word_posterior(delta, rows, candidates)
     mixture = log_odds > expected_f1_cut(log_odds, posterior)
-    fallback = jnp.where(drift > max_drift, bias_words,
-                         stouffer_words(delta, rows, candidates))
+    fallback = jnp.where(
+      drift > max_drift, bias_words, stouffer_words(delta, rows, candidates)
+    )
     return jnp.where(jnp.sum(posterior) > 0, mixture, fallback)
 
   # Far above the noise the mixture is not looked at: skip its EM.
@@ -904,8 +984,9 @@ class Reconstruction:
   scores: jax.Array  # float32 [M]: (PP_θ0 - PP_θ1) / PP_θ0; -inf if invalid
 
 
-def padded_indices(mask: np.ndarray | jax.Array,
-                   size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def padded_indices(
+  mask: np.ndarray | jax.Array, size: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
   """The True indices of a bool mask, padded to a fixed `size` (host side).
 
   Returns `(indices int32 [size], valid bool [size])`; padded slots hold
@@ -916,17 +997,24 @@ def padded_indices(mask: np.ndarray | jax.Array,
   if size is None:
     size = 1 << max(int(math.ceil(math.log2(max(len(idx), 1)))), 0)
   if len(idx) > size:
-    raise LeakjaxError(f'{len(idx)} recovered words do not fit size={size}',
-                       'raise the size')
+    raise LeakjaxError(
+      f'{len(idx)} recovered words do not fit size={size}', 'raise the size'
+    )
   out = np.zeros((size,), np.int32)
-  out[:len(idx)] = idx
+  out[: len(idx)] = idx
   valid = np.arange(size) < len(idx)
   return out, valid
 
 
-def greedy_generate(model: Model, params: PyTree, start_words: jax.Array,
-                    allowed: jax.Array, *, length: int,
-                    bos_id: int) -> jax.Array:
+def greedy_generate(
+  model: Model,
+  params: PyTree,
+  start_words: jax.Array,
+  allowed: jax.Array,
+  *,
+  length: int,
+  bos_id: int,
+) -> jax.Array:
   """Sec. 3.2 greedy continuation of `<S> w` for many start words at once.
 
   At each step the next-word distribution of `params` is restricted to the
@@ -969,9 +1057,9 @@ def greedy_generate(model: Model, params: PyTree, start_words: jax.Array,
   return jnp.concatenate([prompt, words.T], axis=1)  # [L-1, M] -> [M, L-1]
 
 
-def relative_perplexity_change(model: Model, params0: PyTree, params1: PyTree,
-                               tokens: jax.Array
-                               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def relative_perplexity_change(
+  model: Model, params0: PyTree, params1: PyTree, tokens: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """`(PP0, PP1, (PP0 - PP1) / PP0)` of `[M, T]` token rows (Sec. 3.2).
 
   `PP_θ(x_0..x_t) = Σ_{i=1..t} -log Pr(x_i | x_<i; θ)`, the summed
@@ -982,10 +1070,17 @@ def relative_perplexity_change(model: Model, params0: PyTree, params1: PyTree,
   return pp0, pp1, (pp0 - pp1) / pp0
 
 
-def reconstruct_sentences(model: Model, params0: PyTree, params1: PyTree,
-                          start_words: jax.Array, valid: jax.Array,
-                          allowed: jax.Array, *, length: int,
-                          bos_id: int) -> Reconstruction:
+def reconstruct_sentences(
+  model: Model,
+  params0: PyTree,
+  params1: PyTree,
+  start_words: jax.Array,
+  valid: jax.Array,
+  allowed: jax.Array,
+  *,
+  length: int,
+  bos_id: int,
+) -> Reconstruction:
   """Sec. 3.2: one greedy candidate per recovered word, scored, in one kernel.
 
   Args:
@@ -1001,18 +1096,22 @@ def reconstruct_sentences(model: Model, params0: PyTree, params1: PyTree,
   Returns:
     A :class:`Reconstruction` (rank by `scores`, descending).
   """
-  tokens = greedy_generate(model, params1, start_words, allowed,
-                           length=length, bos_id=bos_id)
-  pp0, pp1, score = relative_perplexity_change(model, params0, params1,
-                                               tokens)
+  tokens = greedy_generate(
+    model, params1, start_words, allowed, length=length, bos_id=bos_id
+  )
+  pp0, pp1, score = relative_perplexity_change(model, params0, params1, tokens)
   score = jnp.where(valid, score, -jnp.inf)
-  return Reconstruction(tokens=tokens, log_ppl0=pp0, log_ppl1=pp1,
-                        scores=score)
+  return Reconstruction(tokens=tokens, log_ppl0=pp0, log_ppl1=pp1, scores=score)
 
 
-def select_sentences(tokens: np.ndarray, scores: np.ndarray,
-                     recovered: np.ndarray, *, rule: str = 'cover',
-                     length: int | None = None) -> np.ndarray:
+def select_sentences(
+  tokens: np.ndarray,
+  scores: np.ndarray,
+  recovered: np.ndarray,
+  *,
+  rule: str = 'cover',
+  length: int | None = None,
+) -> np.ndarray:
   """Which candidates to keep, without knowing n_k (host side).
 
   Args:
@@ -1033,20 +1132,24 @@ def select_sentences(tokens: np.ndarray, scores: np.ndarray,
     int64 indices of the kept candidates, best first.
   """
   if rule not in KEEP_RULES:
-    raise LeakjaxError(f'unknown keep rule {rule!r}',
-                       f'use one of {", ".join(KEEP_RULES)}')
+    raise LeakjaxError(
+      f'unknown keep rule {rule!r}', f'use one of {", ".join(KEEP_RULES)}'
+    )
   scores = np.asarray(scores, np.float64)
   order = np.argsort(-scores, kind='stable')
   order = order[np.isfinite(scores[order])]
   recovered = np.asarray(recovered)
-  ids = (np.flatnonzero(recovered) if recovered.dtype == bool
-         else recovered.astype(np.int64))
+  ids = (
+    np.flatnonzero(recovered)
+    if recovered.dtype == bool
+    else recovered.astype(np.int64)
+  )
   tokens = np.asarray(tokens)
   if rule == 'words':
     length = length or tokens.shape[1] - 1
-    return order[:math.ceil(len(ids) / length)]
+    return order[: math.ceil(len(ids) / length)]
   if rule == 'gap':
-    return order[:_otsu_count(scores[order])]
+    return order[: _otsu_count(scores[order])]
   remaining = set(int(i) for i in ids)
   kept = []
   for c in order:
@@ -1091,8 +1194,11 @@ def _f1(p: float, r: float) -> float:
   return 0.0 if p + r == 0 else 2 * p * r / (p + r)
 
 
-def word_metrics(recovered: Sequence[str], true_words: Sequence[str],
-                 vocabulary: Sequence[str] | set[str]) -> WordMetrics:
+def word_metrics(
+  recovered: Sequence[str],
+  true_words: Sequence[str],
+  vocabulary: Sequence[str] | set[str],
+) -> WordMetrics:
   """Precision, recall and F1 of recovered words against the true words.
 
   Args:
@@ -1112,16 +1218,23 @@ def word_metrics(recovered: Sequence[str], true_words: Sequence[str],
   precision = hits / len(rec) if rec else 0.0
   recall = hits / len(true) if true else 0.0
   coverage = len(true & vocab) / len(true) if true else 0.0
-  return WordMetrics(precision=precision, recall=recall,
-                     f1=_f1(precision, recall), f1_upper=_f1(1.0, coverage),
-                     coverage=coverage, num_recovered=len(rec),
-                     num_true=len(true))
+  return WordMetrics(
+    precision=precision,
+    recall=recall,
+    f1=_f1(precision, recall),
+    f1_upper=_f1(1.0, coverage),
+    coverage=coverage,
+    num_recovered=len(rec),
+    num_true=len(true),
+  )
 
 
-def oracle_threshold(delta: np.ndarray, words: Sequence[str],
-                     true_words: Sequence[str],
-                     candidates: np.ndarray | None = None
-                     ) -> tuple[float, float]:
+def oracle_threshold(
+  delta: np.ndarray,
+  words: Sequence[str],
+  true_words: Sequence[str],
+  candidates: np.ndarray | None = None,
+) -> tuple[float, float]:
   """The threshold with the best F1 given the true words (comparison only).
 
   Args:
@@ -1135,8 +1248,11 @@ def oracle_threshold(delta: np.ndarray, words: Sequence[str],
     threshold lies halfway between the last kept and the first dropped.
   """
   delta = np.asarray(delta, np.float64)
-  ok = np.ones(delta.shape, bool) if candidates is None else np.asarray(
-      candidates, bool)
+  ok = (
+    np.ones(delta.shape, bool)
+    if candidates is None
+    else np.asarray(candidates, bool)
+  )
   idx = np.flatnonzero(ok)
   order = idx[np.argsort(-delta[idx], kind='stable')]
   true = set(true_words)
@@ -1144,16 +1260,21 @@ def oracle_threshold(delta: np.ndarray, words: Sequence[str],
   tp = np.cumsum(hit)
   k = np.arange(1, len(order) + 1)
   precision, recall = tp / k, tp / max(len(true), 1)
-  f1 = np.where(tp > 0, 2 * precision * recall / np.maximum(
-      precision + recall, 1e-300), 0.0)
+  f1 = np.where(
+    tp > 0, 2 * precision * recall / np.maximum(precision + recall, 1e-300), 0.0
+  )
   best = int(np.argmax(f1))
-  nxt = delta[order[best + 1]] if best + 1 < len(order) else delta[
-      order[best]] - 1.0
+  nxt = (
+    delta[order[best + 1]]
+    if best + 1 < len(order)
+    else delta[order[best]] - 1.0
+  )
   return float(0.5 * (delta[order[best]] + nxt)), float(f1[best])
 
 
-def levenshtein_distance(a: Sequence[Any], b: Sequence[Any], *,
-                         substitution_cost: int = 2) -> int:
+def levenshtein_distance(
+  a: Sequence[Any], b: Sequence[Any], *, substitution_cost: int = 2
+) -> int:
   """Word-level edit distance (insert/delete 1, substitute `substitution_cost`).
 
   With the default cost 2 this is the InDel distance behind the usual
@@ -1164,8 +1285,11 @@ def levenshtein_distance(a: Sequence[Any], b: Sequence[Any], *,
   for i, x in enumerate(a, 1):
     cur = [i] + [0] * len(b)
     for j, y in enumerate(b, 1):
-      cur[j] = min(prev[j] + 1, cur[j - 1] + 1,
-                   prev[j - 1] + (0 if x == y else substitution_cost))
+      cur[j] = min(
+        prev[j] + 1,
+        cur[j - 1] + 1,
+        prev[j - 1] + (0 if x == y else substitution_cost),
+      )
     prev = cur
   return prev[-1]
 
@@ -1186,8 +1310,9 @@ def levenshtein_ratio(a: Sequence[Any], b: Sequence[Any]) -> float:
   return 100.0 * (1.0 - levenshtein_distance(a, b) / total)
 
 
-def best_match_ratios(candidates: Sequence[Sequence[str]],
-                      references: Sequence[Sequence[str]]) -> np.ndarray:
+def best_match_ratios(
+  candidates: Sequence[Sequence[str]], references: Sequence[Sequence[str]]
+) -> np.ndarray:
   """For each candidate, its best :func:`levenshtein_ratio` over references.
 
   Sec. 4.2 / Fig. 3: the mean of this over the reconstructed sentences is
@@ -1197,20 +1322,39 @@ def best_match_ratios(candidates: Sequence[Sequence[str]],
   if not references:
     return np.zeros((len(candidates),))
   refs = [tuple(r) for r in references]
-  return np.array([max(levenshtein_ratio(c, r) for r in refs)
-                   for c in candidates], np.float64)
+  return np.array(
+    [max(levenshtein_ratio(c, r) for r in refs) for c in candidates], np.float64
+  )
 
 
 __all__ = [
-    'Reconstruction', 'WordMetrics', 'best_match_ratios', 'bias_update',
-    'candidate_mask', 'choose_threshold', 'client_config',
-    'convexity_violations', 'drift_to_noise',
-    'greedy_generate', 'levenshtein_distance', 'levenshtein_ratio',
-    'max_f1_cut',
-    'oracle_threshold', 'output_bias', 'output_rows', 'output_rows_update',
-    'padded_indices',
-    'reconstruct_sentences', 'recover_words', 'recover_words_auto',
-    'rescued_words', 'row_residual_scores', 'select_sentences',
-    'relative_perplexity_change', 'robust_noise_scale', 'row_update_scores',
-    'scale_update', 'word_metrics',
+  'Reconstruction',
+  'WordMetrics',
+  'best_match_ratios',
+  'bias_update',
+  'candidate_mask',
+  'choose_threshold',
+  'client_config',
+  'convexity_violations',
+  'drift_to_noise',
+  'greedy_generate',
+  'levenshtein_distance',
+  'levenshtein_ratio',
+  'max_f1_cut',
+  'oracle_threshold',
+  'output_bias',
+  'output_rows',
+  'output_rows_update',
+  'padded_indices',
+  'reconstruct_sentences',
+  'recover_words',
+  'recover_words_auto',
+  'rescued_words',
+  'row_residual_scores',
+  'select_sentences',
+  'relative_perplexity_change',
+  'robust_noise_scale',
+  'row_update_scores',
+  'scale_update',
+  'word_metrics',
 ]

@@ -24,8 +24,9 @@ from leakjax.fl.client import (
 from leakjax.models.base import Model
 
 
-def make_python_loop_client_update(model: Model, params, config: ClientConfig,
-                                   *, jit=jax.jit):
+def make_python_loop_client_update(
+  model: Model, params, config: ClientConfig, *, jit=jax.jit
+):
   """Returns `update(params, ids, mask, *, key) -> ClientResult`.
 
   The step, the schedule and the finish are jitted once each (for the
@@ -37,14 +38,22 @@ def make_python_loop_client_update(model: Model, params, config: ClientConfig,
   @jit
   def step(train, opt_state, frozen, ids, mask, schedule, s, step_key):
     # One dispatch per step: the step's rows and key are picked inside.
-    return training.step(train, opt_state, frozen, ids, mask,
-                         schedule.indices[s], schedule.weights[s],
-                         key=jax.random.fold_in(step_key, s))
+    return training.step(
+      train,
+      opt_state,
+      frozen,
+      ids,
+      mask,
+      schedule.indices[s],
+      schedule.weights[s],
+      key=jax.random.fold_in(step_key, s),
+    )
 
   @functools.partial(jit, static_argnums=0)
   def schedule(num_rows, key):
-    return batching.batch_schedule(num_rows, epochs=config.epochs,
-                                   batch_size=config.batch_size, key=key)
+    return batching.batch_schedule(
+      num_rows, epochs=config.epochs, batch_size=config.batch_size, key=key
+    )
 
   @jit
   def start(params):
@@ -53,8 +62,9 @@ def make_python_loop_client_update(model: Model, params, config: ClientConfig,
 
   @jit
   def finish(train0, train1, frozen, losses, transmit_key):
-    return training.finish(train0, train1, frozen, losses,
-                           transmit_key=transmit_key)
+    return training.finish(
+      train0, train1, frozen, losses, transmit_key=transmit_key
+    )
 
   def update(params, ids, mask=None, *, key) -> ClientResult:
     ids, mask = batching.check_batch(ids, mask)
@@ -65,10 +75,10 @@ def make_python_loop_client_update(model: Model, params, config: ClientConfig,
     train0 = train
     losses = []
     for s in range(num_steps):
-      train, opt_state, loss = step(train, opt_state, frozen, ids, mask,
-                                    sched, s, step_key)
+      train, opt_state, loss = step(
+        train, opt_state, frozen, ids, mask, sched, s, step_key
+      )
       losses.append(loss)
-    return finish(train0, train, frozen, jnp.stack(losses),
-                  transmit_key)
+    return finish(train0, train, frozen, jnp.stack(losses), transmit_key)
 
   return update

@@ -37,47 +37,69 @@ from dp_accounting import pld, rdp
 from leakjax.errors import LeakjaxError
 
 # TF-Privacy's orders, plus a few large ones for tiny δ / large σ.
-RDP_ORDERS = tuple([1 + x / 10 for x in range(1, 100)] + list(range(12, 64))
-                   + [128, 256, 512])
+RDP_ORDERS = tuple(
+  [1 + x / 10 for x in range(1, 100)] + list(range(12, 64)) + [128, 256, 512]
+)
 ACCOUNTANTS = ('rdp', 'pld')
 
 
 def _check(noise_multiplier, sampling_probability, steps, delta) -> None:
   if not noise_multiplier >= 0:
-    raise LeakjaxError(f'noise multiplier must be >= 0, got {noise_multiplier}',
-                       'pass sigma >= 0')
+    raise LeakjaxError(
+      f'noise multiplier must be >= 0, got {noise_multiplier}',
+      'pass sigma >= 0',
+    )
   if not 0 < sampling_probability <= 1:
-    raise LeakjaxError(f'sampling probability must be in (0, 1], got'
-                       f' {sampling_probability}', 'pass q = batch / dataset')
+    raise LeakjaxError(
+      f'sampling probability must be in (0, 1], got {sampling_probability}',
+      'pass q = batch / dataset',
+    )
   if not (isinstance(steps, (int, np.integer)) and steps >= 0):
-    raise LeakjaxError(f'steps must be an int >= 0, got {steps!r}',
-                       'pass the number of noisy steps')
+    raise LeakjaxError(
+      f'steps must be an int >= 0, got {steps!r}',
+      'pass the number of noisy steps',
+    )
   if not 0 < delta < 1:
-    raise LeakjaxError(f'delta must be in (0, 1), got {delta}',
-                       'pass e.g. 1e-5 (less than 1 / dataset size)')
+    raise LeakjaxError(
+      f'delta must be in (0, 1), got {delta}',
+      'pass e.g. 1e-5 (less than 1 / dataset size)',
+    )
 
 
-def _dp_sgd_event(noise_multiplier: float, sampling_probability: float,
-                  steps: int) -> dp_accounting.DpEvent:
+def _dp_sgd_event(
+  noise_multiplier: float, sampling_probability: float, steps: int
+) -> dp_accounting.DpEvent:
   gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
   if sampling_probability < 1:
-    gaussian = dp_accounting.PoissonSampledDpEvent(sampling_probability,
-                                                   gaussian)
+    gaussian = dp_accounting.PoissonSampledDpEvent(
+      sampling_probability, gaussian
+    )
   return dp_accounting.SelfComposedDpEvent(gaussian, int(steps))
 
 
-def rdp_curve(noise_multiplier: float, sampling_probability: float,
-              steps: int, orders=RDP_ORDERS) -> np.ndarray:
+def rdp_curve(
+  noise_multiplier: float,
+  sampling_probability: float,
+  steps: int,
+  orders=RDP_ORDERS,
+) -> np.ndarray:
   """RDP ε(α) of DP-SGD at each order α in `orders`, `[len(orders)]`."""
   accountant = rdp.RdpAccountant(list(orders))
-  accountant.compose(_dp_sgd_event(noise_multiplier, sampling_probability,
-                                   steps))
+  accountant.compose(
+    _dp_sgd_event(noise_multiplier, sampling_probability, steps)
+  )
   # dp-accounting exposes the curve only as this attribute.
   return np.asarray(accountant._rdp, np.float64)  # pylint: disable=protected-access
 
 
-def epsilon(noise_multiplier: float, sampling_probability: float, steps: int,
-            delta: float, *, accountant: str = 'rdp') -> float:
+def epsilon(
+  noise_multiplier: float,
+  sampling_probability: float,
+  steps: int,
+  delta: float,
+  *,
+  accountant: str = 'rdp',
+) -> float:
   """ε of DP-SGD after `steps` steps (see the module docstring).
 
   Args:
@@ -101,15 +123,23 @@ def epsilon(noise_multiplier: float, sampling_probability: float, steps: int,
   elif accountant == 'pld':
     acc = pld.PLDAccountant()
   else:
-    raise LeakjaxError(f'accountant {accountant!r} is not one of'
-                       f' {ACCOUNTANTS}', "use 'rdp' or 'pld'")
+    raise LeakjaxError(
+      f'accountant {accountant!r} is not one of {ACCOUNTANTS}',
+      "use 'rdp' or 'pld'",
+    )
   acc.compose(event)
   return float(acc.get_epsilon(delta))
 
 
-def sigma_for_epsilon(target_epsilon: float, sampling_probability: float,
-                      steps: int, delta: float, *, accountant: str = 'rdp',
-                      rtol: float = 1e-4) -> float:
+def sigma_for_epsilon(
+  target_epsilon: float,
+  sampling_probability: float,
+  steps: int,
+  delta: float,
+  *,
+  accountant: str = 'rdp',
+  rtol: float = 1e-4,
+) -> float:
   """The smallest σ (to relative `rtol`) with ε(σ) <= target, by bisection.
 
   ε is decreasing in σ; the bracket [0, hi] doubles hi until ε(hi) <= target,
@@ -122,19 +152,24 @@ def sigma_for_epsilon(target_epsilon: float, sampling_probability: float,
   True
   """
   if not target_epsilon > 0:
-    raise LeakjaxError(f'target epsilon must be > 0, got {target_epsilon}',
-                       'pass e.g. 1, 5, 10, 15 or inf')
+    raise LeakjaxError(
+      f'target epsilon must be > 0, got {target_epsilon}',
+      'pass e.g. 1, 5, 10, 15 or inf',
+    )
   _check(0.0, sampling_probability, steps, delta)
   if math.isinf(target_epsilon) or steps == 0:
     return 0.0
-  eps = lambda s: epsilon(s, sampling_probability, steps, delta,
-                          accountant=accountant)
+  eps = lambda s: epsilon(
+    s, sampling_probability, steps, delta, accountant=accountant
+  )
   lo, hi = 0.0, 1.0
   while eps(hi) > target_epsilon:
     lo, hi = hi, 2.0 * hi
     if hi > 1e6:
-      raise LeakjaxError(f'no noise multiplier <= 1e6 reaches epsilon'
-                         f' {target_epsilon}', 'raise the target epsilon')
+      raise LeakjaxError(
+        f'no noise multiplier <= 1e6 reaches epsilon {target_epsilon}',
+        'raise the target epsilon',
+      )
   while hi - lo > rtol * hi:
     mid = 0.5 * (lo + hi)
     if eps(mid) > target_epsilon:

@@ -53,8 +53,10 @@ class ClientData:
   def num_clients(self) -> int:
     """Size of the leading client axis (stacked data only)."""
     if self.ids.ndim != 3:
-      raise LeakjaxError('this ClientData holds a single client',
-                         'stack several with stack_clients')
+      raise LeakjaxError(
+        'this ClientData holds a single client',
+        'stack several with stack_clients',
+      )
     return self.ids.shape[0]
 
 
@@ -63,14 +65,16 @@ def client_data(ids, mask=None, num_examples: int | None = None) -> ClientData:
   ids, mask = check_batch(ids, mask)
   n = ids.shape[0] if num_examples is None else num_examples
   if not 0 <= n <= ids.shape[0]:
-    raise LeakjaxError(f'num_examples={n} but the client has {ids.shape[0]}'
-                       ' rows', 'pass 0 <= num_examples <= rows')
-  return ClientData(ids=ids, mask=mask,
-                    num_examples=jnp.asarray(n, jnp.int32))
+    raise LeakjaxError(
+      f'num_examples={n} but the client has {ids.shape[0]} rows',
+      'pass 0 <= num_examples <= rows',
+    )
+  return ClientData(ids=ids, mask=mask, num_examples=jnp.asarray(n, jnp.int32))
 
 
-def stack_clients(clients: Sequence[ClientData | tuple], *,
-                  pad_id: int = 0) -> ClientData:
+def stack_clients(
+  clients: Sequence[ClientData | tuple], *, pad_id: int = 0
+) -> ClientData:
   """Pads clients to a common `[n_max, T_max]` and stacks them.
 
   Args:
@@ -83,21 +87,25 @@ def stack_clients(clients: Sequence[ClientData | tuple], *,
   """
   if not clients:
     raise LeakjaxError('no clients to stack', 'pass at least one client')
-  clients = [c if isinstance(c, ClientData) else client_data(*c)
-             for c in clients]
+  clients = [
+    c if isinstance(c, ClientData) else client_data(*c) for c in clients
+  ]
   n_max = max(c.ids.shape[0] for c in clients)
   t_max = max(c.ids.shape[1] for c in clients)
 
   def pad(x, value):
     x = np.asarray(x)
-    return np.pad(x, ((0, n_max - x.shape[0]), (0, t_max - x.shape[1])),
-                  constant_values=value)
+    return np.pad(
+      x,
+      ((0, n_max - x.shape[0]), (0, t_max - x.shape[1])),
+      constant_values=value,
+    )
 
   return ClientData(
-      ids=jnp.asarray(np.stack([pad(c.ids, pad_id) for c in clients])),
-      mask=jnp.asarray(np.stack([pad(c.mask, 0) for c in clients])),
-      num_examples=jnp.asarray([int(c.num_examples) for c in clients],
-                               jnp.int32))
+    ids=jnp.asarray(np.stack([pad(c.ids, pad_id) for c in clients])),
+    mask=jnp.asarray(np.stack([pad(c.mask, 0) for c in clients])),
+    num_examples=jnp.asarray([int(c.num_examples) for c in clients], jnp.int32),
+  )
 
 
 def check_batch(ids, mask=None) -> tuple[jax.Array, jax.Array]:
@@ -105,21 +113,27 @@ def check_batch(ids, mask=None) -> tuple[jax.Array, jax.Array]:
   when None)."""
   ids = jnp.asarray(ids)
   if ids.ndim != 2:
-    raise LeakjaxError(f'client ids have shape {tuple(ids.shape)}, expected'
-                       ' [sentences, time]', 'pad the sentences to one length')
+    raise LeakjaxError(
+      f'client ids have shape {tuple(ids.shape)}, expected [sentences, time]',
+      'pad the sentences to one length',
+    )
   if not jnp.issubdtype(ids.dtype, jnp.integer):
-    raise LeakjaxError(f'client ids have dtype {ids.dtype}',
-                       'pass integer token ids')
+    raise LeakjaxError(
+      f'client ids have dtype {ids.dtype}', 'pass integer token ids'
+    )
   if ids.shape[0] == 0:
-    raise LeakjaxError('the client has no sentences',
-                       'give every client at least one sentence')
+    raise LeakjaxError(
+      'the client has no sentences', 'give every client at least one sentence'
+    )
   if mask is None:
     mask = jnp.ones(ids.shape, jnp.int32)
   mask = jnp.asarray(mask)
   if mask.shape != ids.shape:
     raise LeakjaxError(
-        f'mask shape {tuple(mask.shape)} differs from ids shape'
-        f' {tuple(ids.shape)}', 'pass the mask of these ids')
+      f'mask shape {tuple(mask.shape)} differs from ids shape'
+      f' {tuple(ids.shape)}',
+      'pass the mask of these ids',
+    )
   return ids.astype(jnp.int32), mask.astype(jnp.int32)
 
 
@@ -142,20 +156,29 @@ def effective_batch_size(num_rows: int, batch_size: int | None) -> int:
   if batch_size is None:
     return num_rows
   if batch_size < 1:
-    raise LeakjaxError(f'batch_size must be >= 1, got {batch_size}',
-                       'pass a positive batch size or None for all')
+    raise LeakjaxError(
+      f'batch_size must be >= 1, got {batch_size}',
+      'pass a positive batch size or None for all',
+    )
   return min(batch_size, num_rows)
 
 
-def num_local_steps(num_rows: int, *, epochs: int,
-                    batch_size: int | None) -> int:
+def num_local_steps(
+  num_rows: int, *, epochs: int, batch_size: int | None
+) -> int:
   """E * ceil(n / B): the number of local steps of one client update."""
   b = effective_batch_size(num_rows, batch_size)
   return epochs * (-(-num_rows // b))
 
 
-def batch_schedule(num_rows: int, *, epochs: int, batch_size: int | None,
-                   key: jax.Array, num_examples=None) -> BatchSchedule:
+def batch_schedule(
+  num_rows: int,
+  *,
+  epochs: int,
+  batch_size: int | None,
+  key: jax.Array,
+  num_examples=None,
+) -> BatchSchedule:
   """The mini-batches of E local epochs (see the module docstring).
 
   Args:
@@ -169,8 +192,9 @@ def batch_schedule(num_rows: int, *, epochs: int, batch_size: int | None,
     A :class:`BatchSchedule` with `E * ceil(n / B)` steps of B slots.
   """
   if epochs < 1:
-    raise LeakjaxError(f'epochs must be >= 1, got {epochs}',
-                       'train for at least one local epoch')
+    raise LeakjaxError(
+      f'epochs must be >= 1, got {epochs}', 'train for at least one local epoch'
+    )
   b = effective_batch_size(num_rows, batch_size)
   num_batches = -(-num_rows // b)
   slots = num_batches * b
@@ -185,18 +209,29 @@ def batch_schedule(num_rows: int, *, epochs: int, batch_size: int | None,
       # Real rows first, in random order; padding rows (>= real) last.
       order = jnp.argsort(jnp.where(rows < real, u, 2.0))
     order = jnp.concatenate(
-        [order, jnp.zeros((slots - num_rows,), order.dtype)])  # [slots]
+      [order, jnp.zeros((slots - num_rows,), order.dtype)]
+    )  # [slots]
     is_real = jnp.arange(slots) < real
     indices = jnp.where(is_real, order, order[0])
     # [slots] -> [num_batches, b]
-    return (indices.reshape(num_batches, b).astype(jnp.int32),
-            is_real.reshape(num_batches, b).astype(jnp.float32))
+    return (
+      indices.reshape(num_batches, b).astype(jnp.int32),
+      is_real.reshape(num_batches, b).astype(jnp.float32),
+    )
 
   indices, weights = jax.vmap(epoch)(jnp.arange(epochs))
   # [epochs, num_batches, b] -> [epochs * num_batches, b]
-  return BatchSchedule(indices=indices.reshape(-1, b),
-                       weights=weights.reshape(-1, b))
+  return BatchSchedule(
+    indices=indices.reshape(-1, b), weights=weights.reshape(-1, b)
+  )
 
 
-__all__ = ['ClientData', 'client_data', 'stack_clients', 'BatchSchedule',
-           'batch_schedule', 'num_local_steps', 'check_batch']
+__all__ = [
+  'ClientData',
+  'client_data',
+  'stack_clients',
+  'BatchSchedule',
+  'batch_schedule',
+  'num_local_steps',
+  'check_batch',
+]

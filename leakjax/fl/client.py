@@ -75,23 +75,31 @@ class ClientConfig:
 
   def __post_init__(self):
     if not isinstance(self.epochs, int) or self.epochs < 1:
-      raise LeakjaxError(f'epochs must be an int >= 1, got {self.epochs!r}',
-                         'train for at least one local epoch')
+      raise LeakjaxError(
+        f'epochs must be an int >= 1, got {self.epochs!r}',
+        'train for at least one local epoch',
+      )
     if self.batch_size is not None and (
-        not isinstance(self.batch_size, int) or self.batch_size < 1):
-      raise LeakjaxError(f'batch_size must be None or an int >= 1, got'
-                         f' {self.batch_size!r}', 'pass e.g. 32')
+      not isinstance(self.batch_size, int) or self.batch_size < 1
+    ):
+      raise LeakjaxError(
+        f'batch_size must be None or an int >= 1, got {self.batch_size!r}',
+        'pass e.g. 32',
+      )
     if not isinstance(self.defense, Defense):
-      raise LeakjaxError(f'defense must be a Defense, got'
-                         f' {type(self.defense).__name__}',
-                         'build one with leakjax.fl.dp_sgd(...) etc.')
+      raise LeakjaxError(
+        f'defense must be a Defense, got {type(self.defense).__name__}',
+        'build one with leakjax.fl.dp_sgd(...) etc.',
+      )
 
   @classmethod
-  def fedsgd(cls, learning_rate: float = 1e-3,
-             defense: Defense = NO_DEFENSE) -> ClientConfig:
+  def fedsgd(
+    cls, learning_rate: float = 1e-3, defense: Defense = NO_DEFENSE
+  ) -> ClientConfig:
     """E=1, B=all, SGD: one gradient step (GBoard Sec. 2.1, FILM Eq. 3)."""
-    return cls(epochs=1, batch_size=None, learning_rate=learning_rate,
-               defense=defense)
+    return cls(
+      epochs=1, batch_size=None, learning_rate=learning_rate, defense=defense
+    )
 
   @property
   def is_fedsgd(self) -> bool:
@@ -140,8 +148,10 @@ class Partition:
   def of(cls, params: PyTree, frozen) -> Partition:
     defenses_lib.check_frozen_paths(params, frozen)
     treedef = jax.tree.structure(params)
-    mask = tuple(defenses_lib.is_frozen(p, frozen)
-                 for p in defenses_lib.leaf_key_paths(params))
+    mask = tuple(
+      defenses_lib.is_frozen(p, frozen)
+      for p in defenses_lib.leaf_key_paths(params)
+    )
     return cls(treedef, mask)
 
   def split(self, params: PyTree) -> tuple[PyTree, list]:
@@ -152,9 +162,13 @@ class Partition:
 
   def merge(self, train: PyTree, frozen: list) -> PyTree:
     train_leaves = jax.tree.leaves(train, is_leaf=lambda x: x is None)
-    return jax.tree.unflatten(self.treedef, [
+    return jax.tree.unflatten(
+      self.treedef,
+      [
         fz if f else tr
-        for f, tr, fz in zip(self.frozen_mask, train_leaves, frozen)])
+        for f, tr, fz in zip(self.frozen_mask, train_leaves, frozen)
+      ],
+    )
 
   def zeros_for_frozen(self, frozen: list) -> list:
     return [None if x is None else jnp.zeros_like(x) for x in frozen]
@@ -170,11 +184,20 @@ def _batch_loss(model: Model, dropout: bool, params, ids, mask, weights, key):
   return lm_loss(logits, ids, mask * weights[:, None].astype(mask.dtype))
 
 
-def defended_gradient(model: Model, defense: Defense, dropout: bool,
-                      part: Partition, train: PyTree, frozen: list, ids, mask,
-                      weights, *, key,
-                      microbatch: int | None = None
-                      ) -> tuple[jax.Array, PyTree]:
+def defended_gradient(
+  model: Model,
+  defense: Defense,
+  dropout: bool,
+  part: Partition,
+  train: PyTree,
+  frozen: list,
+  ids,
+  mask,
+  weights,
+  *,
+  key,
+  microbatch: int | None = None,
+) -> tuple[jax.Array, PyTree]:
   """Loss and per-step gradient (trainable tree) of one batch.
 
   Applies the per-step defenses: DP-SGD (clip, sum, noise, average) and
@@ -203,22 +226,33 @@ def defended_gradient(model: Model, defense: Defense, dropout: bool,
   noise_key, dropout_key = jax.random.split(key)
 
   def loss_of(train, ids, mask, weights, dkey):
-    return _batch_loss(model, dropout, part.merge(train, frozen), ids, mask,
-                       weights, dkey)
+    return _batch_loss(
+      model, dropout, part.merge(train, frozen), ids, mask, weights, dkey
+    )
 
   if defense.uses_dp_sgd:
-    loss, grads = _dp_sgd_gradient(loss_of, defense, train, ids, mask,
-                                   weights, noise_key=jax.random.fold_in(
-                                       noise_key, 0), dropout_key=dropout_key)
+    loss, grads = _dp_sgd_gradient(
+      loss_of,
+      defense,
+      train,
+      ids,
+      mask,
+      weights,
+      noise_key=jax.random.fold_in(noise_key, 0),
+      dropout_key=dropout_key,
+    )
   elif microbatch and microbatch < ids.shape[0]:
-    loss, grads = _accumulated_gradient(loss_of, microbatch, train, ids, mask,
-                                        weights, dropout_key)
+    loss, grads = _accumulated_gradient(
+      loss_of, microbatch, train, ids, mask, weights, dropout_key
+    )
   else:
-    loss, grads = jax.value_and_grad(loss_of)(train, ids, mask, weights,
-                                              dropout_key)
+    loss, grads = jax.value_and_grad(loss_of)(
+      train, ids, mask, weights, dropout_key
+    )
   if defense.step_noise_std > 0:  # GBoard Algorithm 3
     noise = defenses_lib.gaussian_noise_like(
-        grads, defense.step_noise_std, key=jax.random.fold_in(noise_key, 1))
+      grads, defense.step_noise_std, key=jax.random.fold_in(noise_key, 1)
+    )
     grads = jax.tree.map(jnp.add, grads, noise)
   return loss, grads
 
@@ -238,8 +272,9 @@ def _pad_rows(ids, mask, weights, chunk: int):
   return ids, mask, weights, num_chunks
 
 
-def _accumulated_gradient(loss_of, chunk: int, train, ids, mask, weights,
-                          dropout_key):
+def _accumulated_gradient(
+  loss_of, chunk: int, train, ids, mask, weights, dropout_key
+):
   """The mean-token-loss gradient of `[B, T]`, `chunk` rows at a time.
 
   Each chunk's mean loss and gradient are weighted by its share of the
@@ -261,19 +296,29 @@ def _accumulated_gradient(loss_of, chunk: int, train, ids, mask, weights,
     grad_acc, loss_acc = carry
     ids_c, mask_c, w_c, share, k = xs
     loss, grads = value_and_grad(train, ids_c, mask_c, w_c, k)
-    grad_acc = jax.tree.map(lambda a, g: a + share.astype(g.dtype) * g,
-                            grad_acc, grads)
+    grad_acc = jax.tree.map(
+      lambda a, g: a + share.astype(g.dtype) * g, grad_acc, grads
+    )
     return (grad_acc, loss_acc + share * loss), None
 
   init = (jax.tree.map(jnp.zeros_like, train), jnp.zeros((), jnp.float32))
   (grads, loss), _ = lax.scan(
-      step, init,
-      (chunked(ids), chunked(mask), chunked(weights), shares, keys))
+    step, init, (chunked(ids), chunked(mask), chunked(weights), shares, keys)
+  )
   return loss, grads
 
 
-def _dp_sgd_gradient(loss_of, defense: Defense, train, ids, mask, weights, *,
-                     noise_key, dropout_key):
+def _dp_sgd_gradient(
+  loss_of,
+  defense: Defense,
+  train,
+  ids,
+  mask,
+  weights,
+  *,
+  noise_key,
+  dropout_key,
+):
   """Abadi et al. Algorithm 1, one step: clip, sum, add N(0, σ²C²), average.
 
   Per-example gradients come from `vmap`, `dp_microbatch` examples at a
@@ -289,8 +334,9 @@ def _dp_sgd_gradient(loss_of, defense: Defense, train, ids, mask, weights, *,
     # [T] -> [1, T]: a batch of one sentence.
     return loss_of(train, ids1[None], mask1[None], w1[None], k)
 
-  per_example = jax.vmap(jax.value_and_grad(example_loss),
-                         in_axes=(None, 0, 0, 0, 0))
+  per_example = jax.vmap(
+    jax.value_and_grad(example_loss), in_axes=(None, 0, 0, 0, 0)
+  )
 
   def chunk_step(carry, xs):
     grad_sum, loss_sum = carry
@@ -305,11 +351,14 @@ def _dp_sgd_gradient(loss_of, defense: Defense, train, ids, mask, weights, *,
 
   init = (jax.tree.map(jnp.zeros_like, train), jnp.zeros((), jnp.float32))
   (grad_sum, loss_sum), _ = lax.scan(
-      chunk_step, init,
-      (chunked(ids), chunked(mask), chunked(weights), chunked(dropout_keys)))
+    chunk_step,
+    init,
+    (chunked(ids), chunked(mask), chunked(weights), chunked(dropout_keys)),
+  )
   if defense.noise_multiplier > 0:
     noise = defenses_lib.gaussian_noise_like(
-        grad_sum, defense.noise_multiplier * defense.clip_norm, key=noise_key)
+      grad_sum, defense.noise_multiplier * defense.clip_norm, key=noise_key
+    )
     grad_sum = jax.tree.map(jnp.add, grad_sum, noise)
   count = jnp.maximum(jnp.sum(weights), 1.0)
   grads = jax.tree.map(lambda g: g / count.astype(g.dtype), grad_sum)
@@ -320,12 +369,14 @@ def transmit(tree: PyTree, defense: Defense, *, key) -> PyTree:
   """Transmission-time defenses on a trainable tree: GBoard Algorithm 4
   noise, then pruning (post-processing)."""
   if defense.update_noise_std > 0:
-    noise = defenses_lib.gaussian_noise_like(tree, defense.update_noise_std,
-                                             key=key)
+    noise = defenses_lib.gaussian_noise_like(
+      tree, defense.update_noise_std, key=key
+    )
     tree = jax.tree.map(jnp.add, tree, noise)
   if defense.prune_fraction > 0:
-    tree = defenses_lib.prune_by_magnitude(tree, defense.prune_fraction,
-                                           scope=defense.prune_scope)
+    tree = defenses_lib.prune_by_magnitude(
+      tree, defense.prune_fraction, scope=defense.prune_scope
+    )
   return tree
 
 
@@ -336,17 +387,26 @@ def _has_transmit_defense(defense: Defense) -> bool:
 def split_client_key(key) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(shuffle, step, transmit) keys of one client computation."""
   if key is None:
-    raise LeakjaxError('this client computation needs a PRNG key',
-                       'pass key=jax.random.key(seed)')
+    raise LeakjaxError(
+      'this client computation needs a PRNG key',
+      'pass key=jax.random.key(seed)',
+    )
   shuffle_key, step_key, transmit_key = jax.random.split(key, 3)
   return shuffle_key, step_key, transmit_key
 
 
 # -------------------------------------------------------------- FedSGD
-def client_gradient(model: Model, params: PyTree, ids, mask=None, *,
-                    defense: Defense = NO_DEFENSE, key=None,
-                    dropout: bool = False,
-                    microbatch: int | None = None) -> PyTree:
+def client_gradient(
+  model: Model,
+  params: PyTree,
+  ids,
+  mask=None,
+  *,
+  defense: Defense = NO_DEFENSE,
+  key=None,
+  dropout: bool = False,
+  microbatch: int | None = None,
+) -> PyTree:
   """FedSGD: the gradient a client sends for one padded batch of sentences.
 
   ∇θ of the mean next-token loss over the real target tokens of the batch
@@ -372,8 +432,10 @@ def client_gradient(model: Model, params: PyTree, ids, mask=None, *,
   """
   ids, mask = batching.check_batch(ids, mask)
   if key is None and (defense.needs_key or dropout):
-    raise LeakjaxError('this defense adds noise (or dropout is on) but no key'
-                       ' was given', 'pass key=jax.random.key(seed)')
+    raise LeakjaxError(
+      'this defense adds noise (or dropout is on) but no key was given',
+      'pass key=jax.random.key(seed)',
+    )
   if key is None:
     key = jax.random.key(0)  # unused: nothing random happens
   _, step_key, transmit_key = split_client_key(key)
@@ -382,10 +444,19 @@ def client_gradient(model: Model, params: PyTree, ids, mask=None, *,
   weights = jnp.ones((ids.shape[0],), jnp.float32)
   if microbatch is not None and microbatch < 1:
     raise LeakjaxError(f'microbatch must be >= 1, got {microbatch}')
-  _, grads = defended_gradient(model, defense, dropout, part, train, frozen,
-                               ids, mask, weights,
-                               key=jax.random.fold_in(step_key, 0),
-                               microbatch=microbatch)
+  _, grads = defended_gradient(
+    model,
+    defense,
+    dropout,
+    part,
+    train,
+    frozen,
+    ids,
+    mask,
+    weights,
+    key=jax.random.fold_in(step_key, 0),
+    microbatch=microbatch,
+  )
   grads = transmit(grads, defense, key=transmit_key)
   return part.merge(grads, part.zeros_for_frozen(frozen))
 
@@ -402,16 +473,24 @@ class LocalTraining:
   optimizer: optax.GradientTransformation
 
   @classmethod
-  def create(cls, model: Model, params: PyTree,
-             config: ClientConfig) -> LocalTraining:
+  def create(
+    cls, model: Model, params: PyTree, config: ClientConfig
+  ) -> LocalTraining:
     if not isinstance(config, ClientConfig):
-      raise LeakjaxError(f'config must be a ClientConfig, got'
-                         f' {type(config).__name__}', 'pass fl.ClientConfig()')
-    return cls(model, config, Partition.of(params, config.defense.frozen),
-               config.make_optimizer())
+      raise LeakjaxError(
+        f'config must be a ClientConfig, got {type(config).__name__}',
+        'pass fl.ClientConfig()',
+      )
+    return cls(
+      model,
+      config,
+      Partition.of(params, config.defense.frozen),
+      config.make_optimizer(),
+    )
 
-  def step(self, train, opt_state, frozen, ids_all, mask_all, indices,
-           weights, *, key):
+  def step(
+    self, train, opt_state, frozen, ids_all, mask_all, indices, weights, *, key
+  ):
     """One local step on rows `indices [B]` of the client's data.
 
     Returns `(train, opt_state, loss)`; a batch without real rows leaves
@@ -420,8 +499,17 @@ class LocalTraining:
     ids = ids_all[indices]  # [n, T] -> [B, T]
     mask = mask_all[indices]
     loss, grads = defended_gradient(
-        self.model, self.config.defense, self.config.dropout, self.part,
-        train, frozen, ids, mask, weights, key=key)
+      self.model,
+      self.config.defense,
+      self.config.dropout,
+      self.part,
+      train,
+      frozen,
+      ids,
+      mask,
+      weights,
+      key=key,
+    )
     updates, new_opt_state = self.optimizer.update(grads, opt_state, train)
     new_train = optax.apply_updates(train, updates)
     has_data = jnp.sum(weights) > 0
@@ -430,8 +518,9 @@ class LocalTraining:
     new_opt_state = jax.tree.map(keep, new_opt_state, opt_state)
     return new_train, new_opt_state, jnp.where(has_data, loss, jnp.nan)
 
-  def finish(self, train0, train1, frozen, losses, *,
-             transmit_key) -> ClientResult:
+  def finish(
+    self, train0, train1, frozen, losses, *, transmit_key
+  ) -> ClientResult:
     """Δ = θ1 − θ0, transmission defenses, and the full-tree result."""
     defense = self.config.defense
     delta = jax.tree.map(jnp.subtract, train1, train0)
@@ -439,14 +528,22 @@ class LocalTraining:
       delta = transmit(delta, defense, key=transmit_key)
       train1 = jax.tree.map(jnp.add, train0, delta)
     return ClientResult(
-        params=self.part.merge(train1, frozen),
-        update=self.part.merge(delta, self.part.zeros_for_frozen(frozen)),
-        losses=losses)
+      params=self.part.merge(train1, frozen),
+      update=self.part.merge(delta, self.part.zeros_for_frozen(frozen)),
+      losses=losses,
+    )
 
 
-def client_update(model: Model, params: PyTree, ids, mask=None,
-                  config: ClientConfig = DEFAULT_CLIENT, *, key,
-                  num_examples=None) -> ClientResult:
+def client_update(
+  model: Model,
+  params: PyTree,
+  ids,
+  mask=None,
+  config: ClientConfig = DEFAULT_CLIENT,
+  *,
+  key,
+  num_examples=None,
+) -> ClientResult:
   """FedAvg client update (GBoard Algorithm 1), all steps in one lax.scan.
 
   E epochs over the client's sentences in mini-batches of B (reshuffled
@@ -471,8 +568,12 @@ def client_update(model: Model, params: PyTree, ids, mask=None,
   training = LocalTraining.create(model, params, config)
   shuffle_key, step_key, transmit_key = split_client_key(key)
   schedule = batching.batch_schedule(
-      ids.shape[0], epochs=config.epochs, batch_size=config.batch_size,
-      key=shuffle_key, num_examples=num_examples)
+    ids.shape[0],
+    epochs=config.epochs,
+    batch_size=config.batch_size,
+    key=shuffle_key,
+    num_examples=num_examples,
+  )
   train0, frozen = training.part.split(params)
   opt_state = training.optimizer.init(train0)
 
@@ -480,16 +581,26 @@ def client_update(model: Model, params: PyTree, ids, mask=None,
     train, opt_state = carry
     step, indices, weights = xs
     train, opt_state, loss = training.step(
-        train, opt_state, frozen, ids, mask, indices, weights,
-        key=jax.random.fold_in(step_key, step))
+      train,
+      opt_state,
+      frozen,
+      ids,
+      mask,
+      indices,
+      weights,
+      key=jax.random.fold_in(step_key, step),
+    )
     return (train, opt_state), loss
 
   num_steps = schedule.indices.shape[0]
   (train1, _), losses = lax.scan(
-      body, (train0, opt_state),
-      (jnp.arange(num_steps), schedule.indices, schedule.weights))
-  return training.finish(train0, train1, frozen, losses,
-                         transmit_key=transmit_key)
+    body,
+    (train0, opt_state),
+    (jnp.arange(num_steps), schedule.indices, schedule.weights),
+  )
+  return training.finish(
+    train0, train1, frozen, losses, transmit_key=transmit_key
+  )
 
 
 __all__ = ['ClientConfig', 'ClientResult', 'client_gradient', 'client_update']

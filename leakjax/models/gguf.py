@@ -29,25 +29,24 @@ from leakjax.models import llama
 from leakjax.models.base import Model
 
 # What `gguf.quants.dequantize` handles and our tests check.
-SUPPORTED_TYPES = ('F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q4_K',
-                   'Q6_K')
+SUPPORTED_TYPES = ('F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q4_K', 'Q6_K')
 
 # GGUF per-layer tensor name -> HF name (N = layer index).
 _LAYER_NAMES = {
-    'attn_norm': 'input_layernorm',
-    'ffn_norm': 'post_attention_layernorm',
-    'attn_q': 'self_attn.q_proj',
-    'attn_k': 'self_attn.k_proj',
-    'attn_v': 'self_attn.v_proj',
-    'attn_output': 'self_attn.o_proj',
-    'ffn_gate': 'mlp.gate_proj',
-    'ffn_up': 'mlp.up_proj',
-    'ffn_down': 'mlp.down_proj',
+  'attn_norm': 'input_layernorm',
+  'ffn_norm': 'post_attention_layernorm',
+  'attn_q': 'self_attn.q_proj',
+  'attn_k': 'self_attn.k_proj',
+  'attn_v': 'self_attn.v_proj',
+  'attn_output': 'self_attn.o_proj',
+  'ffn_gate': 'mlp.gate_proj',
+  'ffn_up': 'mlp.up_proj',
+  'ffn_down': 'mlp.down_proj',
 }
 _GLOBAL_NAMES = {
-    'token_embd.weight': 'model.embed_tokens.weight',
-    'output_norm.weight': 'model.norm.weight',
-    'output.weight': 'lm_head.weight',
+  'token_embd.weight': 'model.embed_tokens.weight',
+  'output_norm.weight': 'model.norm.weight',
+  'output.weight': 'lm_head.weight',
 }
 _LAYER_RE = re.compile(r'blk\.(\d+)\.(\w+)\.weight')
 
@@ -60,8 +59,10 @@ def _reader(path: Path):
   try:
     return gguf.GGUFReader(str(path))
   except Exception as e:  # the reader raises ValueError, struct errors, ...
-    raise LeakjaxError(f'{path} is not a readable GGUF file ({e})',
-                       'the file is corrupt or not GGUF') from None
+    raise LeakjaxError(
+      f'{path} is not a readable GGUF file ({e})',
+      'the file is corrupt or not GGUF',
+    ) from None
 
 
 def _meta(reader, key: str, default: Any = None) -> Any:
@@ -84,10 +85,10 @@ def dequantize(tensor, source: str = 'GGUF') -> np.ndarray:
   kind = tensor.tensor_type.name
   if kind not in SUPPORTED_TYPES:
     raise LeakjaxError(
-        f'{source}: tensor {tensor.name} is stored as {kind}, which leakjax'
-        f' cannot dequantize (supported: {", ".join(SUPPORTED_TYPES)})',
-        'requantize the model (e.g. llama.cpp llama-quantize to Q8_0 or'
-        ' Q4_K_M)')
+      f'{source}: tensor {tensor.name} is stored as {kind}, which leakjax'
+      f' cannot dequantize (supported: {", ".join(SUPPORTED_TYPES)})',
+      'requantize the model (e.g. llama.cpp llama-quantize to Q8_0 or Q4_K_M)',
+    )
   out = quants.dequantize(tensor.data, tensor.tensor_type)
   want = tuple(int(d) for d in reversed(tensor.shape))
   return np.asarray(out, np.float32).reshape(want)
@@ -103,12 +104,16 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
   out_dim = w.shape[0]
   head_dim = out_dim // n_heads
   # [n_heads * hd, in] -> [n_heads, hd // 2, 2, in] -> [n_heads, 2, hd//2, in]
-  return (w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:])
-          .swapaxes(1, 2).reshape(w.shape))
+  return (
+    w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:])
+    .swapaxes(1, 2)
+    .reshape(w.shape)
+  )
 
 
-def hf_tensors(reader, config: llama.LlamaConfig,
-               source: str = 'GGUF') -> dict[str, np.ndarray]:
+def hf_tensors(
+  reader, config: llama.LlamaConfig, source: str = 'GGUF'
+) -> dict[str, np.ndarray]:
   """All tensors of a llama GGUF, dequantized and renamed to HF names.
 
   Names we do not know are kept as they are, so that the name check in
@@ -124,14 +129,18 @@ def hf_tensors(reader, config: llama.LlamaConfig,
         layer, kind = match.groups()
         name = f'model.layers.{layer}.{_LAYER_NAMES[kind]}.weight'
         if kind in ('attn_q', 'attn_k'):
-          heads = (config.num_attention_heads if kind == 'attn_q'
-                   else config.num_key_value_heads)
+          heads = (
+            config.num_attention_heads
+            if kind == 'attn_q'
+            else config.num_key_value_heads
+          )
           w = dequantize(t, source)
           if w.ndim != 2 or w.shape[0] != heads * config.head_dim:
             raise LeakjaxError(
-                f'{source}: tensor {t.name} has shape {w.shape}, expected'
-                f' {heads * config.head_dim} rows',
-                'the file does not match its own metadata')
+              f'{source}: tensor {t.name} has shape {w.shape}, expected'
+              f' {heads * config.head_dim} rows',
+              'the file does not match its own metadata',
+            )
           value = unpermute_rows(w, heads)
     if name is None:
       name = t.name
@@ -145,63 +154,81 @@ def config_from_metadata(reader, source: str = 'GGUF') -> llama.LlamaConfig:
   arch = _meta(reader, 'general.architecture')
   if arch != 'llama':
     raise LeakjaxError(
-        f'{source} has general.architecture={arch!r}; leakjax reads only'
-        " 'llama' GGUF files",
-        'use a Llama-architecture GGUF or the HF checkpoint of this model')
+      f'{source} has general.architecture={arch!r}; leakjax reads only'
+      " 'llama' GGUF files",
+      'use a Llama-architecture GGUF or the HF checkpoint of this model',
+    )
 
   def need(key):
     value = _meta(reader, f'llama.{key}')
     if value is None:
-      raise LeakjaxError(f'{source} lacks metadata llama.{key}',
-                         'the file is incomplete; re-convert it')
+      raise LeakjaxError(
+        f'{source} lacks metadata llama.{key}',
+        'the file is incomplete; re-convert it',
+      )
     return value
 
   if (_meta(reader, 'llama.expert_count') or 0) > 0:
-    raise LeakjaxError(f'{source} is a mixture-of-experts model',
-                       'leakjax supports dense Llama models only')
+    raise LeakjaxError(
+      f'{source} is a mixture-of-experts model',
+      'leakjax supports dense Llama models only',
+    )
   scaling = _meta(reader, 'llama.rope.scaling.type')
   if scaling not in (None, 'none') or any(
-      t.name == 'rope_freqs.weight' for t in reader.tensors):
+    t.name == 'rope_freqs.weight' for t in reader.tensors
+  ):
     raise LeakjaxError(
-        f'{source} uses RoPE scaling ({scaling or "rope_freqs"}), which'
-        ' leakjax does not support', 'use a model with plain RoPE')
+      f'{source} uses RoPE scaling ({scaling or "rope_freqs"}), which'
+      ' leakjax does not support',
+      'use a model with plain RoPE',
+    )
   tensors = {t.name: t for t in reader.tensors}
   if 'token_embd.weight' not in tensors:
-    raise LeakjaxError(f'{source} has no token_embd.weight tensor',
-                       'the file is incomplete; re-convert it')
+    raise LeakjaxError(
+      f'{source} has no token_embd.weight tensor',
+      'the file is incomplete; re-convert it',
+    )
   vocab, hidden = (int(d) for d in reversed(tensors['token_embd.weight'].shape))
   heads = int(need('attention.head_count'))
   head_dim = _meta(reader, 'llama.attention.key_length')
-  head_dim = int(head_dim) if head_dim else int(need('embedding_length')) // heads
+  head_dim = (
+    int(head_dim) if head_dim else int(need('embedding_length')) // heads
+  )
   rope_dims = _meta(reader, 'llama.rope.dimension_count')
   if rope_dims is not None and int(rope_dims) != head_dim:
     raise LeakjaxError(
-        f'{source} rotates {rope_dims} of {head_dim} head dims (partial'
-        ' RoPE), which leakjax does not support')
+      f'{source} rotates {rope_dims} of {head_dim} head dims (partial'
+      ' RoPE), which leakjax does not support'
+    )
   return llama.LlamaConfig(
-      vocab_size=vocab,
-      hidden_size=int(need('embedding_length')),
-      intermediate_size=int(need('feed_forward_length')),
-      num_hidden_layers=int(need('block_count')),
-      num_attention_heads=heads,
-      num_key_value_heads=int(_meta(reader, 'llama.attention.head_count_kv',
-                                    heads)),
-      head_dim=head_dim,
-      rms_norm_eps=float(_meta(reader,
-                               'llama.attention.layer_norm_rms_epsilon', 1e-5)),
-      rope_theta=float(_meta(reader, 'llama.rope.freq_base', 10000.0)),
-      max_position_embeddings=int(_meta(reader, 'llama.context_length', 2048)),
-      tie_word_embeddings='output.weight' not in tensors,
-      bos_token_id=_meta(reader, 'tokenizer.ggml.bos_token_id'),
-      eos_token_id=_meta(reader, 'tokenizer.ggml.eos_token_id'),
+    vocab_size=vocab,
+    hidden_size=int(need('embedding_length')),
+    intermediate_size=int(need('feed_forward_length')),
+    num_hidden_layers=int(need('block_count')),
+    num_attention_heads=heads,
+    num_key_value_heads=int(
+      _meta(reader, 'llama.attention.head_count_kv', heads)
+    ),
+    head_dim=head_dim,
+    rms_norm_eps=float(
+      _meta(reader, 'llama.attention.layer_norm_rms_epsilon', 1e-5)
+    ),
+    rope_theta=float(_meta(reader, 'llama.rope.freq_base', 10000.0)),
+    max_position_embeddings=int(_meta(reader, 'llama.context_length', 2048)),
+    tie_word_embeddings='output.weight' not in tensors,
+    bos_token_id=_meta(reader, 'tokenizer.ggml.bos_token_id'),
+    eos_token_id=_meta(reader, 'tokenizer.ggml.eos_token_id'),
   )
 
 
 # -------------------------------------------------------------- tokenizer
 def _byte_alphabet() -> dict[int, str]:
   """GPT-2's byte -> printable character map of byte-level BPE."""
-  printable = [*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1),
-               *range(ord('®'), ord('ÿ') + 1)]
+  printable = [
+    *range(ord('!'), ord('~') + 1),
+    *range(ord('¡'), ord('¬') + 1),
+    *range(ord('®'), ord('ÿ') + 1),
+  ]
   table, extra = {}, 0
   for b in range(256):
     if b in printable:
@@ -213,19 +240,32 @@ def _byte_alphabet() -> dict[int, str]:
 
 
 # Pre-tokenizer split patterns by `tokenizer.ggml.pre` (llama.cpp's names).
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+"
-                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-                 r"|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+"
+  r'|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+'
+  r'|\s+(?!\S)|\s+'
+)
 _QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r'\p{N}{1,3}', r'\p{N}')
-_SPLITS = {'llama-bpe': _LLAMA3_SPLIT, 'llama3': _LLAMA3_SPLIT,
-           'llama-v3': _LLAMA3_SPLIT, 'smaug-bpe': _LLAMA3_SPLIT,
-           'qwen2': _QWEN2_SPLIT}
+_SPLITS = {
+  'llama-bpe': _LLAMA3_SPLIT,
+  'llama3': _LLAMA3_SPLIT,
+  'llama-v3': _LLAMA3_SPLIT,
+  'smaug-bpe': _LLAMA3_SPLIT,
+  'qwen2': _QWEN2_SPLIT,
+}
 
 
 # llama.cpp pre types that split off every numeric character (\p{N}) before
 # GPT-2's split, like SmolLM's `Digits(individual_digits=True)`.
-_DIGITS_THEN_GPT2 = ('smollm', 'starcoder', 'refact', 'command-r',
-                     'codeshell', 'exaone', 'minerva')
+_DIGITS_THEN_GPT2 = (
+  'smollm',
+  'starcoder',
+  'refact',
+  'command-r',
+  'codeshell',
+  'exaone',
+  'minerva',
+)
 
 
 def _pre_tokenizer(pre: str | None):
@@ -236,12 +276,16 @@ def _pre_tokenizer(pre: str | None):
   if pre in (None, '', 'default', 'gpt2', 'gpt-2'):
     return gpt2
   if pre in _DIGITS_THEN_GPT2:
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r'\p{N}'), behavior='isolated'), gpt2])
+    return pre_tokenizers.Sequence(
+      [pre_tokenizers.Split(Regex(r'\p{N}'), behavior='isolated'), gpt2]
+    )
   if pre in _SPLITS:
-    return pre_tokenizers.Sequence([
+    return pre_tokenizers.Sequence(
+      [
         pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior='isolated'),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+      ]
+    )
   return None
 
 
@@ -254,8 +298,10 @@ def _byte_level_backend(reader, pre_tokenizer):
   kinds = list(_meta(reader, 'tokenizer.ggml.token_type') or [1] * len(tokens))
   merges = _meta(reader, 'tokenizer.ggml.merges')
   if not merges:
-    raise LeakjaxError('the GGUF byte-level vocabulary has no merges',
-                       'the file is incomplete; re-convert it')
+    raise LeakjaxError(
+      'the GGUF byte-level vocabulary has no merges',
+      'the file is incomplete; re-convert it',
+    )
   alphabet = _byte_alphabet()
   allowed = set(alphabet.values())
 
@@ -270,13 +316,18 @@ def _byte_level_backend(reader, pre_tokenizer):
   backend = HFTokenizer(models.BPE(vocab, pairs))
   backend.pre_tokenizer = pre_tokenizer
   backend.decoder = decoders.ByteLevel()
-  control = [AddedToken(tok, normalized=False, special=True)
-             for tok, kind in zip(tokens, kinds)
-             if kind == 3 and set(tok) <= allowed]  # 3: CONTROL
+  control = [
+    AddedToken(tok, normalized=False, special=True)
+    for tok, kind in zip(tokens, kinds)
+    if kind == 3 and set(tok) <= allowed
+  ]  # 3: CONTROL
   if control:
     backend.add_special_tokens(control)
-  user = [AddedToken(tok, normalized=False, special=False)
-          for tok, kind in zip(tokens, kinds) if kind == 4]  # USER_DEFINED
+  user = [
+    AddedToken(tok, normalized=False, special=False)
+    for tok, kind in zip(tokens, kinds)
+    if kind == 4
+  ]  # USER_DEFINED
   if user:
     backend.add_tokens(user)
   return backend
@@ -286,14 +337,15 @@ def _transformers_backend(path: Path, kind: str, pre: str | None):
   """Falls back on transformers' GGUF tokenizer converter."""
   try:
     from transformers.integrations.gguf import gguf_tokenizer_mapping as tm  # pylint: disable=g-import-not-at-top
+
     arch, tokenizer_dict, _ = tm.get_gguf_tokenizer(str(path))
     backend, _ = tm.convert_gguf_tokenizer(arch, tokenizer_dict)
     return backend
   except Exception as e:  # ImportError, ValueError, API changes
     raise LeakjaxError(
-        f'cannot build the tokenizer of {path} (tokenizer.ggml.model={kind!r},'
-        f' pre={pre!r}): {type(e).__name__}: {e}',
-        'install a transformers version that reads this GGUF tokenizer'
+      f'cannot build the tokenizer of {path} (tokenizer.ggml.model={kind!r},'
+      f' pre={pre!r}): {type(e).__name__}: {e}',
+      'install a transformers version that reads this GGUF tokenizer',
     ) from None
 
 
@@ -312,12 +364,12 @@ def tokenizer_from_metadata(reader, path: Path):
   else:
     backend = _transformers_backend(path, kind, pre)
   return Tokenizer(
-      backend,
-      bos_id=_meta(reader, 'tokenizer.ggml.bos_token_id'),
-      eos_id=_meta(reader, 'tokenizer.ggml.eos_token_id'),
-      pad_id=_meta(reader, 'tokenizer.ggml.padding_token_id'),
-      unk_id=_meta(reader, 'tokenizer.ggml.unknown_token_id'),
-      name=_meta(reader, 'general.name') or path.stem,
+    backend,
+    bos_id=_meta(reader, 'tokenizer.ggml.bos_token_id'),
+    eos_id=_meta(reader, 'tokenizer.ggml.eos_token_id'),
+    pad_id=_meta(reader, 'tokenizer.ggml.padding_token_id'),
+    unk_id=_meta(reader, 'tokenizer.ggml.unknown_token_id'),
+    name=_meta(reader, 'general.name') or path.stem,
   )
 
 
@@ -342,14 +394,21 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32) -> Model:
   reader = _reader(path)
   config = config_from_metadata(reader, str(path))
   tensors = hf_tensors(reader, config, str(path))
-  params = llama.params_from_hf_tensors(tensors, config, dtype=dtype,
-                                        source=str(path))
+  params = llama.params_from_hf_tensors(
+    tensors, config, dtype=dtype, source=str(path)
+  )
   del tensors
   tokenizer = tokenizer_from_metadata(reader, path)
   check_vocab(tokenizer, config.vocab_size, str(path))
   return llama.make_model(config, params, tokenizer)
 
 
-__all__ = ['load_gguf', 'dequantize', 'unpermute_rows', 'hf_tensors',
-           'config_from_metadata', 'tokenizer_from_metadata',
-           'SUPPORTED_TYPES']
+__all__ = [
+  'load_gguf',
+  'dequantize',
+  'unpermute_rows',
+  'hf_tensors',
+  'config_from_metadata',
+  'tokenizer_from_metadata',
+  'SUPPORTED_TYPES',
+]

@@ -52,12 +52,15 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
   """Reads `directory/config.json` with clear errors."""
   directory = Path(directory)
   if not directory.exists():
-    raise LeakjaxError(f'checkpoint path {directory} does not exist',
-                       'check the path')
+    raise LeakjaxError(
+      f'checkpoint path {directory} does not exist', 'check the path'
+    )
   f = directory / 'config.json'
   if not f.is_file():
-    raise LeakjaxError(f'{directory} has no config.json',
-                       'point at a Hugging Face checkpoint directory')
+    raise LeakjaxError(
+      f'{directory} has no config.json',
+      'point at a Hugging Face checkpoint directory',
+    )
   try:
     return json.loads(f.read_text())
   except (OSError, json.JSONDecodeError) as e:
@@ -86,9 +89,8 @@ def read_tensors(directory: str | os.PathLike) -> dict[str, np.ndarray]:
     return _read_torch_bin(directory / 'pytorch_model.bin')
   else:
     raise LeakjaxError(
-        f'{directory} has no weights (model.safetensors or'
-        ' pytorch_model.bin)',
-        'point at a complete checkpoint directory',
+      f'{directory} has no weights (model.safetensors or pytorch_model.bin)',
+      'point at a complete checkpoint directory',
     )
   tensors: dict[str, np.ndarray] = {}
   for f in files:
@@ -99,8 +101,9 @@ def read_tensors(directory: str | os.PathLike) -> dict[str, np.ndarray]:
     except LeakjaxError:
       raise
     except Exception as e:  # safetensors raises its own error types
-      raise LeakjaxError(f'cannot read {f}: {e}',
-                         'the file is corrupt; re-export it') from None
+      raise LeakjaxError(
+        f'cannot read {f}: {e}', 'the file is corrupt; re-export it'
+      ) from None
     tensors.update(loaded)
   return tensors
 
@@ -113,6 +116,7 @@ def _load_safetensors_any_dtype(path: Path, load_file) -> dict[str, np.ndarray]:
       raise
   # numpy has no bfloat16: go through torch.
   from safetensors.torch import load_file as load_torch  # pylint: disable=g-import-not-at-top
+
   return {k: v.float().numpy() for k, v in load_torch(str(path)).items()}
 
 
@@ -121,17 +125,21 @@ def _read_torch_bin(path: Path) -> dict[str, np.ndarray]:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise LeakjaxError(
-        f'{path} is a pickled PyTorch checkpoint; leakjax never unpickles',
-        'convert it to model.safetensors, or install torch so it can be read'
-        ' with torch.load(weights_only=True)') from None
+      f'{path} is a pickled PyTorch checkpoint; leakjax never unpickles',
+      'convert it to model.safetensors, or install torch so it can be read'
+      ' with torch.load(weights_only=True)',
+    ) from None
   try:
     state = torch.load(str(path), map_location='cpu', weights_only=True)
   except Exception as e:  # torch raises UnpicklingError and others
     raise LeakjaxError(
-        f'{path} cannot be loaded with torch.load(weights_only=True): {e}',
-        'convert it to model.safetensors') from None
-  return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
-          for k, v in state.items()}
+      f'{path} cannot be loaded with torch.load(weights_only=True): {e}',
+      'convert it to model.safetensors',
+    ) from None
+  return {
+    k: v.float().numpy() if v.is_floating_point() else v.numpy()
+    for k, v in state.items()
+  }
 
 
 def _shapes_by_path(tree) -> dict[tuple[str, ...], tuple[int, ...]]:
@@ -142,13 +150,13 @@ def _shapes_by_path(tree) -> dict[tuple[str, ...], tuple[int, ...]]:
 
 
 def params_from_hf(
-    tensors: Mapping[str, np.ndarray],
-    specs: Mapping[str, TensorSpec],
-    abstract_params,
-    *,
-    ignore: Sequence[str] = (),
-    source: str = 'checkpoint',
-    dtype=np.float32,
+  tensors: Mapping[str, np.ndarray],
+  specs: Mapping[str, TensorSpec],
+  abstract_params,
+  *,
+  ignore: Sequence[str] = (),
+  source: str = 'checkpoint',
+  dtype=np.float32,
 ):
   """Builds nested params from HF tensors, checking names and shapes.
 
@@ -168,36 +176,43 @@ def params_from_hf(
   missing = [n for n in specs if n not in tensors]
   if missing:
     raise LeakjaxError(
-        f'{source} is missing {len(missing)} tensors: {", ".join(missing[:5])}'
-        + (' ...' if len(missing) > 5 else ''),
-        'the checkpoint does not match its config.json',
+      f'{source} is missing {len(missing)} tensors: {", ".join(missing[:5])}'
+      + (' ...' if len(missing) > 5 else ''),
+      'the checkpoint does not match its config.json',
     )
-  unused = [n for n in tensors if n not in specs
-            and not any(re.fullmatch(p, n) for p in ignore)]
+  unused = [
+    n
+    for n in tensors
+    if n not in specs and not any(re.fullmatch(p, n) for p in ignore)
+  ]
   if unused:
     raise LeakjaxError(
-        f'{source} has {len(unused)} tensors the model does not use: '
-        + ', '.join(sorted(unused)[:5]) + (' ...' if len(unused) > 5 else ''),
-        'the checkpoint is of another architecture or config',
+      f'{source} has {len(unused)} tensors the model does not use: '
+      + ', '.join(sorted(unused)[:5])
+      + (' ...' if len(unused) > 5 else ''),
+      'the checkpoint is of another architecture or config',
     )
   covered = {s.path for s in specs.values()}
   if covered != set(expected):
-    raise AssertionError(f'name map does not cover params: '
-                         f'{sorted(set(expected) ^ covered)[:5]}')
+    raise AssertionError(
+      f'name map does not cover params: {sorted(set(expected) ^ covered)[:5]}'
+    )
   params: dict[str, Any] = {}
   for name, spec in specs.items():
     value = np.asarray(spec.to_flax(np.asarray(tensors[name])))
     want = expected[spec.path]
     if tuple(value.shape) != want:
       raise LeakjaxError(
-          f'{source}: tensor {name} has shape {tuple(tensors[name].shape)},'
-          f' the model expects {want} (after conversion)',
-          'the checkpoint does not match its config.json',
+        f'{source}: tensor {name} has shape {tuple(tensors[name].shape)},'
+        f' the model expects {want} (after conversion)',
+        'the checkpoint does not match its config.json',
       )
     if value.dtype.kind == 'f':
       if not np.isfinite(value).all():
-        raise LeakjaxError(f'{source}: tensor {name} contains NaN/inf',
-                           'the checkpoint is corrupt; re-export it')
+        raise LeakjaxError(
+          f'{source}: tensor {name} contains NaN/inf',
+          'the checkpoint is corrupt; re-export it',
+        )
       value = value.astype(dtype)
     node = params
     for key in spec.path[:-1]:
@@ -206,7 +221,9 @@ def params_from_hf(
   return params
 
 
-def params_to_hf(params, specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
+def params_to_hf(
+  params, specs: Mapping[str, TensorSpec]
+) -> dict[str, np.ndarray]:
   """Inverse of `params_from_hf`: flat HF name -> float32 numpy array."""
   out = {}
   for name, spec in specs.items():
@@ -214,21 +231,26 @@ def params_to_hf(params, specs: Mapping[str, TensorSpec]) -> dict[str, np.ndarra
     for key in spec.path:
       node = node[key]
     out[name] = np.ascontiguousarray(
-        spec.to_hf(np.asarray(node, dtype=np.float32)))
+      spec.to_hf(np.asarray(node, dtype=np.float32))
+    )
   return out
 
 
 def write_checkpoint(
-    directory: str | os.PathLike,
-    tensors: Mapping[str, np.ndarray],
-    config: Mapping[str, Any],
+  directory: str | os.PathLike,
+  tensors: Mapping[str, np.ndarray],
+  config: Mapping[str, Any],
 ) -> None:
   """Writes `config.json` + `model.safetensors` atomically."""
   from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
 
   directory = Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
-  atomic_write_bytes(directory / 'model.safetensors',
-                     save(dict(tensors), metadata={'format': 'pt'}))
-  atomic_write_text(directory / 'config.json',
-                    json.dumps(dict(config), indent=2, sort_keys=True))
+  atomic_write_bytes(
+    directory / 'model.safetensors',
+    save(dict(tensors), metadata={'format': 'pt'}),
+  )
+  atomic_write_text(
+    directory / 'config.json',
+    json.dumps(dict(config), indent=2, sort_keys=True),
+  )

@@ -77,19 +77,24 @@ class LlamaConfig:
     if self.head_dim is None:
       if self.hidden_size % self.num_attention_heads:
         raise LeakjaxError(
-            f'hidden_size={self.hidden_size} is not a multiple of'
-            f' num_attention_heads={self.num_attention_heads}',
-            'set head_dim explicitly')
-      object.__setattr__(self, 'head_dim',
-                         self.hidden_size // self.num_attention_heads)
+          f'hidden_size={self.hidden_size} is not a multiple of'
+          f' num_attention_heads={self.num_attention_heads}',
+          'set head_dim explicitly',
+        )
+      object.__setattr__(
+        self, 'head_dim', self.hidden_size // self.num_attention_heads
+      )
     if self.num_attention_heads % self.num_key_value_heads:
       raise LeakjaxError(
-          f'num_attention_heads={self.num_attention_heads} is not a multiple'
-          f' of num_key_value_heads={self.num_key_value_heads}',
-          'fix the model config')
+        f'num_attention_heads={self.num_attention_heads} is not a multiple'
+        f' of num_key_value_heads={self.num_key_value_heads}',
+        'fix the model config',
+      )
     if self.head_dim % 2:
-      raise LeakjaxError(f'head_dim={self.head_dim} is odd; RoPE needs an'
-                         ' even head_dim', 'fix the model config')
+      raise LeakjaxError(
+        f'head_dim={self.head_dim} is odd; RoPE needs an even head_dim',
+        'fix the model config',
+      )
 
   @property
   def num_layers(self) -> int:
@@ -113,15 +118,19 @@ class LlamaConfig:
     """
     model_type = d.get('model_type', 'llama')
     if model_type not in _HF_MODEL_TYPES:
-      raise LeakjaxError(f'config model_type={model_type!r} is not a Llama'
-                         ' model', 'load it with its own family')
+      raise LeakjaxError(
+        f'config model_type={model_type!r} is not a Llama model',
+        'load it with its own family',
+      )
     act = d.get('hidden_act', 'silu')
     if act not in ('silu', 'swish'):
       raise LeakjaxError(f'hidden_act={act!r} is not supported (only silu)')
     for flag in ('attention_bias', 'mlp_bias'):
       if d.get(flag):
-        raise LeakjaxError(f'{flag}=true is not supported by leakjax Llama',
-                           'use a checkpoint without biases')
+        raise LeakjaxError(
+          f'{flag}=true is not supported by leakjax Llama',
+          'use a checkpoint without biases',
+        )
     rope_theta = d.get('rope_theta')
     for key in ('rope_scaling', 'rope_parameters'):
       rope = d.get(key)
@@ -132,60 +141,73 @@ class LlamaConfig:
       kind = rope.get('rope_type', rope.get('type', 'default'))
       if kind != 'default':
         raise LeakjaxError(
-            f'{key} of type {kind!r} is not supported (only plain RoPE)',
-            'use a model without RoPE scaling')
+          f'{key} of type {kind!r} is not supported (only plain RoPE)',
+          'use a model without RoPE scaling',
+        )
       rope_theta = rope.get('rope_theta', rope_theta)
-    missing = [k for k in ('vocab_size', 'hidden_size', 'intermediate_size',
-                           'num_hidden_layers', 'num_attention_heads')
-               if k not in d]
+    missing = [
+      k
+      for k in (
+        'vocab_size',
+        'hidden_size',
+        'intermediate_size',
+        'num_hidden_layers',
+        'num_attention_heads',
+      )
+      if k not in d
+    ]
     if missing:
-      raise LeakjaxError(f'config.json lacks {", ".join(missing)}',
-                         'use a complete Hugging Face config.json')
+      raise LeakjaxError(
+        f'config.json lacks {", ".join(missing)}',
+        'use a complete Hugging Face config.json',
+      )
     max_pos = int(d.get('max_position_embeddings', 2048))
     if d.get('sliding_window') and d.get('use_sliding_window', True):
       # Within one window, sliding-window attention is plain causal attention.
       max_pos = min(max_pos, int(d['sliding_window']))
     return cls(
-        vocab_size=int(d['vocab_size']),
-        hidden_size=int(d['hidden_size']),
-        intermediate_size=int(d['intermediate_size']),
-        num_hidden_layers=int(d['num_hidden_layers']),
-        num_attention_heads=int(d['num_attention_heads']),
-        num_key_value_heads=d.get('num_key_value_heads'),
-        head_dim=d.get('head_dim'),
-        rms_norm_eps=float(d.get('rms_norm_eps', 1e-6)),
-        rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
-        max_position_embeddings=max_pos,
-        tie_word_embeddings=bool(d.get('tie_word_embeddings', False)),
-        bos_token_id=_first_id(d.get('bos_token_id')),
-        eos_token_id=_first_id(d.get('eos_token_id')),
+      vocab_size=int(d['vocab_size']),
+      hidden_size=int(d['hidden_size']),
+      intermediate_size=int(d['intermediate_size']),
+      num_hidden_layers=int(d['num_hidden_layers']),
+      num_attention_heads=int(d['num_attention_heads']),
+      num_key_value_heads=d.get('num_key_value_heads'),
+      head_dim=d.get('head_dim'),
+      rms_norm_eps=float(d.get('rms_norm_eps', 1e-6)),
+      rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+      max_position_embeddings=max_pos,
+      tie_word_embeddings=bool(d.get('tie_word_embeddings', False)),
+      bos_token_id=_first_id(d.get('bos_token_id')),
+      eos_token_id=_first_id(d.get('eos_token_id')),
     )
 
   def to_hf_dict(self) -> dict[str, Any]:
     """An HF `config.json` dict that transformers 4.x and 5.x both read."""
     return {
-        'architectures': ['LlamaForCausalLM'],
-        'model_type': 'llama',
-        'vocab_size': self.vocab_size,
-        'hidden_size': self.hidden_size,
-        'intermediate_size': self.intermediate_size,
-        'num_hidden_layers': self.num_hidden_layers,
-        'num_attention_heads': self.num_attention_heads,
-        'num_key_value_heads': self.num_key_value_heads,
-        'head_dim': self.head_dim,
-        'hidden_act': 'silu',
-        'rms_norm_eps': self.rms_norm_eps,
+      'architectures': ['LlamaForCausalLM'],
+      'model_type': 'llama',
+      'vocab_size': self.vocab_size,
+      'hidden_size': self.hidden_size,
+      'intermediate_size': self.intermediate_size,
+      'num_hidden_layers': self.num_hidden_layers,
+      'num_attention_heads': self.num_attention_heads,
+      'num_key_value_heads': self.num_key_value_heads,
+      'head_dim': self.head_dim,
+      'hidden_act': 'silu',
+      'rms_norm_eps': self.rms_norm_eps,
+      'rope_theta': self.rope_theta,
+      'rope_parameters': {
+        'rope_type': 'default',
         'rope_theta': self.rope_theta,
-        'rope_parameters': {'rope_type': 'default',
-                            'rope_theta': self.rope_theta},
-        'rope_scaling': None,
-        'max_position_embeddings': self.max_position_embeddings,
-        'tie_word_embeddings': self.tie_word_embeddings,
-        'attention_bias': False,
-        'mlp_bias': False,
-        'bos_token_id': self.bos_token_id,
-        'eos_token_id': self.eos_token_id,
-        'torch_dtype': 'float32',
+      },
+      'rope_scaling': None,
+      'max_position_embeddings': self.max_position_embeddings,
+      'tie_word_embeddings': self.tie_word_embeddings,
+      'attention_bias': False,
+      'mlp_bias': False,
+      'bos_token_id': self.bos_token_id,
+      'eos_token_id': self.eos_token_id,
+      'torch_dtype': 'float32',
     }
 
 
@@ -247,23 +269,31 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    scale = self.param('scale', nn.initializers.ones, (x.shape[-1],),
-                       self.dtype)
+    scale = self.param(
+      'scale', nn.initializers.ones, (x.shape[-1],), self.dtype
+    )
     x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True)
-                              + self.eps)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.eps)
     return scale * x32.astype(self.dtype)
 
 
 def _dense(features: int, dtype, name: str) -> nn.Dense:
-  return nn.Dense(features, use_bias=False, dtype=dtype, param_dtype=dtype,
-                  kernel_init=nn.initializers.normal(0.02), name=name)
+  return nn.Dense(
+    features,
+    use_bias=False,
+    dtype=dtype,
+    param_dtype=dtype,
+    kernel_init=nn.initializers.normal(0.02),
+    name=name,
+  )
 
 
 def _write_rows(cache: jax.Array, new: jax.Array, index: jax.Array):
   """Writes `new [b, t, ...]` into `cache [b, S, ...]` at row `index [b]`."""
+
   def one(c, n, i):
     return jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), i, 0)
+
   return jax.vmap(one)(cache, new, index)
 
 
@@ -275,12 +305,15 @@ class Attention(nn.Module):
 
   def setup(self):
     c = self.config
-    self.q_proj = _dense(c.num_attention_heads * c.head_dim, self.dtype,
-                         'q_proj')
-    self.k_proj = _dense(c.num_key_value_heads * c.head_dim, self.dtype,
-                         'k_proj')
-    self.v_proj = _dense(c.num_key_value_heads * c.head_dim, self.dtype,
-                         'v_proj')
+    self.q_proj = _dense(
+      c.num_attention_heads * c.head_dim, self.dtype, 'q_proj'
+    )
+    self.k_proj = _dense(
+      c.num_key_value_heads * c.head_dim, self.dtype, 'k_proj'
+    )
+    self.v_proj = _dense(
+      c.num_key_value_heads * c.head_dim, self.dtype, 'v_proj'
+    )
     self.o_proj = _dense(c.hidden_size, self.dtype, 'o_proj')
 
   def __call__(self, x, positions, allowed, kv=None, index=None):
@@ -313,7 +346,7 @@ class Attention(nn.Module):
     # [b, t, H, hd] -> [b, t, kv, groups, hd]
     q = q.reshape(b, t, c.num_key_value_heads, c.num_groups, c.head_dim)
     scores = jnp.einsum('btkgd,bskd->bkgts', q, k).astype(jnp.float32)
-    scores = scores * (c.head_dim ** -0.5)
+    scores = scores * (c.head_dim**-0.5)
     big_neg = jnp.finfo(jnp.float32).min
     scores = jnp.where(allowed[:, None, None], scores, big_neg)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -366,9 +399,13 @@ class Llama(nn.Module):
 
   def setup(self):
     c = self.config
-    self.embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype,
-                          param_dtype=self.dtype,
-                          embedding_init=nn.initializers.normal(0.02))
+    self.embed = nn.Embed(
+      c.vocab_size,
+      c.hidden_size,
+      dtype=self.dtype,
+      param_dtype=self.dtype,
+      embedding_init=nn.initializers.normal(0.02),
+    )
     self.layers = [Block(c, self.dtype) for _ in range(c.num_hidden_layers)]
     self.final_norm = RMSNorm(c.rms_norm_eps, self.dtype)
     if not c.tie_word_embeddings:
@@ -410,12 +447,14 @@ class Llama(nn.Module):
     x = self.embed(ids)
     keys, values = [], []
     for i, layer in enumerate(self.layers):
-      x, (k, v) = layer(x, positions, allowed,
-                        (cache.keys[i], cache.values[i]), cache.index)
+      x, (k, v) = layer(
+        x, positions, allowed, (cache.keys[i], cache.values[i]), cache.index
+      )
       keys.append(k)
       values.append(v)
-    new = LlamaCache(keys=tuple(keys), values=tuple(values),
-                     index=cache.index + t)
+    new = LlamaCache(
+      keys=tuple(keys), values=tuple(values), index=cache.index + t
+    )
     return self.head(x), new
 
 
@@ -434,8 +473,7 @@ def make_model(config: LlamaConfig, params, tokenizer=None) -> Model:
   module = Llama(config, dtype=dtype)
 
   def check_ids(ids, what='input'):
-    check_length(ids.shape[-1], config.max_position_embeddings,
-                 f'the {what}')
+    check_length(ids.shape[-1], config.max_position_embeddings, f'the {what}')
     if _is_concrete(ids):
       check_token_ids(ids, config.vocab_size)
 
@@ -445,44 +483,61 @@ def make_model(config: LlamaConfig, params, tokenizer=None) -> Model:
 
   def hidden_fn(p, ids, mask):
     check_ids(ids)
-    return module.apply({'params': p}, ids, mask,
-                        method=Llama.hidden_states)
+    return module.apply({'params': p}, ids, mask, method=Llama.hidden_states)
 
   def head_fn(p, h):
     return module.apply({'params': p}, h, method=Llama.head)
 
   def init_cache_fn(batch_size: int, max_length: int) -> LlamaCache:
-    check_length(max_length, config.max_position_embeddings,
-                 'the decoding cache')
-    shape = (batch_size, max_length, config.num_key_value_heads,
-             config.head_dim)
-    empty = tuple(jnp.zeros(shape, dtype)
-                  for _ in range(config.num_hidden_layers))
-    return LlamaCache(keys=empty, values=empty,
-                      index=jnp.zeros((batch_size,), jnp.int32))
+    check_length(
+      max_length, config.max_position_embeddings, 'the decoding cache'
+    )
+    shape = (
+      batch_size,
+      max_length,
+      config.num_key_value_heads,
+      config.head_dim,
+    )
+    empty = tuple(
+      jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers)
+    )
+    return LlamaCache(
+      keys=empty, values=empty, index=jnp.zeros((batch_size,), jnp.int32)
+    )
 
   def decode_fn(p, ids, cache: LlamaCache):
     max_len = cache.keys[0].shape[1]
     if _is_concrete(ids):
       check_token_ids(ids, config.vocab_size)
     # Under jit the index is unknown; writes past the end are then clamped.
-    start = (int(np.max(np.asarray(cache.index)))
-             if _is_concrete(cache.index) else 0)
+    start = (
+      int(np.max(np.asarray(cache.index))) if _is_concrete(cache.index) else 0
+    )
     if start + ids.shape[1] > max_len:
       raise LeakjaxError(
-          f'the decoding cache holds {max_len} tokens; appending'
-          f' {ids.shape[1]} at position {start} overflows it',
-          'make a longer cache with init_cache(batch_size, max_length)')
+        f'the decoding cache holds {max_len} tokens; appending'
+        f' {ids.shape[1]} at position {start} overflows it',
+        'make a longer cache with init_cache(batch_size, max_length)',
+      )
     return module.apply({'params': p}, ids, cache, method=Llama.decode)
 
   paths = ParamPaths(
-      word_embeddings=('embed', 'embedding'),
-      lm_head=None if config.tie_word_embeddings else ('lm_head', 'kernel'),
+    word_embeddings=('embed', 'embedding'),
+    lm_head=None if config.tie_word_embeddings else ('lm_head', 'kernel'),
   )
-  return Model(family=FAMILY, config=config, module=module, params=params,
-               tokenizer=tokenizer, paths=paths, _logits_fn=logits_fn,
-               _hidden_fn=hidden_fn, _head_fn=head_fn,
-               _init_cache_fn=init_cache_fn, _decode_fn=decode_fn)
+  return Model(
+    family=FAMILY,
+    config=config,
+    module=module,
+    params=params,
+    tokenizer=tokenizer,
+    paths=paths,
+    _logits_fn=logits_fn,
+    _hidden_fn=hidden_fn,
+    _head_fn=head_fn,
+    _init_cache_fn=init_cache_fn,
+    _decode_fn=decode_fn,
+  )
 
 
 def abstract_params(config: LlamaConfig, dtype=jnp.float32):
@@ -490,11 +545,13 @@ def abstract_params(config: LlamaConfig, dtype=jnp.float32):
   module = Llama(config, dtype=dtype)
   ids = jnp.zeros((1, 1), jnp.int32)
   return jax.eval_shape(
-      lambda k: module.init(k, ids)['params'], jax.random.key(0))
+    lambda k: module.init(k, ids)['params'], jax.random.key(0)
+  )
 
 
-def init_model(config: LlamaConfig, *, key, tokenizer=None,
-               dtype=jnp.float32) -> Model:
+def init_model(
+  config: LlamaConfig, *, key, tokenizer=None, dtype=jnp.float32
+) -> Model:
   """A randomly initialised model (normal(0.02) weights, unit norms)."""
   module = Llama(config, dtype=dtype)
   # One compiled init instead of one eager op per parameter.
@@ -506,44 +563,62 @@ def init_model(config: LlamaConfig, *, key, tokenizer=None,
 def hf_name_map(config: LlamaConfig) -> dict[str, TensorSpec]:
   """HF tensor name -> our param path, one entry per parameter."""
   t = hf_checkpoint.transpose()
-  specs = {'model.embed_tokens.weight': TensorSpec(('embed', 'embedding')),
-           'model.norm.weight': TensorSpec(('final_norm', 'scale'))}
+  specs = {
+    'model.embed_tokens.weight': TensorSpec(('embed', 'embedding')),
+    'model.norm.weight': TensorSpec(('final_norm', 'scale')),
+  }
   for i in range(config.num_hidden_layers):
     hf, ours = f'model.layers.{i}', f'layers_{i}'
     specs[f'{hf}.input_layernorm.weight'] = TensorSpec(
-        (ours, 'attn_norm', 'scale'))
+      (ours, 'attn_norm', 'scale')
+    )
     specs[f'{hf}.post_attention_layernorm.weight'] = TensorSpec(
-        (ours, 'mlp_norm', 'scale'))
+      (ours, 'mlp_norm', 'scale')
+    )
     for proj in ('q_proj', 'k_proj', 'v_proj', 'o_proj'):
       specs[f'{hf}.self_attn.{proj}.weight'] = TensorSpec(
-          (ours, 'attn', proj, 'kernel'), **t)
+        (ours, 'attn', proj, 'kernel'), **t
+      )
     for proj in ('gate_proj', 'up_proj', 'down_proj'):
       specs[f'{hf}.mlp.{proj}.weight'] = TensorSpec(
-          (ours, 'mlp', proj, 'kernel'), **t)
+        (ours, 'mlp', proj, 'kernel'), **t
+      )
   if not config.tie_word_embeddings:
     specs['lm_head.weight'] = TensorSpec(('lm_head', 'kernel'), **t)
   return specs
 
 
 # Buffers some exports include and we recompute.
-_IGNORED_HF = (r'model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq',
-               r'model\.rotary_emb\.inv_freq')
+_IGNORED_HF = (
+  r'model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq',
+  r'model\.rotary_emb\.inv_freq',
+)
 
 
-def params_from_hf_tensors(tensors: Mapping[str, np.ndarray],
-                           config: LlamaConfig, *, dtype=jnp.float32,
-                           source: str = 'checkpoint'):
+def params_from_hf_tensors(
+  tensors: Mapping[str, np.ndarray],
+  config: LlamaConfig,
+  *,
+  dtype=jnp.float32,
+  source: str = 'checkpoint',
+):
   """HF-named tensors -> our params, checking names and shapes."""
   ignore = list(_IGNORED_HF)
   if config.tie_word_embeddings:
     ignore.append(r'lm_head\.weight')  # a copy of the embeddings, if saved
   return hf_checkpoint.params_from_hf(
-      tensors, hf_name_map(config), abstract_params(config),
-      ignore=ignore, source=source, dtype=dtype)
+    tensors,
+    hf_name_map(config),
+    abstract_params(config),
+    ignore=ignore,
+    source=source,
+    dtype=dtype,
+  )
 
 
-def from_hf_directory(path: str | os.PathLike, config_dict: Mapping[str, Any],
-                      *, dtype=jnp.float32) -> Model:
+def from_hf_directory(
+  path: str | os.PathLike, config_dict: Mapping[str, Any], *, dtype=jnp.float32
+) -> Model:
   """Loads an HF Llama checkpoint directory (+ `tokenizer.json` if present).
 
   Args:
@@ -558,8 +633,9 @@ def from_hf_directory(path: str | os.PathLike, config_dict: Mapping[str, Any],
 
   path = Path(path)
   config = LlamaConfig.from_hf_dict(config_dict)
-  params = params_from_hf_tensors(hf_checkpoint.read_tensors(path), config,
-                                  dtype=dtype, source=str(path))
+  params = params_from_hf_tensors(
+    hf_checkpoint.read_tensors(path), config, dtype=dtype, source=str(path)
+  )
   tokenizer = None
   if (path / 'tokenizer.json').is_file():
     tokenizer = tokenization.tokenizer_from_file(path / 'tokenizer.json')
@@ -598,12 +674,27 @@ def to_hf_directory(model: Model, directory: str | os.PathLike) -> None:
     if i is not None:
       special[f'{key}_token'] = tok.id_to_token(i)
   atomic_write_text(
-      directory / 'tokenizer_config.json',
-      json.dumps({'tokenizer_class': 'PreTrainedTokenizerFast',
-                  'model_max_length': config.max_position_embeddings,
-                  **special}, indent=2))
+    directory / 'tokenizer_config.json',
+    json.dumps(
+      {
+        'tokenizer_class': 'PreTrainedTokenizerFast',
+        'model_max_length': config.max_position_embeddings,
+        **special,
+      },
+      indent=2,
+    ),
+  )
 
 
-__all__ = ['LlamaConfig', 'LlamaCache', 'Llama', 'init_model', 'make_model',
-           'hf_name_map', 'from_hf_directory', 'to_hf_directory',
-           'params_from_hf_tensors', 'abstract_params']
+__all__ = [
+  'LlamaConfig',
+  'LlamaCache',
+  'Llama',
+  'init_model',
+  'make_model',
+  'hf_name_map',
+  'from_hf_directory',
+  'to_hf_directory',
+  'params_from_hf_tensors',
+  'abstract_params',
+]

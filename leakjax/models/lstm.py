@@ -138,8 +138,9 @@ class LSTMConfig:
     _validate(self, self.hidden_size, None)
     if not 0.0 < self.dropout_keep <= 1.0:
       raise LeakjaxError(
-          f'dropout_keep={self.dropout_keep} is not a probability in (0, 1]',
-          'pass a keep probability such as 0.9')
+        f'dropout_keep={self.dropout_keep} is not a probability in (0, 1]',
+        'pass a keep probability such as 0.9',
+      )
 
   @classmethod
   def ptb_small(cls, vocab_size: int = 10_000) -> LSTMConfig:
@@ -148,8 +149,14 @@ class LSTMConfig:
     Zanella-Beguelin et al. Sec. 4.1 (Penn Treebank), the small configuration
     of Zaremba et al., whose softmax is not tied to the embedding.
     """
-    return cls(vocab_size=vocab_size, embed_dim=200, hidden_size=200,
-               num_layers=2, dropout_keep=1.0, tie_word_embeddings=False)
+    return cls(
+      vocab_size=vocab_size,
+      embed_dim=200,
+      hidden_size=200,
+      num_layers=2,
+      dropout_keep=1.0,
+      tie_word_embeddings=False,
+    )
 
   @classmethod
   def medium_512(cls, vocab_size: int = 10_000) -> LSTMConfig:
@@ -159,8 +166,14 @@ class LSTMConfig:
     projection layer, so the 512-dim LSTM output feeds an untied softmax
     `[512, vocab]` (with bias) directly; tying is impossible as 160 != 512.
     """
-    return cls(vocab_size=vocab_size, embed_dim=160, hidden_size=512,
-               num_layers=1, dropout_keep=0.9, tie_word_embeddings=False)
+    return cls(
+      vocab_size=vocab_size,
+      embed_dim=160,
+      hidden_size=512,
+      num_layers=1,
+      dropout_keep=0.9,
+      tie_word_embeddings=False,
+    )
 
   @classmethod
   def wikitext_512(cls, vocab_size: int = 20_000) -> LSTMConfig:
@@ -168,8 +181,14 @@ class LSTMConfig:
 
     Zanella-Beguelin et al. Sec. 4.1 (Wikitext-103); untied as in the paper.
     """
-    return cls(vocab_size=vocab_size, embed_dim=512, hidden_size=512,
-               num_layers=2, dropout_keep=0.9, tie_word_embeddings=False)
+    return cls(
+      vocab_size=vocab_size,
+      embed_dim=512,
+      hidden_size=512,
+      num_layers=2,
+      dropout_keep=0.9,
+      tie_word_embeddings=False,
+    )
 
   @property
   def units(self) -> int:
@@ -189,20 +208,28 @@ LSTMFamilyConfig = CIFGConfig | LSTMConfig
 
 def _validate(config, units: int, proj_dim: int | None) -> None:
   name = type(config).__name__
-  sizes = dict(vocab_size=config.vocab_size, embed_dim=config.embed_dim,
-               units=units, num_layers=config.num_layers)
+  sizes = dict(
+    vocab_size=config.vocab_size,
+    embed_dim=config.embed_dim,
+    units=units,
+    num_layers=config.num_layers,
+  )
   if proj_dim is not None:
     sizes['proj_dim'] = proj_dim
   for field, value in sizes.items():
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) \
-        or value < 1:
+    if (
+      not isinstance(value, (int, np.integer))
+      or isinstance(value, bool)
+      or value < 1
+    ):
       raise LeakjaxError(f'{name}.{field}={value!r} must be a positive int')
   out = proj_dim or units
   if config.tie_word_embeddings and config.embed_dim != out:
     raise LeakjaxError(
-        f'{name}: tied embeddings need embed_dim ({config.embed_dim}) equal'
-        f' to the output width ({out})',
-        'set tie_word_embeddings=False or make the widths equal')
+      f'{name}: tied embeddings need embed_dim ({config.embed_dim}) equal'
+      f' to the output width ({out})',
+      'set tie_word_embeddings=False or make the widths equal',
+    )
 
 
 # ------------------------------------------------------------------ kernel
@@ -229,8 +256,9 @@ def num_gates(cifg: bool) -> int:
 def _step(weights, state: LSTMState, gates_x, *, cifg: bool):
   """One time step given `gates_x = x_t W_x + b`, float32 [batch, G*U]."""
   kernel_h = weights['kernel_h']
-  gates = gates_x + jnp.dot(state.h.astype(kernel_h.dtype),
-                            kernel_h).astype(jnp.float32)
+  gates = gates_x + jnp.dot(state.h.astype(kernel_h.dtype), kernel_h).astype(
+    jnp.float32
+  )
   if cifg:
     i, g, o = jnp.split(gates, 3, axis=-1)  # [B, 3U] -> 3 x [B, U]
     i = jax.nn.sigmoid(i)
@@ -315,13 +343,17 @@ def lstm_layer(weights, xs, state: LSTMState, *, cifg: bool):
   return jnp.swapaxes(hs, 0, 1), state  # [T, B, P] -> [B, T, P]
 
 
-def zero_state(config: LSTMFamilyConfig, batch_size: int) -> tuple[
-    LSTMState, ...]:
+def zero_state(
+  config: LSTMFamilyConfig, batch_size: int
+) -> tuple[LSTMState, ...]:
   """All-zero states of every layer, float32."""
   return tuple(
-      LSTMState(c=jnp.zeros((batch_size, config.units), jnp.float32),
-                h=jnp.zeros((batch_size, config.output_dim), jnp.float32))
-      for _ in range(config.num_layers))
+    LSTMState(
+      c=jnp.zeros((batch_size, config.units), jnp.float32),
+      h=jnp.zeros((batch_size, config.output_dim), jnp.float32),
+    )
+    for _ in range(config.num_layers)
+  )
 
 
 # ------------------------------------------------------------------ module
@@ -341,19 +373,25 @@ class LSTMLayer(nn.Module):
     bias_init = nn.initializers.zeros
     if not self.cifg:
       bias_init = _forget_bias_init(self.units)
-    self.kernel_x = self.param('kernel_x', dense_init,
-                               (self.in_features, gates), self.param_dtype)
-    self.kernel_h = self.param('kernel_h', dense_init, (out, gates),
-                               self.param_dtype)
+    self.kernel_x = self.param(
+      'kernel_x', dense_init, (self.in_features, gates), self.param_dtype
+    )
+    self.kernel_h = self.param(
+      'kernel_h', dense_init, (out, gates), self.param_dtype
+    )
     self.bias = self.param('bias', bias_init, (gates,), self.param_dtype)
     if self.proj_dim is not None:
-      self.proj = self.param('proj', dense_init, (self.units, self.proj_dim),
-                             self.param_dtype)
+      self.proj = self.param(
+        'proj', dense_init, (self.units, self.proj_dim), self.param_dtype
+      )
 
   def weights(self) -> dict[str, jax.Array]:
     """The parameters as :func:`lstm_cell` takes them."""
-    w = {'kernel_x': self.kernel_x, 'kernel_h': self.kernel_h,
-         'bias': self.bias}
+    w = {
+      'kernel_x': self.kernel_x,
+      'kernel_h': self.kernel_h,
+      'bias': self.bias,
+    }
     if self.proj_dim is not None:
       w['proj'] = self.proj
     return w
@@ -367,7 +405,7 @@ def _forget_bias_init(units: int):
 
   def init(key, shape, dtype=jnp.float32):
     del key
-    return jnp.zeros(shape, dtype).at[units:2 * units].set(1.0)
+    return jnp.zeros(shape, dtype).at[units : 2 * units].set(1.0)
 
   return init
 
@@ -380,17 +418,29 @@ class LSTMLanguageModel(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embed = nn.Embed(cfg.vocab_size, cfg.embed_dim,
-                          param_dtype=self.param_dtype, dtype=self.param_dtype)
+    self.embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.embed_dim,
+      param_dtype=self.param_dtype,
+      dtype=self.param_dtype,
+    )
     self.layers = [
-        LSTMLayer(cfg.embed_dim if k == 0 else cfg.output_dim, cfg.units,
-                  cfg.proj_dim, cfg.cifg, param_dtype=self.param_dtype,
-                  name=f'layer_{k}')
-        for k in range(cfg.num_layers)
+      LSTMLayer(
+        cfg.embed_dim if k == 0 else cfg.output_dim,
+        cfg.units,
+        cfg.proj_dim,
+        cfg.cifg,
+        param_dtype=self.param_dtype,
+        name=f'layer_{k}',
+      )
+      for k in range(cfg.num_layers)
     ]
-    self.head = OutputLayer(cfg.output_dim, cfg.vocab_size,
-                            cfg.tie_word_embeddings,
-                            param_dtype=self.param_dtype)
+    self.head = OutputLayer(
+      cfg.output_dim,
+      cfg.vocab_size,
+      cfg.tie_word_embeddings,
+      param_dtype=self.param_dtype,
+    )
     # Non-recurrent dropout (Zaremba et al.; Zanella-Beguelin Sec. 4.1:
     # "dropout on inputs and outputs").
     self.dropout = nn.Dropout(rate=1.0 - cfg.dropout_keep)
@@ -410,8 +460,9 @@ class LSTMLanguageModel(nn.Module):
     positions and `mask` only exists for the common interface.
     """
     del mask
-    hs, _ = self._run(ids, zero_state(self.config, ids.shape[0]),
-                      deterministic=deterministic)
+    hs, _ = self._run(
+      ids, zero_state(self.config, ids.shape[0]), deterministic=deterministic
+    )
     return self.lm_head(self.dropout(hs[-1], deterministic=deterministic))
 
   def hidden_states(self, ids, mask=None):
@@ -422,14 +473,16 @@ class LSTMLanguageModel(nn.Module):
     and inner products of the embeddings.
     """
     del mask
-    hs, _ = self._run(ids, zero_state(self.config, ids.shape[0]),
-                      deterministic=True)
+    hs, _ = self._run(
+      ids, zero_state(self.config, ids.shape[0]), deterministic=True
+    )
     width = self.config.hidden_size
     if hs[0].shape[-1] > width:
       raise LeakjaxError(
-          f'hidden_states needs embed_dim ({hs[0].shape[-1]}) <= hidden_size'
-          f' ({width}) for a {self.config.family} model',
-          'read the embeddings from Model.word_embeddings instead')
+        f'hidden_states needs embed_dim ({hs[0].shape[-1]}) <= hidden_size'
+        f' ({width}) for a {self.config.family} model',
+        'read the embeddings from Model.word_embeddings instead',
+      )
     pad = width - hs[0].shape[-1]
     hs[0] = jnp.pad(hs[0], ((0, 0), (0, 0), (0, pad)))
     return jnp.stack(hs)
@@ -464,12 +517,16 @@ class OutputLayer(nn.Module):
   param_dtype: Any = jnp.float32
 
   def setup(self):
-    self.bias = self.param('bias', nn.initializers.zeros, (self.vocab_size,),
-                           self.param_dtype)
+    self.bias = self.param(
+      'bias', nn.initializers.zeros, (self.vocab_size,), self.param_dtype
+    )
     if not self.tied:
-      self.kernel = self.param('kernel', nn.initializers.lecun_normal(),
-                               (self.in_features, self.vocab_size),
-                               self.param_dtype)
+      self.kernel = self.param(
+        'kernel',
+        nn.initializers.lecun_normal(),
+        (self.in_features, self.vocab_size),
+        self.param_dtype,
+      )
 
   def kernel_or_none(self) -> jax.Array | None:
     return None if self.tied else self.kernel
@@ -482,11 +539,11 @@ class OutputLayer(nn.Module):
 
 # ------------------------------------------------------------------- model
 def init_model(
-    config: LSTMFamilyConfig,
-    *,
-    key: jax.Array,
-    tokenizer: WordTokenizer | None = None,
-    dtype=jnp.float32,
+  config: LSTMFamilyConfig,
+  *,
+  key: jax.Array,
+  tokenizer: WordTokenizer | None = None,
+  dtype=jnp.float32,
 ) -> Model:
   """A randomly initialized model (forget-gate bias 1 for standard LSTMs).
 
@@ -511,11 +568,11 @@ def _init_params(config: LSTMFamilyConfig, dtype, key):
 
 
 def make_model(
-    config: LSTMFamilyConfig,
-    params,
-    tokenizer: WordTokenizer | None = None,
-    *,
-    dtype=jnp.float32,
+  config: LSTMFamilyConfig,
+  params,
+  tokenizer: WordTokenizer | None = None,
+  *,
+  dtype=jnp.float32,
 ) -> Model:
   """Wraps `params` of `LSTMLanguageModel(config)` as a :class:`Model`."""
   _check_tokenizer(tokenizer, config.vocab_size, 'model')
@@ -533,39 +590,54 @@ def make_model(
 
   def init_cache(batch_size, max_length=None):
     del max_length  # the state has a fixed size
-    return LSTMCache(layers=zero_state(config, batch_size),
-                     index=jnp.zeros((batch_size,), jnp.int32))
+    return LSTMCache(
+      layers=zero_state(config, batch_size),
+      index=jnp.zeros((batch_size,), jnp.int32),
+    )
 
   def decode(p, ids, cache):
     return apply(p, ids, cache, method=LSTMLanguageModel.decode)
 
   train_logits = None
   if config.dropout_keep < 1.0:
+
     def train_logits(p, ids, mask, key):
       return apply(p, ids, mask, deterministic=False, rngs={'dropout': key})
 
   paths = ParamPaths(
-      word_embeddings=('embed', 'embedding'),
-      lm_head=None if config.tie_word_embeddings else ('head', 'kernel'),
-      output_bias=('head', 'bias'),
+    word_embeddings=('embed', 'embedding'),
+    lm_head=None if config.tie_word_embeddings else ('head', 'kernel'),
+    output_bias=('head', 'bias'),
   )
   return Model(
-      family=config.family, config=config, module=module, params=params,
-      tokenizer=tokenizer, paths=paths, _logits_fn=logits, _hidden_fn=hidden,
-      _head_fn=head, _init_cache_fn=init_cache, _decode_fn=decode,
-      _train_logits_fn=train_logits)
+    family=config.family,
+    config=config,
+    module=module,
+    params=params,
+    tokenizer=tokenizer,
+    paths=paths,
+    _logits_fn=logits,
+    _hidden_fn=hidden,
+    _head_fn=head,
+    _init_cache_fn=init_cache,
+    _decode_fn=decode,
+    _train_logits_fn=train_logits,
+  )
 
 
 def _check_tokenizer(tokenizer, vocab_size: int, what: str) -> None:
   if tokenizer is not None and tokenizer.vocab_size != vocab_size:
     raise LeakjaxError(
-        f'the word vocabulary has {tokenizer.vocab_size} words but the {what}'
-        f' has vocab_size={vocab_size}',
-        'use the words.json saved with this checkpoint')
+      f'the word vocabulary has {tokenizer.vocab_size} words but the {what}'
+      f' has vocab_size={vocab_size}',
+      'use the words.json saved with this checkpoint',
+    )
 
 
 # ------------------------------------------------------------- checkpoints
-def tensor_specs(config: LSTMFamilyConfig) -> dict[str, hf_checkpoint.TensorSpec]:
+def tensor_specs(
+  config: LSTMFamilyConfig,
+) -> dict[str, hf_checkpoint.TensorSpec]:
   """The name map: safetensors name -> params path (PyTorch `[out, in]`)."""
   spec, t = hf_checkpoint.TensorSpec, hf_checkpoint.transpose()
   specs = {'embedding.weight': spec(('embed', 'embedding'))}
@@ -584,26 +656,33 @@ def tensor_specs(config: LSTMFamilyConfig) -> dict[str, hf_checkpoint.TensorSpec
 
 def config_to_dict(config: LSTMFamilyConfig) -> dict[str, Any]:
   """`config.json` contents: `model_type` plus the dataclass fields."""
-  return {'model_type': MODEL_TYPES[config.family],
-          **dataclasses.asdict(config)}
+  return {
+    'model_type': MODEL_TYPES[config.family],
+    **dataclasses.asdict(config),
+  }
 
 
 def config_from_dict(config_dict: Mapping[str, Any]) -> LSTMFamilyConfig:
   """Inverse of :func:`config_to_dict`, with one-line errors."""
   d = dict(config_dict)
   model_type = d.pop('model_type', None)
-  classes = {MODEL_TYPES['cifg_lstm']: CIFGConfig,
-             MODEL_TYPES['lstm']: LSTMConfig}
+  classes = {
+    MODEL_TYPES['cifg_lstm']: CIFGConfig,
+    MODEL_TYPES['lstm']: LSTMConfig,
+  }
   if model_type not in classes:
-    raise LeakjaxError(f'model_type={model_type!r} is not a leakjax LSTM',
-                       f'use one of {sorted(classes)}')
+    raise LeakjaxError(
+      f'model_type={model_type!r} is not a leakjax LSTM',
+      f'use one of {sorted(classes)}',
+    )
   cls = classes[model_type]
   names = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(d) - names)
   if unknown:
     raise LeakjaxError(
-        f'config.json of a {model_type} has unknown fields {unknown}',
-        f'allowed fields: {sorted(names)}')
+      f'config.json of a {model_type} has unknown fields {unknown}',
+      f'allowed fields: {sorted(names)}',
+    )
   try:
     return cls(**d)
   except TypeError as e:  # a required field is missing
@@ -618,21 +697,22 @@ def to_directory(model: Model, directory: str | os.PathLike) -> None:
   if model.tokenizer is not None:
     if not isinstance(model.tokenizer, WordTokenizer):
       raise LeakjaxError(
-          f'an LSTM model needs a WordTokenizer, got {model.tokenizer!r}')
+        f'an LSTM model needs a WordTokenizer, got {model.tokenizer!r}'
+      )
     _check_tokenizer(model.tokenizer, model.config.vocab_size, 'model')
-  tensors = hf_checkpoint.params_to_hf(model.params,
-                                       tensor_specs(model.config))
-  hf_checkpoint.write_checkpoint(directory, tensors,
-                                 config_to_dict(model.config))
+  tensors = hf_checkpoint.params_to_hf(model.params, tensor_specs(model.config))
+  hf_checkpoint.write_checkpoint(
+    directory, tensors, config_to_dict(model.config)
+  )
   if model.tokenizer is not None:
     model.tokenizer.save(directory / WORDS_FILE)
 
 
 def from_directory(
-    path: str | os.PathLike,
-    config_dict: Mapping[str, Any] | None = None,
-    *,
-    dtype=jnp.float32,
+  path: str | os.PathLike,
+  config_dict: Mapping[str, Any] | None = None,
+  *,
+  dtype=jnp.float32,
 ) -> Model:
   """Loads a directory written by :func:`to_directory`.
 
@@ -651,20 +731,37 @@ def from_directory(
   tokenizer = None
   if (path / WORDS_FILE).exists():
     tokenizer = WordTokenizer.load(path / WORDS_FILE)
-    _check_tokenizer(tokenizer, config.vocab_size,
-                     f'checkpoint {path}/config.json')
+    _check_tokenizer(
+      tokenizer, config.vocab_size, f'checkpoint {path}/config.json'
+    )
   abstract = jax.eval_shape(
-      functools.partial(_init_params, config, dtype), jax.random.key(0))
+    functools.partial(_init_params, config, dtype), jax.random.key(0)
+  )
   params = hf_checkpoint.params_from_hf(
-      hf_checkpoint.read_tensors(path), tensor_specs(config), abstract,
-      source=f'{path}/model.safetensors', dtype=dtype)
+    hf_checkpoint.read_tensors(path),
+    tensor_specs(config),
+    abstract,
+    source=f'{path}/model.safetensors',
+    dtype=dtype,
+  )
   params = jax.tree.map(jnp.asarray, params)
   return make_model(config, params, tokenizer, dtype=dtype)
 
 
 __all__ = [
-    'CIFGConfig', 'LSTMConfig', 'LSTMState', 'LSTMCache', 'LSTMLanguageModel',
-    'lstm_cell', 'lstm_layer', 'zero_state', 'init_model', 'make_model',
-    'tensor_specs', 'config_to_dict', 'config_from_dict', 'to_directory',
-    'from_directory',
+  'CIFGConfig',
+  'LSTMConfig',
+  'LSTMState',
+  'LSTMCache',
+  'LSTMLanguageModel',
+  'lstm_cell',
+  'lstm_layer',
+  'zero_state',
+  'init_model',
+  'make_model',
+  'tensor_specs',
+  'config_to_dict',
+  'config_from_dict',
+  'to_directory',
+  'from_directory',
 ]
