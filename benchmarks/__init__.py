@@ -1,1 +1,1 @@
-"""Peer benchmarks of leakjax kernels (issue 8); run `python -m benchmarks.run`."""
+"""Peer benchmarks of leakjax kernels; run `python -m benchmarks.run`."""

@@ -130,6 +130,7 @@ TINY = Settings(
 
 # ------------------------------------------------------------------ models
 def _gpt2(config_name: str, **overrides):
+  """`(model, params)` of a randomly initialised GPT-2."""
   from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
   from leakjax.tokenization import gpt2_tokenizer  # pylint: disable=g-import-not-at-top
 
@@ -155,6 +156,7 @@ MODEL_NAMES = {
 
 
 def load_model(name: str):
+  """`(model, params)` of one of `MODEL_NAMES`."""
   if name not in MODEL_NAMES:
     raise ValueError(f'unknown model {name!r}; use one of {list(MODEL_NAMES)}')
   return MODEL_NAMES[name]()
@@ -162,23 +164,23 @@ def load_model(name: str):
 
 @functools.lru_cache(maxsize=1)
 def load_pair(name: str):
-  """`(leakjax model, transformers model)` with the same weights.
+  """`(leakjax model, its params, transformers model)`, the same weights.
 
   Cached (the last one) so that benchmarks run one after the other in
   `benchmarks.run` share the load, export and import costs.
   """
-  model = load_model(name)
+  model, params = load_model(name)
   with tempfile.TemporaryDirectory() as tmp:
-    hf_model = to_torch(model, tmp)
-  return model, hf_model
+    hf_model = to_torch(model, params, tmp)
+  return model, params, hf_model
 
 
-def to_torch(model, directory: str | os.PathLike):
+def to_torch(model, params, directory: str | os.PathLike):
   """Exports `model` with `models.save` and loads it in transformers."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
-  models.save(model, directory)
+  models.save(model, params, directory)
   cls = {
     'gpt2': transformers.GPT2LMHeadModel,
     'llama': transformers.LlamaForCausalLM,
@@ -239,7 +241,7 @@ def make_workload(model, b: int, settings: Settings) -> Workload:
   tok = model.tokenizer
   if tok is None:  # tiny random model: sentences of random ids
     rng = np.random.default_rng(settings.seed + b)
-    vocab = model.config.vocab_size
+    vocab = model.vocab_size
     sents = [
       rng.zipf(1.3, size=int(rng.integers(8, 20))) % vocab for _ in range(b)
     ]
@@ -257,7 +259,10 @@ def make_workload(model, b: int, settings: Settings) -> Workload:
 
 
 # ----------------------------------------------------------------- contenders
-def make_ours(model, workload: Workload, k: int, length: int):
+_SEARCH = jax.jit(bs.bag_beam_search, static_argnames=('model', 'config'))
+
+
+def make_ours(model, params, workload: Workload, k: int, length: int):
   """A thunk running our jitted search; compiled once per shape."""
   config = bs.BeamSearchConfig(
     num_beams=k,
@@ -266,17 +271,13 @@ def make_ours(model, workload: Workload, k: int, length: int):
     ngram_penalty=math.inf,
     length=length,
   )
-  search = jax.jit(
-    lambda params, prompts, bag: bs.beam_search(
-      model, params, prompts, bag, config=config
-    )
-  )
   prompts = jnp.asarray(workload.prompts[:, None, :])  # [S, P] -> [S, 1, P]
   bag = jnp.asarray(workload.bag)
-  params = model.params
 
   def thunk():
-    return jax.block_until_ready(search(params, prompts, bag))
+    return jax.block_until_ready(
+      _SEARCH(model, params, prompts, bag, config=config)
+    )
 
   return thunk
 
@@ -331,7 +332,26 @@ def make_hf(hf_model, workload: Workload, k: int, length: int, vocab: int):
   return thunk
 
 
-def make_decode_only(model, hf_model, workload: Workload, k: int, length: int):
+@functools.partial(jax.jit, static_argnames=('model', 'length'))
+def _decode_loop(model, params, prompts, bag, *, length: int):
+  """Prefill `prompts [rows, P]`, then `length - 1` greedy bag steps."""
+  rows, p = prompts.shape
+  cache = model.init_cache(params, rows, p + length)
+  logits, cache = model.decode(params, cache, prompts)  # [rows, P, V]
+
+  def step(_, carry):
+    last, cache = carry  # [rows, V]
+    nxt = bag[jnp.argmax(last[:, bag], axis=-1)][:, None]  # [rows, 1]
+    logits, cache = model.decode(params, cache, nxt)  # [rows, 1, V]
+    return logits[:, -1], cache
+
+  last, _ = jax.lax.fori_loop(0, length - 1, step, (logits[:, -1], cache))
+  return last
+
+
+def make_decode_only(
+  model, params, hf_model, workload: Workload, k: int, length: int
+):
   """Thunks that run only the model decoding of the search, both sides.
 
   Same rows (S * k), same number of steps and cache length as the search,
@@ -341,29 +361,13 @@ def make_decode_only(model, hf_model, workload: Workload, k: int, length: int):
   """
   import torch  # pylint: disable=g-import-not-at-top
 
-  s, p = workload.prompts.shape
-  rows = s * k
   bag = jnp.asarray(workload.bag)
   prompts = jnp.repeat(jnp.asarray(workload.prompts), k, axis=0)  # [S*k, P]
 
-  @jax.jit
-  def decode_loop(params, prompts):
-    cache = model.init_cache(rows, p + length)
-    logits, cache = model.decode(params, prompts, cache)  # [rows, P, V]
-
-    def step(_, carry):
-      last, cache = carry  # [rows, V]
-      nxt = bag[jnp.argmax(last[:, bag], axis=-1)][:, None]  # [rows, 1]
-      logits, cache = model.decode(params, nxt, cache)  # [rows, 1, V]
-      return logits[:, -1], cache
-
-    last, _ = jax.lax.fori_loop(0, length - 1, step, (logits[:, -1], cache))
-    return last
-
-  params = model.params
-
   def ours():
-    return jax.block_until_ready(decode_loop(params, prompts))
+    return jax.block_until_ready(
+      _decode_loop(model, params, prompts, bag, length=length)
+    )
 
   t_prompts = torch.as_tensor(np.array(prompts), dtype=torch.long)
   t_bag = torch.as_tensor(workload.bag, dtype=torch.long)
@@ -382,19 +386,25 @@ def make_decode_only(model, hf_model, workload: Workload, k: int, length: int):
 
 
 # ------------------------------------------------------------------ checks
-@functools.lru_cache(maxsize=4)
-def _jitted_log_probs(model):
-  return jax.jit(model.token_log_probs)
+@functools.partial(jax.jit, static_argnames=('model',))
+def _token_log_probs(model, params, ids):
+  return model.token_log_probs(params, ids)
 
 
 def _sequence_logprob(model, params, tokens: np.ndarray, p: int) -> np.ndarray:
   """Sum of log P(token) over the generated positions p.., per row."""
-  logp = _jitted_log_probs(model)(params, jnp.asarray(tokens, jnp.int32))
+  logp = _token_log_probs(model, params, jnp.asarray(tokens, jnp.int32))
   return np.asarray(logp[:, p - 1 :].sum(-1))
 
 
 def check_match(
-  model, ours_thunk, hf_thunk, workload: Workload, k: int, settings: Settings
+  model,
+  params,
+  ours_thunk,
+  hf_thunk,
+  workload: Workload,
+  k: int,
+  settings: Settings,
 ) -> dict[str, Any]:
   """Compares the best sentence of every search (see module docstring)."""
   result = ours_thunk()
@@ -408,7 +418,7 @@ def check_match(
   same = [bool(np.array_equal(a, b)) for a, b in zip(ours_best, hf_best)]
   # Teacher-forced log P of the generated tokens, ours and HF's best.
   both = _sequence_logprob(
-    model, model.params, np.concatenate([ours_best, hf_best]), p
+    model, params, np.concatenate([ours_best, hf_best]), p
   )
   lp_ours, lp_hf = both[: len(same)], both[len(same) :]
   differing = [i for i, s in enumerate(same) if not s]
@@ -449,6 +459,7 @@ def problem_flops(model, workload: Workload, k: int, length: int) -> float:
 
 def run_case(
   model,
+  params,
   hf_model,
   model_name: str,
   workload: Workload,
@@ -456,16 +467,16 @@ def run_case(
   settings: Settings,
 ) -> dict[str, Any]:
   length = settings.length
-  ours = make_ours(model, workload, k, length)
-  hf = make_hf(hf_model, workload, k, length, model.config.vocab_size)
+  ours = make_ours(model, params, workload, k, length)
+  hf = make_hf(hf_model, workload, k, length, model.vocab_size)
   start = time.perf_counter()
   ours()  # compile
   compile_s = time.perf_counter() - start
-  match = check_match(model, ours, hf, workload, k, settings)
+  match = check_match(model, params, ours, hf, workload, k, settings)
   contenders = {'ours': ours, 'hf': hf}
   if k in settings.profile_beams:
     contenders['ours_decode_only'], contenders['hf_decode_only'] = (
-      make_decode_only(model, hf_model, workload, k, length)
+      make_decode_only(model, params, hf_model, workload, k, length)
     )
     contenders['ours_decode_only']()  # compile outside the timing
   cpu: dict[str, list[float]] = {}
@@ -601,11 +612,11 @@ def run(
   peak = peak or peak_lib.measure_peak(1024 if quick else 2048)
   rows = []
   for name in settings.models:
-    model, hf_model = load_pair(name)
+    model, params, hf_model = load_pair(name)
     for b in settings.batch_sizes:
       workload = make_workload(model, b, settings)
       for k in settings.beams:
-        row = run_case(model, hf_model, name, workload, k, settings)
+        row = run_case(model, params, hf_model, name, workload, k, settings)
         rows.append(row)
         log(
           f'[beam_search] {name} b={b} k={k} M={row["bag_size"]}'
@@ -614,7 +625,7 @@ def run(
           f' same best {row["same_best"]}/{row["searches"]}'
           f' (ties {row["ties"]})'
         )
-    del hf_model, model
+    del hf_model, model, params
   return {
     'bench': BENCH,
     'settings': dataclasses.asdict(settings),

@@ -5,7 +5,7 @@ on the same model, data, schedule and key:
 
 * scan -- `jax.jit(fl.client_update)`: the whole local training (E epochs
   of ceil(n / B) steps) is one compiled program;
-* loop -- `leakjax.fl._reference.make_python_loop_client_update`: the step
+* loop -- `leakjax.fl.make_python_loop_client_update`: the step
   is jitted once and dispatched from Python once per step (the usual way to
   write a training loop), with the schedule, init and finish jitted too.
 
@@ -45,8 +45,7 @@ import numpy as np
 
 from benchmarks import peak
 from leakjax import fl
-from leakjax.fl import _reference
-from leakjax.models import gpt2, lstm
+from leakjax.models import gpt2, lstm, num_params
 
 BENCH = 'client_update'
 
@@ -80,6 +79,7 @@ FULL = QUICK + (
 
 
 def _init(config, key):
+  """`(model, params)` of a GPT-2 or LSTM config."""
   if isinstance(config, gpt2.GPT2Config):
     return gpt2.init_model(config, key=key)
   return lstm.init_model(config, key=key)
@@ -88,18 +88,18 @@ def _init(config, key):
 def _data(model, n: int, seq_len: int, seed: int = 0):
   """n random sentences of seq_len/2..seq_len tokens, right-padded."""
   rng = np.random.default_rng(seed)
-  ids = rng.integers(0, model.config.vocab_size, (n, seq_len), np.int32)
+  ids = rng.integers(0, model.vocab_size, (n, seq_len), np.int32)
   lengths = rng.integers(seq_len // 2, seq_len + 1, n)
   mask = (np.arange(seq_len)[None] < lengths[:, None]).astype(np.int32)
   return jax.numpy.asarray(ids), jax.numpy.asarray(mask)
 
 
-def _forward_flops_per_sentence(model, seq_len: int) -> float:
+def _forward_flops_per_sentence(model, params, seq_len: int) -> float:
   if model.family == 'gpt2':
-    return peak.forward_flops(peak.shape_of(model), seq_len)
+    return peak.forward_flops(peak.shape_of(model.config), seq_len)
   # CIFG-LSTM: every weight is one multiply-add per token; with the tied
   # head the embedding matrix is the output matmul (biases are negligible).
-  return 2.0 * model.num_params * seq_len
+  return 2.0 * num_params(params) * seq_len
 
 
 def time_wall_and_cpu(fns, *, repeats: int, warmup: int = 1):
@@ -125,7 +125,7 @@ def time_wall_and_cpu(fns, *, repeats: int, warmup: int = 1):
 
 
 def run_workload(w: Workload) -> dict:
-  model = _init(w.model_config, jax.random.key(0))
+  model, params = _init(w.model_config, jax.random.key(0))
   ids, mask = _data(model, w.num_sentences, w.seq_len)
   config = fl.ClientConfig(
     epochs=w.epochs, batch_size=w.batch_size, learning_rate=1e-3
@@ -137,15 +137,13 @@ def run_workload(w: Workload) -> dict:
     return fl.client_update(model, params, ids, mask, config, key=key)
 
   scan_fn = jax.jit(traced_update)
-  loop_fn = _reference.make_python_loop_client_update(
-    model, model.params, config
-  )
+  loop_fn = fl.make_python_loop_client_update(model, params, config)
   key = jax.random.key(1)
   start = time.perf_counter()
-  scan_result = jax.block_until_ready(scan_fn(model.params, ids, mask, key))
+  scan_result = jax.block_until_ready(scan_fn(params, ids, mask, key))
   scan_first = time.perf_counter() - start
   start = time.perf_counter()
-  loop_result = jax.block_until_ready(loop_fn(model.params, ids, mask, key=key))
+  loop_result = jax.block_until_ready(loop_fn(params, ids, mask, key=key))
   loop_first = time.perf_counter() - start
   max_abs_diff = max(
     jax.tree.leaves(
@@ -159,11 +157,9 @@ def run_workload(w: Workload) -> dict:
 
   seconds = time_wall_and_cpu(
     {
-      'scan': lambda: jax.block_until_ready(
-        scan_fn(model.params, ids, mask, key)
-      ),
+      'scan': lambda: jax.block_until_ready(scan_fn(params, ids, mask, key)),
       'loop': lambda: jax.block_until_ready(
-        loop_fn(model.params, ids, mask, key=key)
+        loop_fn(params, ids, mask, key=key)
       ),
     },
     repeats=w.repeats,
@@ -171,7 +167,9 @@ def run_workload(w: Workload) -> dict:
   )
   steps = int(scan_result.losses.shape[0])
   sentences = w.epochs * w.num_sentences
-  flops = 3.0 * _forward_flops_per_sentence(model, w.seq_len) * sentences
+  flops = (
+    3.0 * _forward_flops_per_sentence(model, params, w.seq_len) * sentences
+  )
   scan_s = peak.median(seconds['scan']['wall'])
   loop_s = peak.median(seconds['loop']['wall'])
   scan_cpu = peak.median(seconds['scan']['cpu'])
@@ -179,7 +177,7 @@ def run_workload(w: Workload) -> dict:
   return {
     'workload': dataclasses.asdict(w) | {'model_config': repr(w.model_config)},
     'family': model.family,
-    'num_params': model.num_params,
+    'num_params': num_params(params),
     'local_steps': steps,
     'scan_first_call_s': scan_first,
     'loop_first_call_s': loop_first,
@@ -251,8 +249,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     io.atomic_write_text(
       Path(args.out) / f'{BENCH}.json',
-      json.dumps(io._jsonable(result), indent=2, sort_keys=True),
-    )  # pylint: disable=protected-access
+      json.dumps(io.jsonable(result), indent=2, sort_keys=True),
+    )
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 r"""Throughput of FILM's two hot kernels, with their own roofline.
 
-* beam search (:func:`leakjax.attacks.beam_search.beam_search`): candidate
+* beam search (:func:`leakjax.attacks.beam_search.bag_beam_search`): candidate
   tokens scored per second (searches × beams × bag × steps / time) and
   sentences per second;
 * reorder scorer (:func:`leakjax.attacks.reorder.candidate_scores`):
@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import peak
+from leakjax import models
 from leakjax.attacks import beam_search as bs
 from leakjax.attacks import reorder as ro
 
@@ -48,22 +49,36 @@ def _timeit(fn, reps: int) -> float:
 
 
 def _model(quick: bool):
+  """`(model, params, name)`."""
   if not quick:
     # --full means the real model; a missing wheel is an error (models.load
     # says which), never a silent switch to another model.
-    from leakjax import models  # pylint: disable=g-import-not-at-top
-
-    return models.load(models.SMOLLM2_ALIAS), 'smollm2-135m'
+    return (*models.load(models.SMOLLM2_ALIAS), 'smollm2-135m')
   from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
 
   config = gpt2.GPT2Config(
     vocab_size=50257, n_positions=128, n_embd=256, n_layer=4, n_head=4
   )
-  return gpt2.init_model(config, key=jax.random.key(0)), 'gpt2-4x256'
+  return (*gpt2.init_model(config, key=jax.random.key(0)), 'gpt2-4x256')
+
+
+_BEAM_SEARCH = jax.jit(bs.bag_beam_search, static_argnames=('model', 'config'))
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _candidate_scores(model, params, ids, mask):
+  return ro.candidate_scores(model, params, ids, mask)
 
 
 def bench_beam_search(
-  model, *, searches: int, beams: int, bag: int, length: int, reps: int
+  model,
+  params,
+  *,
+  searches: int,
+  beams: int,
+  bag: int,
+  length: int,
+  reps: int,
 ) -> dict:
   """One jitted beam search: S searches x k beams over a bag of M tokens."""
   shape = peak.shape_of(model)
@@ -75,11 +90,11 @@ def bench_beam_search(
   prompts = jnp.stack(
     [jnp.asarray([[1, int(bag_ids[i % bag])]]) for i in range(searches)]
   )  # [S, 1, 2]
-  fn = jax.jit(functools.partial(bs.beam_search, model, config=config))
+  fn = functools.partial(_BEAM_SEARCH, model, config=config)
   start = time.perf_counter()
-  jax.block_until_ready(fn(model.params, prompts, bag_ids))
+  jax.block_until_ready(fn(params, prompts, bag_ids))
   compile_s = time.perf_counter() - start
-  seconds = _timeit(lambda: fn(model.params, prompts, bag_ids), reps)
+  seconds = _timeit(lambda: fn(params, prompts, bag_ids), reps)
   # Prefill of the 2-token prompt, then one decode per beam and step.
   flops = searches * peak.forward_flops(shape, 2) + searches * beams * sum(
     peak.decode_step_flops(shape, 2 + i) for i in range(length - 1)
@@ -100,7 +115,7 @@ def bench_beam_search(
 
 
 def bench_reorder_scores(
-  model, *, candidates: int, length: int, reps: int
+  model, params, *, candidates: int, length: int, reps: int
 ) -> dict:
   """S(x) of C candidates: perplexity + vmap(grad) norm over the last block."""
   shape = peak.shape_of(model)
@@ -109,11 +124,11 @@ def bench_reorder_scores(
     rng.integers(10, shape.vocab_size, (candidates, length)), jnp.int32
   )
   mask = jnp.ones_like(ids)
-  fn = jax.jit(functools.partial(ro.candidate_scores, model))
+  fn = functools.partial(_candidate_scores, model)
   start = time.perf_counter()
-  jax.block_until_ready(fn(model.params, ids, mask))
+  jax.block_until_ready(fn(params, ids, mask))
   compile_s = time.perf_counter() - start
-  seconds = _timeit(lambda: fn(model.params, ids, mask), reps)
+  seconds = _timeit(lambda: fn(params, ids, mask), reps)
   flops = candidates * (
     peak.forward_flops(shape, length)
     + peak.backward_flops(shape, length, last_layers=1)
@@ -132,7 +147,7 @@ def bench_reorder_scores(
 def run(quick: bool = True) -> dict:
   """Runs the benchmarks; returns a JSON-able dict (see module docstring)."""
   reps = 3 if quick else 5
-  model, name = _model(quick)
+  model, params, name = _model(quick)
   measured = peak.measure_peak(1024 if quick else 2048, repeats=reps)
   peak_flops = measured['peak_flops']
   beam_cases = (
@@ -141,12 +156,14 @@ def run(quick: bool = True) -> dict:
     else [(1, 8, 256, 32), (1, 32, 256, 32), (4, 32, 256, 32)]
   )
   beam = [
-    bench_beam_search(model, searches=s, beams=k, bag=m, length=n, reps=reps)
+    bench_beam_search(
+      model, params, searches=s, beams=k, bag=m, length=n, reps=reps
+    )
     for s, k, m, n in beam_cases
   ]
   score_cases = [(8, 24), (32, 24)] if quick else [(16, 32), (64, 32)]
   scores = [
-    bench_reorder_scores(model, candidates=c, length=t, reps=reps)
+    bench_reorder_scores(model, params, candidates=c, length=t, reps=reps)
     for c, t in score_cases
   ]
   for row in beam + scores:
@@ -155,7 +172,7 @@ def run(quick: bool = True) -> dict:
     'benchmark': 'film_kernels',
     'quick': quick,
     'model': name,
-    'model_params': model.num_params,
+    'model_params': models.num_params(params),
     'device': str(jax.devices()[0].device_kind),
     'platform': jax.default_backend(),
     'num_devices': jax.device_count(),

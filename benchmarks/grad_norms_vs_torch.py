@@ -42,7 +42,8 @@ from flax import traverse_util
 
 from benchmarks import beam_search_vs_hf as beam_bench
 from benchmarks import peak as peak_lib
-from leakjax.io import atomic_write_text, summary_key
+from leakjax.attacks import reorder
+from leakjax.io import atomic_write_text, jsonable, summary_key
 
 BENCH = 'grad_norms'
 
@@ -96,7 +97,7 @@ def base_sentence(model, settings: Settings) -> np.ndarray:
   tok = model.tokenizer
   if tok is None:
     rng = np.random.default_rng(settings.seed)
-    return rng.integers(1, model.config.vocab_size, n).astype(np.int32)
+    return rng.integers(1, model.vocab_size, n).astype(np.int32)
   texts, _ = beam_bench._sentences(settings.data, 64, settings.seed)  # pylint: disable=protected-access
   ids = [tok.bos_id] if tok.bos_id is not None else []
   for text in texts:  # concatenate sentences until long enough
@@ -137,35 +138,18 @@ def make_candidates(
 
 
 # ------------------------------------------------------------- contenders
-def _ours_fn(model):
-  """`(params, ids, mask) -> (norms, ppl)`, and which implementation."""
-  try:
-    from leakjax.attacks import reorder  # pylint: disable=g-import-not-at-top
+def _ours_fn(model, params):
+  """`(params, ids, mask) -> (norms, ppl)`, the subset, the implementation."""
+  del params  # the subset is declared by the model
+  grad_paths = reorder.default_grad_paths(model)
 
-    scorer = reorder.candidate_scores
-    grad_paths = reorder.default_grad_paths(model.params)
-  except (ImportError, AttributeError):  # reorder not there yet
-    scorer, grad_paths = None, ((),)
-
-  if scorer is not None:
-
-    def fn(params, ids, mask):
-      _, ppl, norms = scorer(
-        model, params, ids, mask, beta=1.0, grad_paths=grad_paths
-      )
-      return norms, ppl
-
-    return jax.jit(fn), grad_paths, 'reorder.candidate_scores'
-
-  def one(params, ids1, mask1):
-    loss, grads = jax.value_and_grad(model.loss)(
-      params, ids1[None], mask1[None]
+  def fn(params, ids, mask):
+    _, ppl, norms = reorder.candidate_scores(
+      model, params, ids, mask, beta=1.0, grad_paths=grad_paths
     )
-    sq = sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads))
-    return jnp.sqrt(sq), jnp.exp(loss)
+    return norms, ppl
 
-  fn = jax.vmap(one, in_axes=(None, 0, 0))
-  return jax.jit(fn), grad_paths, 'vmap(grad(model.loss))'
+  return jax.jit(fn), grad_paths, 'reorder.candidate_scores'
 
 
 def hf_parameter_names(model, grad_paths) -> list[str]:
@@ -256,13 +240,13 @@ def problem_flops(model, mask: np.ndarray, grad_paths) -> float:
 
 # ------------------------------------------------------------------- cases
 def run_case(
-  model, hf_model, name: str, num: int, settings: Settings
+  model, params, hf_model, name: str, num: int, settings: Settings
 ) -> dict[str, Any]:
   sentence = base_sentence(model, settings)
   ids, mask = make_candidates(sentence, num, seed=settings.seed)
-  fn, grad_paths, impl = _ours_fn(model)
+  fn, grad_paths, impl = _ours_fn(model, params)
   names = hf_parameter_names(model, grad_paths)
-  params, jids, jmask = model.params, jnp.asarray(ids), jnp.asarray(mask)
+  jids, jmask = jnp.asarray(ids), jnp.asarray(mask)
 
   def ours():
     return jax.block_until_ready(fn(params, jids, jmask))
@@ -317,7 +301,7 @@ def run_case(
     'grad_params': int(
       sum(
         np.prod(v.shape)
-        for k, v in traverse_util.flatten_dict(model.params).items()
+        for k, v in traverse_util.flatten_dict(params).items()
         if any(k[: len(p)] == tuple(p) for p in grad_paths)
       )
     ),
@@ -427,16 +411,16 @@ def run(
   peak = peak or peak_lib.measure_peak(1024 if quick else 2048)
   rows = []
   for name in settings.models:
-    model, hf_model = beam_bench.load_pair(name)
+    model, params, hf_model = beam_bench.load_pair(name)
     for num in settings.num_candidates:
-      row = run_case(model, hf_model, name, num, settings)
+      row = run_case(model, params, hf_model, name, num, settings)
       rows.append(row)
       log(
         f'[grad_norms] {name} C={num}: ours {row["median_s_ours"]:.3f}s'
         f' torch {row["median_s_torch"]:.3f}s -> {row["speedup"]:.1f}x'
         f' (max rel err {row["max_rel_err_norm"]:.1e})'
       )
-    del hf_model, model
+    del hf_model, model, params
   return {
     'bench': BENCH,
     'settings': dataclasses.asdict(settings),
@@ -477,11 +461,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   result = run(args.quick, settings=settings)
   print(result['markdown'])
   if args.out:
-    from leakjax.io import _jsonable  # pylint: disable=g-import-not-at-top
-
     atomic_write_text(
       Path(args.out) / f'{BENCH}.json',
-      json.dumps(_jsonable(result), indent=2, sort_keys=True),
+      json.dumps(jsonable(result), indent=2, sort_keys=True),
     )
 
 

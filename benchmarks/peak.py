@@ -2,7 +2,7 @@
 
 Every benchmark in this folder reports achieved FLOP/s next to the peak that
 the same process measured a moment earlier, so that a result carries its own
-roofline (issue 8): a peer ratio of 1.1x means little if both sides run at
+roofline: a peer ratio of 1.1x means little if both sides run at
 80% of peak, and a lot if both run at 3%.
 
 * :func:`measure_peak` -- a large float32 matmul in JAX, timed with

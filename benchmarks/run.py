@@ -1,4 +1,4 @@
-"""Runs every peer benchmark and writes one summary (issue 8).
+"""Runs every peer benchmark and writes one summary.
 
     python -m benchmarks.run --quick --out=benchmarks/results/cpu_quick
 
@@ -69,7 +69,7 @@ REQUIRED_KEYS = (
   'speedup@bench=dr_search',
   'speedup@bench=client_update',
 )
-# Bars of issue 8 (ours / peer throughput).
+# The bars (ours / peer throughput).
 BARS = {
   'speedup@beam=32,bench=beam_search': 20.0,
   'speedup@bench=grad_norms': 5.0,
@@ -206,8 +206,8 @@ def run_all(
   """
   from benchmarks import peak as peak_lib  # pylint: disable=g-import-not-at-top
   from leakjax.io import (  # pylint: disable=g-import-not-at-top
-    _jsonable,
     atomic_write_text,
+    jsonable,
     summary_key,
   )
 
@@ -272,7 +272,7 @@ def run_all(
     if out_dir is not None:
       atomic_write_text(
         out_dir / f'{name}.json',
-        json.dumps(_jsonable(result), indent=2, sort_keys=True),
+        json.dumps(jsonable(result), indent=2, sort_keys=True),
       )
   elapsed = time.perf_counter() - start
   summary['seconds@bench=run'] = elapsed
@@ -294,12 +294,12 @@ def run_all(
   if out_dir is not None:
     atomic_write_text(
       out_dir / 'summary.json',
-      json.dumps(_jsonable(summary), indent=2, sort_keys=True),
+      json.dumps(jsonable(summary), indent=2, sort_keys=True),
     )
     atomic_write_text(out_dir / 'summary.md', md)
     atomic_write_text(
       out_dir / 'run.json',
-      json.dumps(_jsonable(info), indent=2, sort_keys=True),
+      json.dumps(jsonable(info), indent=2, sort_keys=True),
     )
   return {
     'summary': summary,

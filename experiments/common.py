@@ -8,7 +8,13 @@ leaves a traceback or partial output behind.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import re
 import sys
+import types
+import typing
+from typing import Sequence
 
 from absl import app, flags, logging
 
@@ -64,3 +70,97 @@ def run(main) -> None:
       sys.exit(2)
 
   app.run(wrapped)
+
+
+# ------------------------------------------- flags from a config dataclass
+def _attribute_docs(cls) -> dict[str, str]:
+  """`name -> text` from the `Attributes:` block of `cls`'s docstring.
+
+  Google style: `name: text` lines, continuation lines indented deeper;
+  `a, b: text` documents several fields at once.
+  """
+  lines = inspect.getdoc(cls).splitlines() if cls.__doc__ else []
+  docs: dict[str, str] = {}
+  inside, names, indent = False, [], None
+  for line in lines:
+    if line.strip() == 'Attributes:':
+      inside = True
+      continue
+    if not inside:
+      continue
+    if line and not line.startswith(' '):
+      break  # the next section
+    stripped = line.strip()
+    depth = len(line) - len(line.lstrip())
+    head = re.match(r'^([\w, ]+):\s*(.*)$', stripped)
+    if head and (indent is None or depth <= indent):
+      indent = depth
+      names = [n.strip() for n in head.group(1).split(',')]
+      for n in names:
+        docs[n] = head.group(2)
+    elif names and stripped:
+      for n in names:
+        docs[n] = f'{docs[n]} {stripped}'.strip()
+  return docs
+
+
+def _flag_kind(annotation) -> tuple[str, type | None]:
+  """('integer'|'float'|'bool'|'string'|'list', element type) of a field."""
+  origin = typing.get_origin(annotation)
+  args = [a for a in typing.get_args(annotation) if a is not type(None)]
+  if origin in (typing.Union, types.UnionType) and len(args) == 1:
+    return _flag_kind(args[0])
+  if origin is tuple:
+    return 'list', args[0] if args else str
+  kinds = {int: 'integer', float: 'float', bool: 'bool', str: 'string'}
+  if annotation in kinds:
+    return kinds[annotation], None
+  raise TypeError(f'no flag type for {annotation!r}')
+
+
+def define_config_flags(cls, *, skip: Sequence[str] = ()) -> None:
+  """One absl flag per field of the frozen config dataclass `cls`.
+
+  The flag's name, type and default are the field's; its help is the
+  field's entry in the class docstring's `Attributes:` block, so the flags
+  cannot drift from the config. Tuple fields are comma-separated lists.
+  Fields already defined as flags (e.g. by :func:`define_common_flags`) and
+  those in `skip` are left alone.
+  """
+  docs = _attribute_docs(cls)
+  hints = typing.get_type_hints(cls)
+  for field in dataclasses.fields(cls):
+    if field.name in skip or field.name in FLAGS:
+      continue
+    if field.name not in docs:
+      raise TypeError(f'{cls.__name__}.{field.name} has no docstring entry')
+    kind, element = _flag_kind(hints[field.name])
+    default = field.default
+    if default is dataclasses.MISSING:
+      default = field.default_factory()  # type: ignore[misc]
+    if kind == 'list':
+      default = None if default is None else [str(x) for x in default]
+      flags.DEFINE_list(field.name, default, docs[field.name])
+    else:
+      getattr(flags, f'DEFINE_{kind}')(field.name, default, docs[field.name])
+
+
+def config_from_flags(cls, **overrides):
+  """`cls(**{field: FLAGS.field})`, list flags parsed to typed tuples."""
+  hints = typing.get_type_hints(cls)
+  values = {}
+  for field in dataclasses.fields(cls):
+    if field.name in overrides or field.name not in FLAGS:
+      continue
+    value = FLAGS[field.name].value
+    kind, element = _flag_kind(hints[field.name])
+    if kind == 'list' and value is not None:
+      try:
+        value = tuple(element(x) for x in value)
+      except ValueError:
+        raise LeakjaxError(
+          f'--{field.name}={",".join(value)}: each item must be a'
+          f' {element.__name__}'
+        ) from None
+    values[field.name] = value
+  return cls(**values, **overrides)

@@ -60,6 +60,7 @@ from leakjax import train as train_lib
 from leakjax.attacks import differential as dlib
 from leakjax.errors import LeakjaxError
 from leakjax.models import lstm
+from leakjax.models import num_params as count_params
 from leakjax.tokenization import WordTokenizer
 
 # Quintiles of D's vocabulary by frequency, 0 = most frequent fifth
@@ -380,6 +381,7 @@ def train_config(
 
 def fit(
   model,
+  params,
   rows,
   eval_rows,
   config: train_lib.TrainConfig,
@@ -387,23 +389,67 @@ def fit(
   *,
   progress: bool,
 ):
-  """train() with a resumable workdir; returns (model, best eval ppl)."""
+  """train() with a resumable workdir; returns (params, best eval ppl)."""
   result = train_lib.train(
-    model, rows, eval_rows, config, workdir=workdir, progress=progress
+    model, params, rows, eval_rows, config, workdir=workdir, progress=progress
   )
   ppl = result.best_eval['perplexity'] if result.best_eval else math.nan
-  return result.model, float(ppl)
+  return result.params, float(ppl)
 
 
 # ----------------------------------------------------------------- attacks
-class Attack:
-  """DS kernel and jitted searches for one M against many M'.
+@functools.partial(jax.jit, static_argnames=('model', 'num_context'))
+def score_sequences(model, params, params_prime, ids, *, num_context: int):
+  """DS and relative DS of `ids` on M (`params`) and M' (`params_prime`).
 
-  With a `mesh` both are data-parallel over its `'data'` axis (issue 8):
-  the DS batch is padded to a multiple of the axis size and split over it,
-  the search splits its beam rows (`dlib.beam_search(mesh=...)`), and the
-  parameters of M and M' are replicated. Results equal the unsharded ones
-  up to float32 rounding.
+  M and M' are snapshots of one model, so `model` serves both.
+  """
+  return dlib.differential_score(
+    model, model, params, params_prime, ids, num_context=num_context
+  )
+
+
+@functools.partial(
+  jax.jit,
+  static_argnames=('model', 'widths', 'length', 'num_groups', 'score', 'mesh'),
+)
+def search_sequences(
+  model,
+  params,
+  params_prime,
+  context,
+  *,
+  widths: tuple[int, ...],
+  length: int,
+  num_groups: int,
+  score: str,
+  mesh=None,
+) -> dlib.SearchResult:
+  """Algorithm 1 over the whole vocabulary for M (`params`) against M'."""
+  return dlib.rank_beam_search(
+    model,
+    model,
+    params,
+    params_prime,
+    context,
+    widths=widths,
+    length=length,
+    num_groups=num_groups,
+    score=score,
+    mesh=mesh,
+  )
+
+
+class Attack:
+  """DS scoring and DR searches for one M against many M'.
+
+  Both run the module's jitted kernels (:func:`score_sequences`,
+  :func:`search_sequences`), which compile once per shape for the model and
+  never again for new parameters. With a `mesh` both are data-parallel over
+  its `'data'` axis: the DS batch is padded to a multiple of the
+  axis size and split over it, the search splits its beam rows
+  (`dlib.rank_beam_search(mesh=...)`), and the parameters of M and M' are
+  replicated. Results equal the unsharded ones up to float32 rounding.
   """
 
   def __init__(self, model, cfg: DifferentialConfig, mesh=None):
@@ -411,15 +457,9 @@ class Attack:
     self.cfg = cfg
     self.mesh = mesh
     self.bos = model.tokenizer.bos_id
-    vocab = model.config.vocab_size
-    self._score = jax.jit(
-      functools.partial(dlib.differential_score, model, model),
-      static_argnames=('num_context',),
-    )
-    self._searches = {}
     self.widths = {
       n: dlib.halving_widths(
-        vocab, n, min_width=cfg.min_width, num_groups=cfg.num_groups
+        model.vocab_size, n, min_width=cfg.min_width, num_groups=cfg.num_groups
       )
       for n in range(1, CANARY_LENGTH + 1)
     }
@@ -428,33 +468,32 @@ class Attack:
     ids, num = sharding.pad_to_multiple(
       np.asarray(ids, np.int32), sharding.data_size(self.mesh)
     )
-    s = self._score(
+    s = score_sequences(
+      self.model,
       *sharding.replicate((params, params_prime), self.mesh),
       sharding.shard_batch(jnp.asarray(ids), self.mesh),
       num_context=num_context,
     )
     return jax.tree.map(lambda x: x[:num], jax.device_get(s))
 
+  def search_options(self, length: int) -> dict[str, Any]:
+    """The static arguments of :func:`search_sequences` for `length`."""
+    return dict(
+      widths=self.widths[length],
+      length=length,
+      num_groups=self.cfg.num_groups,
+      score=self.cfg.score,
+      mesh=self.mesh,
+    )
+
   def search(
     self, params, params_prime, context: Sequence[int], length: int
   ) -> dlib.SearchResult:
-    key = (len(context), length)
-    if key not in self._searches:
-      self._searches[key] = jax.jit(
-        functools.partial(
-          dlib.beam_search,
-          self.model,
-          self.model,
-          widths=self.widths[length],
-          length=length,
-          num_groups=self.cfg.num_groups,
-          score=self.cfg.score,
-          mesh=self.mesh,
-        )
-      )
-    result = self._searches[key](
+    result = search_sequences(
+      self.model,
       *sharding.replicate((params, params_prime), self.mesh),
       jnp.asarray(context, jnp.int32),
+      **self.search_options(length),
     )
     return jax.device_get(dlib.ranked(result, self.cfg.score))
 
@@ -467,6 +506,30 @@ def hamming_close(
   for o in others:
     close |= (found != np.asarray(o)[None]).sum(-1) <= max_distance
   return close
+
+
+def dr_bounds(
+  found: dlib.SearchResult,
+  target: np.ndarray,
+  value: np.ndarray,
+  own: np.ndarray,
+  score: str,
+) -> tuple[int, int]:
+  """Prop. 3.3 bounds on the DR of `target [n]` scoring `value [1]`.
+
+  Returns:
+    `(dr, dr_own)`: found sequences other than `target` that score higher,
+    all of them / only those marked `own [S]` (`found` holds one list).
+  """
+  dr = dlib.differential_rank_lower_bound(
+    found, target[None], value, score=score
+  )
+  # Not own: scored -inf, so never higher.
+  masked = jnp.where(own[None], getattr(found, score), -jnp.inf)
+  dr_own = dlib.differential_rank_lower_bound(
+    found.replace(**{score: masked}), target[None], value, score=score
+  )
+  return int(dr[0]), int(dr_own[0])
 
 
 def evaluate_pair(
@@ -527,16 +590,15 @@ def evaluate_pair(
         ids = np.asarray([context + list(c.ids[p:])], np.int32)
         s = attack.scores(params, params_prime, ids, len(context))
         target = np.asarray(c.ids[p:])
-        value = float(getattr(s, cfg.score)[0])
-        different = np.any(seqs != target[None], -1)
-        higher = found_scores > value
-        dr = int(np.sum(different & higher))
         others = [o.ids[p:] for o in planted if o.text != c.text]
         own = ~hamming_close(seqs, others)
-        dr_own = int(np.sum(different & higher & own))
+        dr, dr_own = dr_bounds(
+          found, target, getattr(s, cfg.score)[:1], own, cfg.score
+        )
         if p == 0 and dr_own == 0:
           ranked_at_zero.add(c.text)
-        is_found = bool(np.any(~different))
+        same = np.all(seqs == target[None], -1)
+        is_found = bool(np.any(same))
         token_ds = np.asarray(s.token_ds[0, len(context) - 1 :])
         rows.append(
           {
@@ -550,7 +612,7 @@ def evaluate_pair(
             'dr': dr,
             'dr_own': dr_own,
             'found': is_found,
-            'found_rank': (int(np.argmax(~different)) if is_found else None),
+            'found_rank': (int(np.argmax(same)) if is_found else None),
             'num_found': int(len(seqs)),
             'min_found_score': float(found_scores.min()),
             'search_seconds': search_s,
@@ -629,15 +691,17 @@ def run_experiment(
   mconfig = lstm_config(cfg)
   models_dir = workdir / 'models'
 
-  # M on D.
+  # M on D. Every snapshot is the one `model` with its own params.
+  model = lstm.make_model(mconfig, tokenizer)
   fresh = lambda seed: lstm.init_model(
     mconfig, key=jax.random.key(seed), tokenizer=tokenizer
-  )
+  )[1]
   base_cfg = train_config(
     cfg, epochs=cfg.epochs, learning_rate=cfg.learning_rate, seed=cfg.seed
   )
   start = time.perf_counter()
-  model, base_ppl = fit(
+  params, base_ppl = fit(
+    model,
     fresh(cfg.seed),
     rows_d,
     rows_eval,
@@ -650,7 +714,7 @@ def run_experiment(
   logging.info(
     'M: perplexity %.1f (%d parameters), %.0f s',
     base_ppl,
-    model.num_params,
+    count_params(params),
     base_seconds,
   )
 
@@ -684,7 +748,13 @@ def run_experiment(
         cfg, epochs=cfg.epochs, learning_rate=cfg.learning_rate, seed=seed
       )
       return fit(
-        fresh(seed), rows, rows_eval, tc, models_dir / name, progress=progress
+        model,
+        fresh(seed),
+        rows,
+        rows_eval,
+        tc,
+        models_dir / name,
+        progress=progress,
       )
     update = canary_rows(group, k)
     if method == 'continued_extra':
@@ -702,10 +772,12 @@ def run_experiment(
       batch_size=min(cfg.continue_batch_size, len(ids)),
     )
     rows = (ids, mask)
-    prime, _ = fit(model, rows, None, tc, models_dir / name, progress=progress)
+    params_prime, _ = fit(
+      model, params, rows, None, tc, models_dir / name, progress=progress
+    )
     ppl = train_lib.evaluate(
-      prime,
-      prime.params,
+      model,
+      params_prime,
       [
         data_lib.take_batch(*rows_eval, r)
         for r in data_lib.batch_indices(
@@ -713,7 +785,7 @@ def run_experiment(
         )
       ],
     )
-    return prime, float(ppl['perplexity'])
+    return params_prime, float(ppl['perplexity'])
 
   for method, k, group in snapshots():
     key = dict(method=method, k=k, planted=[c.kind for c in group])
@@ -724,12 +796,12 @@ def run_experiment(
     ):
       continue
     start = time.perf_counter()
-    prime, ppl = make_prime(method, k, group)
+    params_prime, ppl = make_prime(method, k, group)
     train_s = time.perf_counter() - start
     rows = evaluate_pair(
       attack,
-      model.params,
-      prime.params,
+      params,
+      params_prime,
       group,
       group,
       cfg.prefix_lengths,
@@ -762,7 +834,7 @@ def run_experiment(
     canaries,
     base_ppl,
     train_words,
-    model.num_params,
+    count_params(params),
   )
   writer.write_summary(summary, markdown)
   return summary

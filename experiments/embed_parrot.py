@@ -50,6 +50,7 @@ from leakjax.attacks import embed_parrot as ep
 from leakjax.attacks import embedding_inversion as ei
 from leakjax.attacks import text_metrics
 from leakjax.errors import LeakjaxError
+from leakjax.models import Model
 
 FLAGS = flags.FLAGS
 METRICS = ('f1', 'rouge1', 'rougeL', 'sbert')
@@ -411,42 +412,46 @@ def _width_batches(
     yield rows, real, width
 
 
-def _shard(x, mesh):
-  if mesh is None:
-    return jnp.asarray(x)
-  spec = jax.sharding.PartitionSpec(mesh.axis_names[0])
-  return jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+@functools.partial(
+  jax.jit, static_argnames=('model', 'decode_layers', 'keep_layers')
+)
+def _target_pass(
+  params, ids, mask, *, model: Model, decode_layers: tuple, keep_layers: tuple
+):
+  """`(bei, hei, keep)` of one batch: BEI/HEI ids of `decode_layers` (int32
+  `[layers, B, T]`, None if there are none) and the float16 states of
+  `keep_layers`. Params are arguments, not closed-over constants: XLA would
+  otherwise constant-fold the `[V, D]` embedding for tens of seconds."""
+  states = ei.layer_states(
+    model, params, ids, mask, list(decode_layers) + list(keep_layers)
+  )
+  bei, hei = [], []
+  for h in states[: len(decode_layers)]:
+    b, e = ei.bei_hei_ids(model, params, h)
+    bei.append(b)
+    hei.append(e)
+  keep = states[len(decode_layers) :].astype(jnp.float16)
+  if not decode_layers:
+    return None, None, keep
+  return jnp.stack(bei), jnp.stack(hei), keep
 
 
-@functools.lru_cache(maxsize=None)
-def _target_fn(model, decode_layers: tuple, keep_layers: tuple):
-  """Jitted `(params, ids, mask) -> (bei, hei, keep)`, one per layer set."""
-  tied = ei.has_tied_linear_head(model)
-  layers = list(decode_layers) + list(keep_layers)
-
-  def fn(params, ids, mask):
-    # Params are arguments, not closed-over constants: XLA would otherwise
-    # constant-fold the [V, D] embedding for tens of seconds.
-    emb = model.word_embeddings(params)
-    states = ei.layer_states(model, params, ids, mask, layers)
-    bei, hei = [], []
-    for h in states[: len(decode_layers)]:
-      if tied:  # same ids as bei_ids/hei_ids, one matmul (tested)
-        b, e = ei.tied_bei_hei_ids(h, emb)
-      else:
-        b, e = ei.bei_ids(model, params, h), ei.hei_ids(h, emb)
-      bei.append(b)
-      hei.append(e)
-    keep = states[len(decode_layers) :].astype(jnp.float16)
-    if not decode_layers:
-      return None, None, keep
-    return jnp.stack(bei), jnp.stack(hei), keep
-
-  return jax.jit(fn)
+# BEI and HEI ids of given states `[B, T, D]`, the DCT defense and the
+# perplexity with it: one compile per model (and layer), not per call.
+_invert = jax.jit(ei.bei_hei_ids, static_argnames=('model',))
+_apply_dct_defense = jax.jit(ei.apply_dct_defense)
+_defended_nll = jax.jit(ei.defended_nll, static_argnames=('model', 'layer'))
 
 
 def run_target(
-  model, split: Split, cfg: Config, *, decode_layers, keep_layers, mesh=None
+  model: Model,
+  params,
+  split: Split,
+  cfg: Config,
+  *,
+  decode_layers,
+  keep_layers,
+  mesh=None,
 ) -> dict[str, np.ndarray]:
   """One pass of the target over `split`.
 
@@ -454,9 +459,14 @@ def run_target(
     `bei`, `hei`: int32 `[len(decode_layers), N, T]` BEI/HEI ids;
     `keep`: float16 `[len(keep_layers), N, T, D]` hidden states.
   """
-  fn = _target_fn(model, tuple(decode_layers), tuple(keep_layers))
+  fn = functools.partial(
+    _target_pass,
+    model=model,
+    decode_layers=tuple(decode_layers),
+    keep_layers=tuple(keep_layers),
+  )
   n, full = split.ids.shape
-  d = model.config.hidden_size
+  d = model.hidden_size
   out_bei = np.zeros((len(decode_layers), n, full), np.int32)
   out_hei = np.zeros((len(decode_layers), n, full), np.int32)
   out_keep = np.zeros((len(keep_layers), n, full, d), np.float16)
@@ -466,9 +476,9 @@ def run_target(
     split.mask.sum(1), cfg.batch_size, full, multiple=32
   ):
     bei, hei, keep = fn(
-      model.params,
-      _shard(split.ids[rows, :width], mesh),
-      _shard(split.mask[rows, :width], mesh),
+      params,
+      sharding.shard_batch(split.ids[rows, :width], mesh),
+      sharding.shard_batch(split.mask[rows, :width], mesh),
     )
     r = rows[:real]
     if decode_layers:
@@ -541,15 +551,29 @@ def _bucket_name(lo: int, hi: int) -> str:
 
 # ------------------------------------------------------------------ main
 def run_experiment(
-  cfg: Config, workdir: str | Path, cache_dir: str | Path, *, model=None
+  cfg: Config,
+  workdir: str | Path,
+  cache_dir: str | Path,
+  *,
+  model: Model | None = None,
+  params=None,
 ) -> dict[str, float]:
-  """Runs everything; returns the summary dict (also written to workdir)."""
+  """Runs everything; returns the summary dict (also written to workdir).
+
+  `model` and `params` (both or neither) replace loading `cfg.model`.
+  """
+  if (model is None) != (params is None):
+    raise LeakjaxError(
+      'run_experiment takes model and params together',
+      'pass both (e.g. from models.load) or neither',
+    )
   writer = io.ExperimentWriter(workdir, cfg)
   cache_dir = Path(cache_dir)
   mesh = sharding.data_mesh(cfg.mesh)
   key = jax.random.key(cfg.seed)
   t_start = time.time()
-  model = model if model is not None else models.load(cfg.model)
+  if model is None:
+    model, params = models.load(cfg.model)
   tok = model.tokenizer
   if tok is None:
     raise LeakjaxError('the target model has no tokenizer')
@@ -582,7 +606,7 @@ def run_experiment(
   )
 
   # Target hidden states, cached on disk.
-  model_key = _cache_key(cfg.model, model.config, cfg.max_length, cfg.add_bos)
+  model_key = _cache_key(cfg.model, model, cfg.max_length, cfg.add_bos)
   passes = {}
   for name, split in tests.items():
     k = _cache_key(model_key, split.texts, layer_names, keep_layers)
@@ -590,6 +614,7 @@ def run_experiment(
       cache_dir / f'test_{name}_{k}.npz',
       lambda split=split: run_target(
         model,
+        params,
         split,
         cfg,
         decode_layers=layers,
@@ -602,6 +627,7 @@ def run_experiment(
     cache_dir / f'train_{cfg.train_corpus}_{k}.npz',
     lambda: run_target(
       model,
+      params,
       train_split,
       cfg,
       decode_layers=[],
@@ -660,7 +686,7 @@ def run_experiment(
   logging.info('per-layer BEI/HEI scored')
 
   # 2. Embed Parrot at the deep layer (Tables 1, 4, 5).
-  d = model.config.hidden_size
+  d = model.hidden_size
   train_cfg = ep.TrainConfig(
     steps=cfg.ep_steps,
     batch_size=min(cfg.ep_batch_size, len(train_split.texts)),
@@ -728,17 +754,10 @@ def run_experiment(
       checkpoint=cache_dir
       / f'{base}_ppl_{_cache_key(k, ep_config, train_cfg, ppl_cfg)}.ckpt',
       target_model=model,
+      target_params=params,
       init=variables,
     )
     variants[f'{base}_ppl'] = (ep_config, ppl_vars)
-
-  def invert(params, h):
-    emb = model.word_embeddings(params)
-    if ei.has_tied_linear_head(model):
-      return ei.tied_bei_hei_ids(h, emb)
-    return ei.bei_ids(model, params, h), ei.hei_ids(h, emb)
-
-  invert = jax.jit(invert)
 
   def invert_np(hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(BEI, HEI) ids of host states `[N, T, D]`, in fixed-shape chunks."""
@@ -746,7 +765,7 @@ def run_experiment(
     n, bs = len(hidden), cfg.batch_size
     for s in range(0, n, bs):
       rows = np.minimum(np.arange(s, s + bs), n - 1)  # repeat-pad the tail
-      b, e = invert(model.params, jnp.asarray(hidden[rows], jnp.float32))
+      b, e = _invert(model, params, jnp.asarray(hidden[rows], jnp.float32))
       bei.append(np.asarray(b)[: min(bs, n - s)])
       hei.append(np.asarray(e)[: min(bs, n - s)])
     return np.concatenate(bei), np.concatenate(hei)
@@ -818,21 +837,17 @@ def run_experiment(
     )
     for name, s in tests.items()
   }
-  nll_fns = {}
 
   def corpus_ppl(layer, overlap) -> float:
-    if layer not in nll_fns:  # one compile per layer, not per defense
-      nll_fns[layer] = jax.jit(
-        functools.partial(ei.defended_nll, model, layer=layer)
-      )
-    fn = nll_fns[layer]
+    # One compile per layer, not per defense: the overlap is an argument.
+    fn = functools.partial(_defended_nll, model, layer=layer)
     total, count = 0.0, 0.0
     for split in ppl_splits.values():
       for rows, real, width in _width_batches(
         split.mask.sum(1), cfg.batch_size, split.ids.shape[1], multiple=32
       ):
         nll, cnt = fn(
-          model.params,
+          params,
           jnp.asarray(split.ids[rows, :width]),
           jnp.asarray(split.mask[rows, :width]),
           overlap=overlap,
@@ -848,7 +863,6 @@ def run_experiment(
     )
     row = writer.results[-1]
   summary[io.summary_key('ppl', defense='none')] = row['ppl']
-  transform = jax.jit(ei.apply_dct_defense)
   for layer in defense_layers:
     li = keep_layers.index(layer)
     for subsets in cfg.defense_subsets:
@@ -873,7 +887,7 @@ def run_experiment(
         defended = np.concatenate(
           [
             np.asarray(
-              transform(
+              _apply_dct_defense(
                 jnp.asarray(states[s : s + cfg.batch_size], jnp.float32),
                 defense.overlap,
               )
@@ -916,7 +930,16 @@ def run_experiment(
   for name, split in tests.items():
     summary[io.summary_key('num_test_texts', data=name)] = len(split.texts)
   md = render_markdown(
-    cfg, summary, tests, layers, deep, model, writer, histories, list(variants)
+    cfg,
+    summary,
+    tests,
+    layers,
+    deep,
+    model,
+    models.num_params(params),
+    writer,
+    histories,
+    list(variants),
   )
   writer.write_summary(summary, md)
   return summary
@@ -936,6 +959,7 @@ def render_markdown(
   layers,
   deep,
   model,
+  num_params,
   writer,
   histories,
   variants,
@@ -944,8 +968,8 @@ def render_markdown(
   get = lambda m, **p: summary.get(io.summary_key(m, **p))
   lines = [
     f'# Embedding inversion (Wan et al. 2024) on `{cfg.model}`\n',
-    f'Target: {model.family}, {model.config.num_layers} blocks, hidden'
-    f' {model.config.hidden_size}, {model.num_params:,} parameters.'
+    f'Target: {model.family}, {model.num_layers} blocks, hidden'
+    f' {model.hidden_size}, {num_params:,} parameters.'
     f' Test texts per corpus: {", ".join(f"{n} {len(tests[n].texts)}" for n in names)}'
     f' (held out, at most {cfg.max_length} tokens).'
     f' Embed Parrot: layer {deep}, trained on {summary["num_train_texts"]}'

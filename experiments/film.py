@@ -30,6 +30,7 @@ columns of Table 4 under gradient pruning and DP-SGD (`--defenses`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -255,6 +256,7 @@ def preprocess(
 
 
 def load_model(cfg: FilmExperimentConfig):
+  """`(model, params)` of `--model` (re-initialised with `--init=random`)."""
   if cfg.model == GPT2_TINY:
     from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
     from leakjax.tokenization import gpt2_tokenizer  # pylint: disable=g-import-not-at-top
@@ -263,34 +265,41 @@ def load_model(cfg: FilmExperimentConfig):
     return gpt2.init_model(
       config, key=jax.random.key(cfg.seed), tokenizer=gpt2_tokenizer()
     )
-  model = models.load(cfg.model)
+  model, params = models.load(cfg.model)
   if cfg.init == 'random':
+    # Which initialiser to call is a converter-level choice, not an attack's.
     family = model.family
     if family == 'gpt2':
       from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
 
-      model = gpt2.init_model(
+      model, params = gpt2.init_model(
         model.config, key=jax.random.key(cfg.seed), tokenizer=model.tokenizer
       )
     elif family == 'llama':
       from leakjax.models import llama  # pylint: disable=g-import-not-at-top
 
-      model = llama.init_model(
+      model, params = llama.init_model(
         model.config, key=jax.random.key(cfg.seed), tokenizer=model.tokenizer
       )
     else:
       raise LeakjaxError(f'--init=random is not supported for {family}')
-  return model
+  return model, params
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _token_log_probs(model, params, ids, mask):
+  return model.token_log_probs(params, ids, mask)
 
 
 def perplexities(model, params, texts: Sequence[str], batch: int = 32):
   out = []
-  fn = jax.jit(model.token_log_probs)
   for i in range(0, len(texts), batch):
     ids, mask = model.tokenizer.encode_batch(
       list(texts[i : i + batch]), add_bos=True
     )
-    lp = np.asarray(fn(params, jnp.asarray(ids), jnp.asarray(mask)))
+    lp = np.asarray(
+      _token_log_probs(model, params, jnp.asarray(ids), jnp.asarray(mask))
+    )
     m = mask[:, 1:]
     out.extend(np.exp(-(lp * m).sum(1) / np.maximum(m.sum(1), 1)))
   return np.asarray(out)
@@ -517,7 +526,7 @@ def bag_batch(
     )
     for method in methods:
       start = time.perf_counter()
-      bag = bow.bag_of_words(
+      bag = bow.extract_bag(
         model,
         params,
         grads,
@@ -847,15 +856,13 @@ def run_experiment(
   workdir = Path(workdir)
   writer = io.ExperimentWriter(workdir, cfg)
   start = time.perf_counter()
-  model = load_model(cfg)
+  model, params = load_model(cfg)
   logging.info('model %s loaded in %.1f s', model, time.perf_counter() - start)
   texts = (
     data_lib.load_corpus(cfg.data) if cfg.data else list(film_data.SENTENCES)
   )
   ppl_fn = lambda ts: (
-    perplexities(model, model.params, ts)
-    if cfg.max_perplexity is not None
-    else None
+    perplexities(model, params, ts) if cfg.max_perplexity is not None else None
   )
   sentences = preprocess(texts, model.tokenizer, cfg, ppl_fn)
   train_texts, eval_texts = (
@@ -864,7 +871,6 @@ def run_experiment(
     else (sentences, [])
   )
   extra = {'num_train': len(train_texts)}
-  params = model.params
   if cfg.train_steps:
     tcfg = train_lib.TrainConfig(
       learning_rate=cfg.learning_rate,
@@ -879,13 +885,14 @@ def run_experiment(
     )
     result = train_lib.train(
       model,
+      params,
       train_texts,
       eval_texts or None,
       tcfg,
       workdir=workdir / 'train',
       progress=progress,
     )
-    params = result.model.params
+    params = result.params
     extra['trained_steps'] = result.step
     extra['stopped_early'] = result.stopped_early
     if cfg.attack_best and result.best_eval:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io as std_io
 import json
 import math
 import re
@@ -45,7 +44,7 @@ from absl import flags, logging
 
 from experiments import common
 from leakjax import data as data_lib
-from leakjax import fl, io, sharding
+from leakjax import fl, io, models, sharding
 from leakjax import train as train_lib
 from leakjax.attacks import gboard
 from leakjax.errors import LeakjaxError
@@ -419,7 +418,12 @@ def load_corpora(cfg: Config) -> Corpora:
 
 # ---------------------------------------------------------------- pretrain
 def pretrain(cfg: Config, corpora: Corpora, workdir: Path):
-  """θ0 and its tokenizer; trained once and cached in `workdir/pretrain`."""
+  """θ0; trained once and cached in `workdir/pretrain`.
+
+  Returns:
+    `(model, params0, info)`: the CIFG-LSTM (no weights; its tokenizer is
+    built from the public text), θ0, and facts about the pre-training.
+  """
   tokenizer = WordTokenizer.build(corpora.public_train, cfg.vocab_size)
   if tokenizer.vocab_size != cfg.vocab_size:
     raise LeakjaxError(
@@ -433,7 +437,7 @@ def pretrain(cfg: Config, corpora: Corpora, workdir: Path):
     units=cfg.units,
     proj_dim=cfg.embed_dim,
   )
-  model = lstm.init_model(
+  model, params = lstm.init_model(
     model_cfg, key=jax.random.key(cfg.seed), tokenizer=tokenizer
   )
   train_cfg = train_lib.TrainConfig(
@@ -453,6 +457,7 @@ def pretrain(cfg: Config, corpora: Corpora, workdir: Path):
   start = time.time()
   result = train_lib.train(
     model,
+    params,
     corpora.public_train,
     corpora.public_eval,
     train_cfg,
@@ -463,11 +468,11 @@ def pretrain(cfg: Config, corpora: Corpora, workdir: Path):
   if result.step > result.start_step or not timing.exists():
     io.atomic_write_text(timing, json.dumps({'seconds': seconds}))
   seconds = json.loads(timing.read_text())['seconds']
-  model = result.model
+  params = result.params
   sms_ppl = (
     train_lib.evaluate(
       model,
-      model.params,
+      params,
       data_lib.batches(
         tokenizer, corpora.sms_eval, 64, cfg.pretrain_max_length, shuffle=False
       ),
@@ -480,12 +485,12 @@ def pretrain(cfg: Config, corpora: Corpora, workdir: Path):
     'sms_eval_perplexity': sms_ppl,
     'steps': result.step,
     'seconds': seconds,
-    'num_params': model.num_params,
+    'num_params': models.num_params(params),
     'train_sentences': len(corpora.public_train),
     'eval_sentences': len(corpora.public_eval),
   }
   logging.info('θ0: %s', info)
-  return model, info
+  return model, params, info
 
 
 # ------------------------------------------------------------- client runs
@@ -536,9 +541,14 @@ def _chunks(total: int) -> list[int]:
   return out
 
 
-@functools.cache
-def _update_fn():
-  return jax.jit(fl.client_update, static_argnums=(0, 4))
+@functools.partial(jax.jit, static_argnames=('model', 'config'))
+def _client_update(model, params, ids, config, key) -> fl.ClientResult:
+  """:func:`leakjax.fl.client_update` without padding, jitted.
+
+  `model` and `config` are static: one compilation per model and client
+  config, whatever the parameters.
+  """
+  return fl.client_update(model, params, ids, None, config, key=key)
 
 
 def trajectory(
@@ -564,8 +574,6 @@ def trajectory(
     'token_mean': 1,
     'batch_sum': length * (_batch_size(batch, n_k) or n_k),
   }[cfg.loss]
-  update = _update_fn()
-  bare = model.replace(params=None)
   params, done = params0, 0
   ids = jnp.asarray(ids)
   for target in epochs:
@@ -577,25 +585,11 @@ def trajectory(
         words_per_sentence=per_sentence,
         step_noise=step_noise,
       )
-      params = update(
-        bare, params, ids, None, client, key=jax.random.fold_in(key, done)
+      params = _client_update(
+        model, params, ids, client, jax.random.fold_in(key, done)
       ).params
       done += chunk
     yield target, params
-
-
-def _save_params(path: Path, params) -> None:
-  buf = std_io.BytesIO()
-  np.savez(buf, *[np.asarray(x) for x in jax.tree.leaves(params)])
-  io.atomic_write_bytes(path, buf.getvalue())
-
-
-def _load_params(path: Path, like):
-  with np.load(path) as f:
-    leaves = [
-      jnp.asarray(f[f'arr_{i}']) for i in range(len(jax.tree.leaves(like)))
-    ]
-  return jax.tree.unflatten(jax.tree.structure(like), leaves)
 
 
 def snapshots(
@@ -619,7 +613,7 @@ def snapshots(
   files = [folder / f'{name}_E{e}.npz' for e in epochs]
   if all(f.exists() for f in files):
     for e, f in zip(epochs, files):
-      yield e, _load_params(f, params0)
+      yield e, gboard.load_snapshot(f, params0)
     return
   for (e, params1), f in zip(
     trajectory(
@@ -634,21 +628,19 @@ def snapshots(
     ),
     files,
   ):
-    _save_params(f, params1)
+    gboard.save_snapshot(f, params1)
     yield e, params1
 
 
 # ----------------------------------------------------------------- attacks
-# One jitted kernel; the (parameter-free) model is a static argument.
-_RECONSTRUCT = jax.jit(
-  gboard.reconstruct_sentences,
-  static_argnums=0,
-  static_argnames=('length', 'bos_id'),
-)
+@functools.partial(jax.jit, static_argnames=('q',))
+def _recover_words_auto(delta, rows, candidates, rows0=None, bias0=None, *, q):
+  """:func:`gboard.recover_words_auto`, jitted: its EM loop compiles once
+  (twice: with and without θ0's rows), not per update."""
+  return gboard.recover_words_auto(
+    delta, rows, candidates, rows0=rows0, bias0=bias0, q=q
+  )
 
-
-# The no-oracle word rule (its EM loop compiles once, not per update).
-_AUTO = jax.jit(gboard.recover_words_auto, static_argnames=('q',))
 
 make_mesh = sharding.data_mesh  # `--mesh`; kept as this module's name
 
@@ -663,7 +655,7 @@ def reconstruct_candidates(
   bos_id: int,
   mesh=None,
 ) -> gboard.Reconstruction:
-  """:func:`gboard.reconstruct_sentences` for the recovered `words`.
+  """:func:`gboard.reconstruct_sentences` (jitted) for the recovered `words`.
 
   The candidate axis (one start word per recovered word) is padded to a
   power of two, then to a multiple of the mesh's data axis, and placed on
@@ -672,7 +664,7 @@ def reconstruct_candidates(
   equals the one-device result (tested in tests/gboard_test.py).
 
   Args:
-    model: the parameter-free model (a static argument of the kernel).
+    model: the model (a static argument of the kernel).
     params0: θ0.
     params1: θ1 (or the scaled θ1).
     words: bool `[vocab]`, the recovered words.
@@ -693,7 +685,7 @@ def reconstruct_candidates(
   params0, params1, allowed = sharding.replicate(
     (params0, params1, jnp.asarray(words)), mesh
   )
-  return _RECONSTRUCT(
+  return gboard.reconstruct_sentences(
     model,
     params0,
     params1,
@@ -728,8 +720,8 @@ def attack(
 ) -> list[dict[str, Any]]:
   """Word recovery and sentence reconstruction on one θ1; rows per scale.
 
-  `model` should be one parameter-free copy (`model.replace(params=None)`)
-  for the whole run: it is a static argument of the jitted kernel.
+  `model` holds no parameters and compares by value: it is a static
+  argument of the jitted kernels, which compile once per shape.
   """
   tok = model.tokenizer
   vocab = tok.words
@@ -764,10 +756,14 @@ def attack(
   rows0 = gboard.output_rows(model, params0)
   bias0 = gboard.output_bias(model, params0)
   auto = np.asarray(
-    _AUTO(delta, rows_update, candidates, rows0=rows0, bias0=bias0, q=cfg.fdr_q)
+    _recover_words_auto(
+      delta, rows_update, candidates, rows0=rows0, bias0=bias0, q=cfg.fdr_q
+    )
   )
   # The same rule with the older row-residual rescue, for comparison.
-  old = np.asarray(_AUTO(delta, rows_update, candidates, q=cfg.fdr_q))
+  old = np.asarray(
+    _recover_words_auto(delta, rows_update, candidates, q=cfg.fdr_q)
+  )
   row['rescue_f1'] = gboard.word_metrics(
     [vocab[k] for k in np.flatnonzero(old)], ds.true_words, vocab_set
   ).f1
@@ -913,10 +909,8 @@ def run_experiment(
   writer = io.ExperimentWriter(workdir, cfg)
   corpora = load_corpora(cfg)
   logging.info('corpora: %s', corpora.counts)
-  model, pre_info = pretrain(cfg, corpora, workdir)
+  model, params0, pre_info = pretrain(cfg, corpora, workdir)
   tok = model.tokenizer
-  params0 = model.params
-  model = model.replace(params=None)  # static in the jitted kernels
   datasets = make_datasets(cfg, corpora.pool, tok)
   key = jax.random.key(cfg.seed)
   start = time.time()

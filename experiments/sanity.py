@@ -12,6 +12,7 @@ natural order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import jax
@@ -51,13 +52,16 @@ class SanityConfig:
   seed: int
 
 
-def perplexities(model, texts):
-  """Per-text perplexity under `model`, as a numpy array."""
+@functools.partial(jax.jit, static_argnames=('model',))
+def _token_log_probs(model, params, ids, mask):
+  return model.token_log_probs(params, ids, mask)
+
+
+def perplexities(model, params, texts):
+  """Per-text perplexity under `model` with `params`, as a numpy array."""
   # No BOS: instruct GGUFs mark chat turns with it. Token 1 is context only.
   ids, mask = model.tokenizer.encode_batch(list(texts))
-  logp = jax.jit(model.token_log_probs)(
-    model.params, jnp.asarray(ids), jnp.asarray(mask)
-  )
+  logp = _token_log_probs(model, params, jnp.asarray(ids), jnp.asarray(mask))
   m = mask[:, 1:]
   return np.exp(-(np.asarray(logp) * m).sum(1) / m.sum(1))
 
@@ -82,14 +86,15 @@ def main(argv):
     else list(SENTENCES[: cfg.limit])
   )
   start = time.time()
-  model = models.load(cfg.model)
+  model, params = models.load(cfg.model)
   load_s = time.time() - start
+  num_params = models.num_params(params)
   # Only now, with all inputs valid, touch the workdir.
   writer = io.ExperimentWriter(FLAGS.workdir, cfg)
   rng = np.random.default_rng(cfg.seed)
   shuffled = [shuffle_words(t, rng) for t in texts]
-  ppl = perplexities(model, texts)
-  ppl_shuf = perplexities(model, shuffled)
+  ppl = perplexities(model, params, texts)
+  ppl_shuf = perplexities(model, params, shuffled)
   for i, t in enumerate(texts):
     writer.add_result(
       {
@@ -106,12 +111,12 @@ def main(argv):
     'ppl_shuffled': float(np.median(ppl_shuf)),
     'ppl_ratio': ratio,
     'load_seconds': load_s,
-    'num_params': float(model.num_params),
+    'num_params': float(num_params),
   }
   rows = [[t[:60], float(a), float(b)] for t, a, b in zip(texts, ppl, ppl_shuf)]
   md = (
     f'# Model sanity check\n\nModel: `{cfg.model}` ({model.family},'
-    f' {model.num_params:,} parameters, loaded in {load_s:.1f} s).\n\n'
+    f' {num_params:,} parameters, loaded in {load_s:.1f} s).\n\n'
     + io.markdown_table(['sentence', 'perplexity', 'shuffled'], rows)
     + f'\nMedian shuffled/natural perplexity ratio: **{ratio:.1f}x**\n'
   )

@@ -1,12 +1,29 @@
 """leakjax: measure how much private text leaks from language-model training.
 
-Subpackages: `leakjax.models` (Flax GPT-2, Llama, LSTMs with real weights),
-`leakjax.fl` (federated clients and defenses), `leakjax.attacks` (FILM,
-GBoard, differential score, embedding inversion), `leakjax.train`.
+Subpackages (imported on first use):
+
+* `leakjax.models` -- the :class:`~leakjax.models.LanguageModel` protocol,
+  `from_functions` / `from_flax` for your own model, and our Flax GPT-2,
+  Llama and LSTM families with real weights (`load`, `save`);
+* `leakjax.fl` -- federated clients (FedSGD, FedAvg) and defenses;
+* `leakjax.attacks` -- FILM, GBoard, differential score / rank, embedding
+  inversion, as jittable kernels and one runner per paper;
+* `leakjax.data` -- corpora and batching.
 """
+
+import importlib
 
 from leakjax.errors import LeakjaxError
 
 __version__ = '0.1.0'
 
-__all__ = ['LeakjaxError', '__version__']
+_SUBPACKAGES = ('attacks', 'data', 'fl', 'models')
+
+
+def __getattr__(name):
+  if name in _SUBPACKAGES:
+    return importlib.import_module(f'leakjax.{name}')
+  raise AttributeError(f'module leakjax has no attribute {name!r}')
+
+
+__all__ = ['LeakjaxError', '__version__', *_SUBPACKAGES]

@@ -51,15 +51,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
   atomic_write_bytes(path, text.encode('utf-8'))
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
+  """`x` as plain JSON values: dataclasses and mappings become dicts,
+  tuples lists, NumPy/JAX scalars and arrays Python numbers and lists,
+  non-finite floats None, paths strings."""
   if dataclasses.is_dataclass(x) and not isinstance(x, type):
-    return {k: _jsonable(v) for k, v in dataclasses.asdict(x).items()}
+    return {k: jsonable(v) for k, v in dataclasses.asdict(x).items()}
   if isinstance(x, Mapping):
-    return {str(k): _jsonable(v) for k, v in x.items()}
+    return {str(k): jsonable(v) for k, v in x.items()}
   if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
+    return [jsonable(v) for v in x]
   if hasattr(x, 'tolist'):  # numpy / jax scalars and arrays
-    return _jsonable(x.tolist())
+    return jsonable(x.tolist())
   if isinstance(x, float) and not math.isfinite(x):
     return None
   if isinstance(x, Path):
@@ -128,7 +131,7 @@ class ExperimentWriter:
     if not enabled:
       return
     self.workdir.mkdir(parents=True, exist_ok=True)
-    cfg = _jsonable(config)
+    cfg = jsonable(config)
     cfg_path = self.workdir / 'config.json'
     if cfg_path.exists():
       old = json.loads(cfg_path.read_text())
@@ -161,7 +164,7 @@ class ExperimentWriter:
 
   def add_result(self, row: Mapping[str, Any]) -> None:
     """Appends one row to results.jsonl (rewritten atomically)."""
-    self.results.append(_jsonable(dict(row)))
+    self.results.append(jsonable(dict(row)))
     if not self.enabled:
       return
     text = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in self.results)
@@ -179,7 +182,7 @@ class ExperimentWriter:
       return
     atomic_write_text(
       self.workdir / 'summary.json',
-      json.dumps(_jsonable(dict(summary)), indent=2, sort_keys=True),
+      json.dumps(jsonable(dict(summary)), indent=2, sort_keys=True),
     )
     atomic_write_text(self.workdir / 'summary.md', markdown)
 

@@ -8,7 +8,7 @@ kernel. Nothing inside a kernel needs to know.
 
 >>> mesh = make_mesh('data:8')                          # doctest: +SKIP
 >>> ids = shard_batch(ids, mesh)                        # doctest: +SKIP
->>> params = replicate(model.params, mesh)              # doctest: +SKIP
+>>> params = replicate(params, mesh)                    # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The attacks need models that were trained on private text, so this is the
 one training loop of the library:
 
-* :func:`train_step` -- one pure optimizer step, jitted once by the runner;
+* :func:`train_step` -- one pure optimizer step (the runner jits it once per
+  model, optimizer settings and step count: new params never recompile);
 * :func:`evaluate` -- token-weighted loss and perplexity over padded batches;
 * :func:`train` -- the runner: tokenizes with `model.tokenizer`, cuts the
   corpus into fixed-shape batches (one compilation), shows a tqdm bar,
@@ -14,10 +15,11 @@ one training loop of the library:
 The defaults follow FILM (Gupta et al. 2022) Sec. 6.1: initial learning rate
 1e-5, linearly decayed, early stopping when the eval loss goes up:
 
+>>> model, params = leakjax.models.load('smollm2-135m')  # doctest: +SKIP
 >>> config = TrainConfig(num_epochs=3, early_stopping_patience=1)
->>> result = train(model, train_texts, eval_texts, config,  # doctest: +SKIP
-...                workdir='/tmp/run')
->>> result.best_eval['perplexity']  # doctest: +SKIP
+>>> result = train(model, params, train_texts, eval_texts,  # doctest: +SKIP
+...                config, workdir='/tmp/run')
+>>> result.params, result.best_eval['perplexity']  # doctest: +SKIP
 
 `workdir/checkpoint/` holds the model at the last checkpointed step (an HF
 directory that :func:`leakjax.models.load` reads), `optimizer.safetensors`,
@@ -28,7 +30,6 @@ that :func:`train` returns.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import hashlib
@@ -49,7 +50,7 @@ import optax
 from leakjax import data as data_lib
 from leakjax.errors import LeakjaxError, check_token_ids
 from leakjax.io import atomic_write_bytes, atomic_write_text
-from leakjax.models.base import Model, PyTree, lm_loss
+from leakjax.models.protocol import Model, PyTree, lm_loss
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +173,9 @@ class TrainResult:
   """What :func:`train` returns.
 
   Attributes:
-    model: the input model with the trained parameters (the best evaluated
-      ones if `config.restore_best` and there was an eval set).
+    model: the input model (it holds no parameters).
+    params: the trained parameters (the best evaluated ones if
+      `config.restore_best` and there was an eval set).
     history: one dict per logged step (`step`, `epoch`, `loss`, `grad_norm`,
       `learning_rate`, `steps_per_second`) or evaluation (`step`, `epoch`,
       `eval_loss`, `eval_perplexity`), in order; `step` counts updates done.
@@ -186,6 +188,7 @@ class TrainResult:
   """
 
   model: Model
+  params: PyTree
   history: list[dict[str, Any]]
   best_eval: dict[str, float] | None
   step: int
@@ -275,9 +278,11 @@ def train_step(
 ) -> tuple[PyTree, optax.OptState, dict[str, jax.Array]]:
   """One optimizer step on the mean next-token loss of `batch`.
 
-  Pure; bind the first two arguments and jit it once:
-  `step = jax.jit(functools.partial(train_step, model, optimizer))`, then
-  `step(params, opt_state, batch, jax.random.fold_in(key, i))`.
+  Pure; jit it with the model and the optimizer static, e.g.
+  `step = jax.jit(train_step, static_argnames=('model', 'optimizer'))`, then
+  `step(model, optimizer, params, opt_state, batch, jax.random.fold_in(key, i))`
+  (:func:`train` jits it with the optimizer's settings static instead, so
+  that equal settings share one compilation).
 
   Args:
     model: supplies `train_logits` (dropout uses `key`).
@@ -333,15 +338,9 @@ def evaluate(
   Returns:
     `{'loss', 'perplexity', 'tokens'}` (Python floats).
   """
-  return _evaluate(_jitted_eval_step(model), params, batches)
+  return _evaluate(functools.partial(_jitted_eval_step, model), params, batches)
 
 
-# Jitted steps, reused by later calls with the same model functions and
-# optimizer (e.g. training two models from one initialization compiles once).
-# Keys hold the model's functions, values a copy of the model without params,
-# so the cache never keeps parameters alive.
-_JIT_CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-_JIT_CACHE_SIZE = 8
 # Fields that make_optimizer reads besides the step count.
 _OPTIMIZER_FIELDS = (
   'optimizer',
@@ -357,48 +356,40 @@ _OPTIMIZER_FIELDS = (
 )
 
 
-def _cached(key, build):
-  if key in _JIT_CACHE:
-    _JIT_CACHE.move_to_end(key)
-    return _JIT_CACHE[key]
-  value = _JIT_CACHE[key] = build()
-  while len(_JIT_CACHE) > _JIT_CACHE_SIZE:
-    _JIT_CACHE.popitem(last=False)
-  return value
+def _optimizer_settings(config: TrainConfig) -> TrainConfig:
+  """`config` with every field but the optimizer's at its default, so that
+  runs differing only in data order, logging or evaluation share the jitted
+  train step (its static arguments)."""
+  return TrainConfig(**{f: getattr(config, f) for f in _OPTIMIZER_FIELDS})
 
 
-def _model_key(model: Model):
-  # pylint: disable-next=protected-access
-  return (model._logits_fn, model._train_logits_fn)
-
-
-def _jitted_train_step(model: Model, config: TrainConfig, total_steps: int):
-  """`(params, opt_state, batch, key, step) -> ...`, jitted, donating."""
-  bare = model.replace(params=None)
-  optimizer_args = tuple(getattr(config, f) for f in _OPTIMIZER_FIELDS)
-  step = train_step  # looked up now, so tests can wrap it
-
-  def build():
-    optimizer = make_optimizer(config, total_steps)
-    return jax.jit(
-      lambda p, s, batch, k, i: step(
-        bare, optimizer, p, s, batch, jax.random.fold_in(k, i)
-      ),
-      donate_argnums=(0, 1),
-    )
-
-  return _cached(
-    ('train', _model_key(model), optimizer_args, total_steps, step), build
+@functools.partial(
+  jax.jit,
+  static_argnames=('model', 'settings', 'total_steps'),
+  donate_argnames=('params', 'opt_state'),
+)
+def _jitted_train_step(
+  model: Model,
+  settings: TrainConfig,
+  total_steps: int,
+  params: PyTree,
+  opt_state: optax.OptState,
+  batch: Batch,
+  key: jax.Array,
+  step: jax.Array,
+):
+  """:func:`train_step` with the optimizer of `settings` and the key of
+  `step`; donates params and opt_state."""
+  optimizer = make_optimizer(settings, total_steps)
+  # `train_step` is looked up when tracing, so tests can wrap it.
+  return train_step(
+    model, optimizer, params, opt_state, batch, jax.random.fold_in(key, step)
   )
 
 
-def _jitted_eval_step(model: Model):
-  bare = model.replace(params=None)
-  step = eval_step
-  return _cached(
-    ('eval', _model_key(model), step),
-    lambda: jax.jit(functools.partial(step, bare)),
-  )
+@functools.partial(jax.jit, static_argnames=('model',))
+def _jitted_eval_step(model: Model, params: PyTree, batch: Batch):
+  return eval_step(model, params, batch)
 
 
 def _evaluate(step, params, batches) -> dict[str, float]:
@@ -425,6 +416,7 @@ def _perplexity(loss: float) -> float:
 # ------------------------------------------------------------------- runner
 def train(
   model: Model,
+  params: PyTree,
   train_texts: Sequence[str] | tuple[np.ndarray, np.ndarray],
   eval_texts: Sequence[str] | tuple[np.ndarray, np.ndarray] | None = None,
   config: TrainConfig = TrainConfig(),
@@ -432,10 +424,12 @@ def train(
   workdir: str | os.PathLike | None = None,
   progress: bool = True,
 ) -> TrainResult:
-  """Fine-tunes `model` on `train_texts`.
+  """Fine-tunes `params` of `model` on `train_texts`.
 
   Args:
     model: any leakjax Model; texts are tokenized with `model.tokenizer`.
+    params: the starting parameters (not modified; training works on a
+      copy).
     train_texts: the training examples, or pre-tokenized `(ids, mask)`
       int `[num_examples, time]` arrays (right-padded).
     eval_texts: evaluation examples (or arrays); None: no evaluation, no
@@ -454,7 +448,7 @@ def train(
       `truncate=False`, a NaN/inf loss or gradient (names the step), or a
       workdir that holds a different run.
   """
-  context = getattr(model.config, 'max_length', None)
+  context = model.max_length
   train_ids, train_mask, cut = _prepare(
     model, train_texts, config, context, 'training set'
   )
@@ -502,13 +496,13 @@ def train(
   key = jax.random.key(config.seed)
   if checkpoint is not None:
     params, opt_state, best_params, state = _read_checkpoint(
-      checkpoint, model, optimizer, config, fingerprint
+      checkpoint, params, optimizer, config, fingerprint
     )
     key = jax.random.wrap_key_data(np.asarray(state['rng'], np.uint32))
     log.info('resuming from %s at step %d', checkpoint, state['step'])
   else:
-    # Copies: the step donates its buffers, the caller keeps model.params.
-    params = jax.tree.map(jnp.array, model.params)
+    # Copies: the step donates its buffers, the caller keeps `params`.
+    params = jax.tree.map(jnp.array, params)
     opt_state = optimizer.init(params)
     best_params = None
     state = {
@@ -527,8 +521,10 @@ def train(
     }
   start_step = state['step']
 
-  step_fn = _jitted_train_step(model, config, total_steps)
-  eval_fn = _jitted_eval_step(model)
+  step_fn = functools.partial(
+    _jitted_train_step, model, _optimizer_settings(config), total_steps
+  )
+  eval_fn = functools.partial(_jitted_eval_step, model)
   keep_best = evals is not None and config.restore_best
 
   def run_eval():
@@ -641,11 +637,11 @@ def train(
   if workdir is not None and ran:
     _write_checkpoint(workdir, model, params, opt_state, best_params, state)
   final = best_params if keep_best and best_params is not None else params
-  result_model = model.replace(params=final)
   if workdir is not None and (ran or not (workdir / 'model').is_dir()):
-    _save_directory(result_model, workdir / 'model')
+    _save_directory(model, final, workdir / 'model')
   return TrainResult(
-    model=result_model,
+    model=model,
+    params=final,
     history=list(state['history']),
     best_eval=state['best'],
     step=state['step'],
@@ -756,9 +752,7 @@ def _prepare(
       add_eos=config.add_eos,
       truncate=config.truncate,
     )
-  vocab_size = getattr(model.config, 'vocab_size', None)
-  if vocab_size is not None:
-    check_token_ids(ids[mask != 0], vocab_size, f'the {what} token ids')
+  check_token_ids(ids[mask != 0], model.vocab_size, f'the {what} token ids')
   if mask[:, 1:].sum() == 0:
     raise LeakjaxError(
       f'the {what} has no example of 2 or more tokens, so nothing to predict',
@@ -802,7 +796,9 @@ def _find_checkpoint(workdir: Path) -> Path | None:
   return None
 
 
-def _save_directory(model: Model, directory: Path, extra=None) -> None:
+def _save_directory(
+  model: Model, params: PyTree, directory: Path, extra=None
+) -> None:
   """`leakjax.models.save` into `directory`, replacing it atomically.
 
   Writes a sibling `<name>.new` folder, then swaps it in with two renames;
@@ -814,7 +810,7 @@ def _save_directory(model: Model, directory: Path, extra=None) -> None:
   old = directory.with_name(directory.name + '.old')
   shutil.rmtree(new, ignore_errors=True)
   new.mkdir(parents=True)
-  models.save(model, new)
+  models.save(model, params, new)
   if extra is not None:
     extra(new)
   shutil.rmtree(old, ignore_errors=True)
@@ -843,14 +839,12 @@ def _write_checkpoint(
     ):
       from leakjax import models  # pylint: disable=g-import-not-at-top
 
-      models.save(model.replace(params=best_params), folder / _BEST_DIR)
+      models.save(model, best_params, folder / _BEST_DIR)
     atomic_write_bytes(folder / _OPT_FILE, to_bytes(_flatten(opt_state)))
     # Last: its presence marks the folder complete.
     atomic_write_text(folder / _STATE_FILE, json.dumps(state, indent=1))
 
-  _save_directory(
-    model.replace(params=params), workdir / _CHECKPOINT, extra=write_rest
-  )
+  _save_directory(model, params, workdir / _CHECKPOINT, extra=write_rest)
 
 
 def _flatten(tree) -> dict[str, np.ndarray]:
@@ -889,11 +883,13 @@ def _unflatten(flat: dict[str, np.ndarray], template, what: str):
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def _read_params(directory: Path, model: Model, what: str) -> PyTree:
+def _read_params(directory: Path, template: PyTree, what: str) -> PyTree:
+  """The params saved in `directory`, in the structure and dtypes of
+  `template`."""
   from leakjax import models  # pylint: disable=g-import-not-at-top
 
-  loaded = models.load(directory, dtype=_params_dtype(model.params))
-  return _unflatten(_flatten(loaded.params), model.params, what)
+  _, loaded = models.load(directory, dtype=_params_dtype(template))
+  return _unflatten(_flatten(loaded), template, what)
 
 
 def _params_dtype(params):
@@ -904,9 +900,14 @@ def _params_dtype(params):
 
 
 def _read_checkpoint(
-  folder: Path, model: Model, optimizer, config: TrainConfig, fingerprint: str
+  folder: Path,
+  template: PyTree,
+  optimizer,
+  config: TrainConfig,
+  fingerprint: str,
 ):
-  """(params, opt_state, best_params, state) of a checkpoint folder."""
+  """(params, opt_state, best_params, state) of a checkpoint folder; params
+  take the structure and dtypes of `template`."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
   try:
@@ -937,7 +938,7 @@ def _read_checkpoint(
       f'{folder} holds a run on different data',
       'use a new workdir or delete the old one',
     )
-  params = _read_params(folder, model, f'checkpoint {folder}')
+  params = _read_params(folder, template, f'checkpoint {folder}')
   try:
     flat = load_file(str(folder / _OPT_FILE))
   except Exception as e:  # safetensors raises several types  # noqa: BLE001
@@ -957,7 +958,7 @@ def _read_checkpoint(
       best_params = jax.tree.map(jnp.copy, params)
     else:
       best_params = _read_params(
-        folder / _BEST_DIR, model, f'checkpoint {folder / _BEST_DIR}'
+        folder / _BEST_DIR, template, f'checkpoint {folder / _BEST_DIR}'
       )
   return params, opt_state, best_params, state
 

@@ -1,27 +1,46 @@
-"""The public attack API: every exported name resolves to the right object."""
+"""The curated public attack API: what each exported name is and does."""
 
 import inspect
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from leakjax import attacks
-from leakjax.attacks import differential, film
+from leakjax.attacks import beam_search, differential, film, reorder
 
 
-def test_all_names_resolve():
-  for name in attacks.__all__:
-    assert getattr(attacks, name) is not None, name
-
-
-def test_beam_searches_stay_behind_module_names():
-  # FILM's bag-restricted search and the differential-rank search differ.
-  assert inspect.ismodule(attacks.beam_search)
-  assert attacks.differential.beam_search is differential.beam_search
-  assert (
-    'bag_ids' in inspect.signature(attacks.beam_search.beam_search).parameters
-  )
-
-
-def test_entry_points():
+def test_exported_names_are_the_library_objects():
   assert attacks.recover is film.recover
-  assert attacks.FilmConfig is film.FilmConfig
-  assert attacks.extract_bag is attacks.bag_of_words.bag_of_words
+  assert attacks.extract_bag is attacks.bag_of_words.extract_bag
+  assert attacks.bag_beam_search is beam_search.bag_beam_search
+  assert attacks.rank_beam_search is differential.rank_beam_search
+  assert attacks.reorder_scores is reorder.candidate_scores
   assert attacks.differential_score is differential.differential_score
+  # One search per name: FILM's takes a bag, the differential one does not.
+  assert 'bag_ids' in inspect.signature(attacks.bag_beam_search).parameters
+  assert 'bag_ids' not in inspect.signature(attacks.rank_beam_search).parameters
+
+
+def test_no_exported_function_is_named_like_a_module():
+  for name in attacks.__all__:
+    obj = getattr(attacks, name)
+    if inspect.ismodule(obj):
+      assert obj.__name__ == f'leakjax.attacks.{name}', name
+    else:
+      assert not inspect.ismodule(getattr(attacks, obj.__name__, None)), name
+
+
+def test_bag_mask_kernel_reads_untied_rows():
+  # The untied rule on a hand-made gradient: nonzero rows are the bag.
+  from leakjax import models
+
+  model = models.from_functions(
+    lambda p, ids, mask=None: jnp.zeros(ids.shape + (5,)),
+    vocab_size=5,
+    word_embeddings='embed',
+  )
+  grads = {'embed': jnp.zeros((5, 3)).at[1, 0].set(2.0).at[4, 2].set(-1e-3)}
+  kernel = jax.jit(attacks.bag_mask, static_argnames=('model', 'method'))
+  mask = kernel(model, {'embed': jnp.ones((5, 3))}, grads, method='nonzero')
+  np.testing.assert_array_equal(mask, [False, True, False, False, True])

@@ -1,5 +1,6 @@
 """Tests of leakjax.attacks.bag_of_words (FILM Sec. 4.2, 6.3)."""
 
+import dataclasses
 import functools
 import math
 
@@ -10,13 +11,15 @@ import pytest
 
 from leakjax import fl
 from leakjax.attacks import bag_of_words as bow
-from leakjax.models import get_path, gpt2, llama
+from leakjax.errors import LeakjaxError
+from leakjax.models import FirstLayerInputs, get_path, gpt2, llama
 
 VOCAB = 300
 
 
 @functools.cache
 def tiny_gpt2(tied: bool):
+  """`(model, params)`."""
   config = gpt2.GPT2Config.tiny(
     vocab_size=VOCAB, n_positions=32, n_layer=1, tie_word_embeddings=tied
   )
@@ -25,6 +28,7 @@ def tiny_gpt2(tied: bool):
 
 @functools.cache
 def tiny_llama():
+  """`(model, params)`."""
   config = llama.LlamaConfig(
     vocab_size=VOCAB,
     hidden_size=64,
@@ -58,13 +62,13 @@ def input_tokens(ids, mask):
 
 
 def test_untied_nonzero_rows_are_exactly_the_input_tokens():
-  model = tiny_gpt2(tied=False)
+  model, params = tiny_gpt2(tied=False)
   ids, mask = batch([7, 4, 9])
-  grads = fl.client_gradient(model, model.params, ids, mask)
+  grads = fl.client_gradient(model, params, ids, mask)
   rows = get_path(grads, model.paths.word_embeddings)
   found = set(np.flatnonzero(np.asarray(bow.nonzero_rows(rows))).tolist())
   assert found == input_tokens(ids, mask)
-  bag = bow.bag_of_words(model, model.params, grads)
+  bag = bow.extract_bag(model, params, grads)
   assert bag.method == 'nonzero'
   assert set(bag.ids.tolist()) == found
   assert bag.max_length == 9
@@ -72,21 +76,21 @@ def test_untied_nonzero_rows_are_exactly_the_input_tokens():
 
 @pytest.mark.parametrize('lengths', [[3, 2, 1], [5, 9, 2], [8, 8, 1]])
 def test_max_length_from_position_gradient(lengths):
-  model = tiny_gpt2(tied=True)
+  model, params = tiny_gpt2(tied=True)
   ids, mask = batch(lengths, seed=len(lengths))
-  grads = fl.client_gradient(model, model.params, ids, mask)
+  grads = fl.client_gradient(model, params, ids, mask)
   pos = get_path(grads, model.paths.position_embeddings)
   assert int(bow.max_length_from_positions(pos)) == max(lengths)
   assert int(jax.jit(bow.max_length_from_positions)(pos)) == max(lengths)
 
 
 def test_pruned_gradient_keeps_precision_one():
-  model = tiny_gpt2(tied=False)
+  model, params = tiny_gpt2(tied=False)
   ids, mask = batch([9, 9, 9], seed=3)
   grads = fl.client_gradient(
-    model, model.params, ids, mask, defense=fl.gradient_pruning(0.99)
+    model, params, ids, mask, defense=fl.gradient_pruning(0.99)
   )
-  bag = bow.bag_of_words(model, model.params, grads, method='nonzero')
+  bag = bow.extract_bag(model, params, grads, method='nonzero')
   truth = input_tokens(ids, mask)
   assert bag.ids.size > 0
   assert set(bag.ids.tolist()) <= truth
@@ -178,10 +182,10 @@ def test_layer_norm_span_residuals_match_brute_force():
 
 @pytest.mark.parametrize('family', ['llama', 'gpt2'])
 def test_tied_bag_finds_every_input_token_and_nothing_else(family):
-  model = tiny_llama() if family == 'llama' else tiny_gpt2(tied=True)
+  model, params = tiny_llama() if family == 'llama' else tiny_gpt2(tied=True)
   ids, mask = batch([6, 4, 7], seed=5)
-  grads = fl.client_gradient(model, model.params, ids, mask)
-  bag = bow.bag_of_words(model, model.params, grads)
+  grads = fl.client_gradient(model, params, ids, mask)
+  bag = bow.extract_bag(model, params, grads)
   assert bag.method == 'tied'
   assert bool(bag.evidence.span_valid)
   found = set(bag.ids.tolist())
@@ -190,24 +194,166 @@ def test_tied_bag_finds_every_input_token_and_nothing_else(family):
 
 
 def test_tied_bag_is_the_same_under_jit():
-  model = tiny_llama()
+  model, params = tiny_llama()
   ids, mask = batch([5, 5, 5], seed=7)
-  grads = fl.client_gradient(model, model.params, ids, mask)
+  grads = fl.client_gradient(model, params, ids, mask)
   rows = get_path(grads, model.paths.word_embeddings)
-  res, _, valid = bow.span_residuals(model, model.params, grads)
-  w = model.word_embeddings(model.params)
+  res, _, valid = bow.span_residuals(model, params, grads)
+  w = model.word_embeddings(params)
   eager = bow.tied_bag(rows, w, res, valid)
   jitted = jax.jit(bow.tied_bag)(rows, w, res, valid)
   assert np.array_equal(np.asarray(eager), np.asarray(jitted))
 
 
 def test_norm_baseline_and_unknown_method():
-  model = tiny_llama()
+  model, params = tiny_llama()
   ids, mask = batch([5, 3, 4], seed=8)
-  grads = fl.client_gradient(model, model.params, ids, mask)
-  bag = bow.bag_of_words(model, model.params, grads, method='norm')
+  grads = fl.client_gradient(model, params, ids, mask)
+  bag = bow.extract_bag(model, params, grads, method='norm')
   assert bag.method == 'norm'
-  with pytest.raises(Exception, match='unknown bag-of-words method'):
-    bow.bag_of_words(model, model.params, grads, method='magic')
-  with pytest.raises(Exception, match='noise_std'):
-    bow.bag_of_words(model, model.params, grads, method='dp')
+  with pytest.raises(LeakjaxError, match='unknown bag-of-words method'):
+    bow.extract_bag(model, params, grads, method='magic')
+  with pytest.raises(LeakjaxError, match='unknown bag-of-words method'):
+    bow.bag_mask(model, params, grads, method='magic')
+  with pytest.raises(LeakjaxError, match='noise_std'):
+    bow.extract_bag(model, params, grads, method='dp')
+
+
+# ------------------------------------------- declared facts, no families
+def test_span_residuals_keep_the_family_arithmetic_bit_for_bit():
+  """The declared-facts span test equals the per-family formulas it replaced."""
+  # Llama / SmolLM2: RMSNorm(w_v) * scale, no positions.
+  model, params = tiny_llama()
+  ids, mask = batch([6, 4, 7], seed=5)
+  grads = fl.client_gradient(model, params, ids, mask)
+  attn = grads['layers_0']['attn']
+  g1 = jnp.concatenate(
+    [attn[n]['kernel'] for n in ('q_proj', 'k_proj', 'v_proj')], axis=1
+  )
+  np.testing.assert_array_equal(bow.first_layer_input_grad(model, grads), g1)
+  w32 = params['embed']['embedding'].astype(jnp.float32)
+  x = (
+    params['layers_0']['attn_norm']['scale']
+    * w32
+    * jax.lax.rsqrt(
+      jnp.mean(w32 * w32, -1, keepdims=True) + model.config.rms_norm_eps
+    )
+  )
+  want = bow.input_span_residuals(g1, x)
+  got = bow.span_residuals(model, params, grads)
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # GPT-2: LN(w_v + p_t) over the positions of the longest sentence.
+  model, params = tiny_gpt2(tied=True)
+  grads = fl.client_gradient(model, params, ids, mask)
+  g1 = grads['h_0']['attn']['c_attn']['kernel']
+  np.testing.assert_array_equal(bow.first_layer_input_grad(model, grads), g1)
+  ln = params['h_0']['ln_1']
+  want = bow.layer_norm_span_residuals(
+    g1,
+    params['wte']['embedding'],
+    params['wpe']['embedding'][:7],
+    ln['scale'],
+    ln['bias'],
+    model.config.layer_norm_epsilon,
+  )
+  got = bow.span_residuals(model, params, grads, 7)
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_model_without_attention_inputs_has_no_span_test():
+  model, params = tiny_llama()
+  bare = model.replace(
+    paths=dataclasses.replace(model.paths, attention_inputs=())
+  )
+  ids, mask = batch([6, 4, 7], seed=5)
+  grads = fl.client_gradient(model, params, ids, mask)
+  assert bow.first_layer_input_grad(bare, grads) is None
+  assert bow.span_residuals(bare, params, grads) is None
+  bag = bow.extract_bag(bare, params, grads, method='tied')
+  assert not bool(bag.evidence.span_valid)  # test 3 instead of test 1
+
+
+def _layer_without_positions(params):
+  return FirstLayerInputs(
+    tokens=params['embed']['embedding'],
+    positions=None,
+    scale=params['layers_0']['attn_norm']['scale'],
+    bias=None,
+    eps=1e-5,
+    kind='layer',
+  )
+
+
+def test_unsupported_first_layer_inputs_are_a_clear_error():
+  model, params = tiny_llama()
+  odd = model.replace(first_layer_fn=_layer_without_positions)
+  ids, mask = batch([6, 4, 7], seed=5)
+  grads = fl.client_gradient(model, params, ids, mask)
+  with pytest.raises(LeakjaxError, match="kind 'layer'"):
+    bow.span_residuals(odd, params, grads)
+
+
+BAG_MASK = jax.jit(bow.bag_mask, static_argnames=('model', 'method', 'config'))
+
+
+@pytest.mark.parametrize(
+  'family,method',
+  [
+    ('llama', 'auto'),  # tied
+    ('gpt2', 'tied'),  # positions masked past the longest sentence
+    ('gpt2', 'norm'),
+    ('gpt2_untied', 'auto'),  # nonzero
+  ],
+)
+def test_bag_mask_under_jit_equals_the_host_wrapper(family, method):
+  model, params = {
+    'llama': tiny_llama,
+    'gpt2': functools.partial(tiny_gpt2, True),
+    'gpt2_untied': functools.partial(tiny_gpt2, False),
+  }[family]()
+  ids, mask = batch([6, 4, 2], seed=11)
+  grads = fl.client_gradient(model, params, ids, mask)
+  bag = bow.extract_bag(model, params, grads, method=method)
+  jitted = BAG_MASK(model, params, grads, method=method)
+  assert jitted.dtype == jnp.bool_ and jitted.shape == (VOCAB,)
+  np.testing.assert_array_equal(np.asarray(jitted), bag.mask)
+  eager = bow.bag_mask(model, params, grads, method=method)
+  np.testing.assert_array_equal(np.asarray(eager), bag.mask)
+  assert bag.ids.size > 0
+
+
+def test_bag_mask_takes_a_traced_noise_std():
+  model, params = tiny_gpt2(tied=False)
+  ids, mask = batch([6, 4, 2], seed=12)
+  grads = fl.client_gradient(model, params, ids, mask)
+  noise = 1e-4
+  bag = bow.extract_bag(model, params, grads, noise_std=noise)
+  assert bag.method == 'dp'
+  fn = jax.jit(bow.bag_mask, static_argnames=('model', 'method'))
+  traced = fn(model, params, grads, method='auto', noise_std=jnp.float32(noise))
+  np.testing.assert_array_equal(np.asarray(traced), bag.mask)
+  # vmap over several noise levels: one kernel, one mask each.
+  masks = jax.vmap(
+    lambda s: bow.bag_mask(model, params, grads, method='dp', noise_std=s)
+  )(jnp.asarray([noise, 1e3], jnp.float32))
+  np.testing.assert_array_equal(np.asarray(masks[0]), bag.mask)
+  assert not np.asarray(masks[1]).any()
+
+
+def test_bag_mask_compiles_once_for_new_params():
+  model, params = tiny_llama()
+  ids, mask = batch([5, 5, 5], seed=13)
+  traces = []
+
+  def kernel(params, grads):
+    traces.append(1)
+    return bow.bag_mask(model, params, grads, method='tied')
+
+  fn = jax.jit(kernel)
+  for scale in (1.0, 1.5):
+    p = jax.tree.map(lambda x, s=scale: x * s, params)
+    grads = fl.client_gradient(model, p, ids, mask)
+    fn(p, grads)
+  assert len(traces) == 1

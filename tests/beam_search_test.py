@@ -22,6 +22,7 @@ VOCAB = 120
 
 @functools.cache
 def tiny(family):
+  """`(model, params)`."""
   if family == 'gpt2':
     return gpt2.init_model(
       gpt2.GPT2Config.tiny(vocab_size=VOCAB, n_positions=32, n_layer=1),
@@ -36,37 +37,37 @@ def tiny(family):
     num_key_value_heads=2,
     tie_word_embeddings=True,
   )
-  model = llama.init_model(config, key=jax.random.key(4))
+  model, params = llama.init_model(config, key=jax.random.key(4))
   # Sharper predictions than the 0.02 init, so that scores differ clearly.
-  params = jax.tree.map(lambda x: x * 4 if x.ndim == 2 else x, model.params)
-  return model.replace(params=params)
+  params = jax.tree.map(lambda x: x * 4 if x.ndim == 2 else x, params)
+  return model, params
 
 
-@functools.cache
-def _next_log_probs(model, width):
+SEARCH = jax.jit(bs.bag_beam_search, static_argnames=('model', 'config'))
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _next_log_probs(model, params, ids, lengths):
   """log p(next | seq) for right-padded rows: one compilation per shape."""
-
-  @jax.jit
-  def fn(ids, lengths):
-    mask = (jnp.arange(width)[None] < lengths[:, None]).astype(jnp.int32)
-    logits = model.logits(model.params, ids, mask)
-    last = logits[jnp.arange(ids.shape[0]), lengths - 1]
-    return jax.nn.log_softmax(last, -1)
-
-  return fn
+  width = ids.shape[1]
+  mask = (jnp.arange(width)[None] < lengths[:, None]).astype(jnp.int32)
+  logits = model.logits(params, ids, mask)
+  last = logits[jnp.arange(ids.shape[0]), lengths - 1]
+  return jax.nn.log_softmax(last, -1)
 
 
-def reference(model, prompts, bag, config, prior=()):
+def reference(model, params, prompts, bag, config, prior=()):
   """Alg. 1 with groups, written out with full-sequence rescoring."""
   width = len(prompts[0]) + config.length
-  next_fn = _next_log_probs(model, width)
 
   def logp_fn(seqs):
     ids = np.zeros((len(seqs), width), np.int32)
     for i, q in enumerate(seqs):
       ids[i, : len(q)] = q
     lengths = np.asarray([len(q) for q in seqs], np.int32)
-    return next_fn(jnp.asarray(ids), jnp.asarray(lengths))
+    return _next_log_probs(
+      model, params, jnp.asarray(ids), jnp.asarray(lengths)
+    )
 
   def penalty(seq, cand):
     n = config.ngram_size
@@ -113,7 +114,7 @@ def reference(model, prompts, bag, config, prior=()):
   starts = []
   for p in prompts:
     lp = np.asarray(
-      jax.nn.log_softmax(model.logits(model.params, jnp.asarray([p]))[0], -1)
+      jax.nn.log_softmax(model.logits(params, jnp.asarray([p]))[0], -1)
     )
     starts.append(
       (list(p), float(sum(lp[t - 1, p[t]] for t in range(1, len(p)))))
@@ -142,14 +143,13 @@ CASES = [
 
 @pytest.mark.parametrize('family,config', CASES)
 def test_kernel_matches_python_reference(family, config):
-  model = tiny(family)
+  model, params = tiny(family)
   prompts = [[1, 5], [1, 9], [1, 17]]
   bag = [5, 9, 17, 22, 23, 40, 41, 60]
-  fn = jax.jit(bs.beam_search, static_argnames=('model', 'config'))
-  out = fn(
-    model, model.params, jnp.asarray([prompts]), jnp.asarray(bag), config=config
+  out = SEARCH(
+    model, params, jnp.asarray([prompts]), jnp.asarray(bag), config=config
   )
-  ref = reference(model, prompts, bag, config)
+  ref = reference(model, params, prompts, bag, config)
   assert out.tokens.shape == (1, config.num_beams, 2 + config.length)
   got = [
     (list(map(int, t)), float(s))
@@ -163,40 +163,40 @@ def test_kernel_matches_python_reference(family, config):
 
 
 def test_prior_ngrams_are_penalised_and_match_reference():
-  model = tiny('llama')
+  model, params = tiny('llama')
   config = bs.BeamSearchConfig(num_beams=4, length=4, prior_penalty=3.0)
   prompts = [[1, 5], [1, 9]]
   bag = [5, 9, 17, 22, 23, 40]
-  first = reference(model, prompts, bag, config)[0][0]
+  first = reference(model, params, prompts, bag, config)[0][0]
   prior = np.zeros((2, 6), np.int32)
   prior[0] = first
-  out = bs.beam_search(
+  out = bs.bag_beam_search(
     model,
-    model.params,
+    params,
     jnp.asarray([prompts]),
     jnp.asarray(bag),
     config=config,
     prior=jnp.asarray(prior),
     prior_lengths=jnp.asarray([6, 0]),
   )
-  ref = reference(model, prompts, bag, config, prior=[first])
+  ref = reference(model, params, prompts, bag, config, prior=[first])
   assert list(map(int, out.tokens[0, 0])) == ref[0][0]
   assert float(out.scores[0, 0]) == pytest.approx(ref[0][1], abs=1e-4)
   assert ref[0][0] != first
 
 
 def test_scores_are_log_probabilities_without_repeats():
-  model = tiny('gpt2')
+  model, params = tiny('gpt2')
   config = CASES[0][1]  # bigram ban; compiled already
-  out = jax.jit(bs.beam_search, static_argnames=('model', 'config'))(
+  out = SEARCH(
     model,
-    model.params,
+    params,
     jnp.asarray([[[1, 7], [1, 8], [1, 9]]] * 2),
     jnp.arange(10, 18),
     config=config,
   )
   ids = out.tokens.reshape(-1, out.tokens.shape[-1])
-  logp = model.token_log_probs(model.params, ids).sum(-1)
+  logp = model.token_log_probs(params, ids).sum(-1)
   np.testing.assert_allclose(
     np.asarray(logp).reshape(2, 4), np.asarray(out.scores), atol=1e-4
   )
@@ -219,18 +219,36 @@ def test_ngram_followers():
 
 
 def test_one_compilation_for_bags_of_one_size():
-  model = tiny('gpt2')
+  model, params = tiny('gpt2')
   config = bs.BeamSearchConfig(num_beams=2, length=3)
   traces = []
 
   def search(params, prompts, bag):
     traces.append(1)  # runs once per compilation
-    return bs.beam_search(model, params, prompts, bag, config=config)
+    return bs.bag_beam_search(model, params, prompts, bag, config=config)
 
   fn = jax.jit(search)
   for bag in ([10, 11, 12, 13], [20, 21, 22, 23], [5, 6, 7, 8]):
-    fn(model.params, jnp.asarray([[[1, bag[0]]]]), jnp.asarray(bag))
+    fn(params, jnp.asarray([[[1, bag[0]]]]), jnp.asarray(bag))
+  # New params of the same shapes reuse the compiled search.
+  fn(
+    jax.tree.map(lambda x: x + 1, params),
+    jnp.asarray([[[1, 5]]]),
+    jnp.asarray([5, 6, 7, 8]),
+  )
   assert len(traces) == 1
+
+
+def test_rebuilt_model_reuses_the_compiled_search():
+  model, params = tiny('gpt2')
+  config = bs.BeamSearchConfig(num_beams=2, length=3)
+  again = gpt2.make_model(model.config)
+  assert again == model and hash(again) == hash(model)
+  args = (params, jnp.asarray([[[1, 10]]]), jnp.asarray([10, 11, 12, 13]))
+  SEARCH(model, *args, config=config)
+  size = SEARCH._cache_size()  # pylint: disable=protected-access
+  SEARCH(again, *args, config=config)
+  assert SEARCH._cache_size() == size  # pylint: disable=protected-access
 
 
 def test_sharded_searches_equal_one_device():
@@ -240,18 +258,17 @@ def test_sharded_searches_equal_one_device():
 
   from leakjax import sharding  # pylint: disable=g-import-not-at-top
 
-  model = tiny('llama')
+  model, params = tiny('llama')
   config = bs.BeamSearchConfig(num_beams=2, length=3)
   n = 2 * (jax.device_count() // 2)
   mesh = sharding.make_mesh(f'data:{n}')
   prompts = jnp.asarray([[[1, 5 + i]] for i in range(n)])
   bag = jnp.arange(5, 5 + n + 4)
-  fn = jax.jit(bs.beam_search, static_argnames=('model', 'config'))
-  single = fn(model, model.params, prompts, bag, config=config)
+  single = SEARCH(model, params, prompts, bag, config=config)
   sharded_prompts = jax.device_put(
     prompts, NamedSharding(mesh, PartitionSpec('data'))
   )
-  multi = fn(model, model.params, sharded_prompts, bag, config=config)
+  multi = SEARCH(model, params, sharded_prompts, bag, config=config)
   np.testing.assert_array_equal(
     np.asarray(single.tokens), np.asarray(multi.tokens)
   )

@@ -114,10 +114,10 @@ def test_headline_reads_sibling_result_shapes():
 
 
 def test_flop_counts_match_xla():
-  model, _ = beam_search_vs_hf.load_pair('gpt2-tiny')  # cached above
+  model, params, _ = beam_search_vs_hf.load_pair('gpt2-tiny')  # cached above
   ids = jnp.zeros((1, 32), jnp.int32)
   ours = peak.forward_flops(peak.shape_of(model), 32)
-  xla = peak.xla_flops(lambda p, i: model.logits(p, i), model.params, ids)
+  xla = peak.xla_flops(lambda p, i: model.logits(p, i), params, ids)
   if xla is None:
     pytest.skip('XLA cost analysis unavailable')
   # XLA also counts the masked half of attention, norms and softmax.

@@ -1,7 +1,9 @@
 """Tests for leakjax.attacks.differential and experiments.differential."""
 
+import dataclasses
 import functools
 import itertools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,7 @@ import pytest
 
 from leakjax.attacks import differential as dlib
 from leakjax.errors import LeakjaxError
-from leakjax.models import lstm
+from leakjax.models import LanguageModel, ParamPaths, from_functions, lstm
 from leakjax.tokenization import WordTokenizer
 
 BOS = 1
@@ -19,33 +21,35 @@ TINY = lstm.LSTMConfig(vocab_size=7, embed_dim=5, hidden_size=6, num_layers=2)
 
 
 def random_model(config, seed):
-  """A model whose every parameter is O(1) random, so scores differ a lot."""
-  model = lstm.init_model(config, key=jax.random.key(seed))
-  leaves, tree = jax.tree.flatten(model.params)
+  """`(model, params)` with every parameter O(1) random: scores differ a lot."""
+  model, params = lstm.init_model(config, key=jax.random.key(seed))
+  leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
   leaves = [
     x + 0.8 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)
   ]
-  return model.replace(params=jax.tree.unflatten(tree, leaves))
+  return model, jax.tree.unflatten(tree, leaves)
 
 
 @pytest.fixture(scope='module')
 def pair():
-  return random_model(TINY, 0), random_model(TINY, 1)
+  """`(model, params, params_prime)`: M and M' are snapshots of one model."""
+  m, params = random_model(TINY, 0)
+  mp, params_prime = random_model(TINY, 1)
+  assert m == mp and hash(m) == hash(mp)  # one static argument for both
+  return m, params, params_prime
 
 
-def np_probs(model, ids):
+def np_probs(model, params, ids):
   """Next-token probabilities of every prefix, float64 [time, vocab]."""
-  logits = np.asarray(
-    model.logits(model.params, jnp.asarray([ids])), np.float64
-  )[0]
+  logits = np.asarray(model.logits(params, jnp.asarray([ids])), np.float64)[0]
   e = np.exp(logits - logits.max(-1, keepdims=True))
   return e / e.sum(-1, keepdims=True)
 
 
-def direct_scores(m, mp, ids, num_context):
+def direct_scores(m, params, params_prime, ids, num_context):
   """Definition 3.1 for one sequence, position by position, in float64."""
-  p, pp = np_probs(m, ids), np_probs(mp, ids)
+  p, pp = np_probs(m, params, ids), np_probs(m, params_prime, ids)
   ds = rel = 0.0
   for i in range(num_context, len(ids)):
     a, b = p[i - 1, ids[i]], pp[i - 1, ids[i]]
@@ -58,26 +62,67 @@ def all_sequences(vocab, n):
   return np.asarray(list(itertools.product(range(vocab), repeat=n)), np.int32)
 
 
-@functools.lru_cache(maxsize=None)
-def jitted_score(m, mp, num_context):
-  return jax.jit(
-    functools.partial(dlib.differential_score, m, mp, num_context=num_context)
+@functools.partial(jax.jit, static_argnames=('model', 'num_context'))
+def jitted_score(model, params, params_prime, ids, *, num_context):
+  return dlib.differential_score(
+    model, model, params, params_prime, ids, num_context=num_context
   )
 
 
-def score_all(m, mp, context, seqs):
+def score_all(m, params, params_prime, context, seqs):
   ids = np.concatenate([np.tile(context, (len(seqs), 1)), seqs], 1)
-  return jitted_score(m, mp, len(context))(m.params, mp.params, ids)
+  return jitted_score(m, params, params_prime, ids, num_context=len(context))
 
 
-def search(m, mp, context, tokens=None, **kwargs):
-  """`beam_search` under jit, as callers run it."""
-  fn = jax.jit(functools.partial(dlib.beam_search, m, mp, **kwargs))
-  return fn(
-    m.params,
-    mp.params,
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    'model',
+    'widths',
+    'length',
+    'num_groups',
+    'score',
+    'chunk_rows',
+  ),
+)
+def jitted_search(
+  model,
+  params,
+  params_prime,
+  context,
+  tokens,
+  *,
+  widths,
+  length,
+  num_groups=1,
+  score='ds',
+  chunk_rows=None,
+):
+  return dlib.rank_beam_search(
+    model,
+    model,
+    params,
+    params_prime,
+    context,
+    tokens,
+    widths=tuple(widths),
+    length=length,
+    num_groups=num_groups,
+    score=score,
+    chunk_rows=chunk_rows,
+  )
+
+
+def search(m, params, params_prime, context, tokens=None, **kwargs):
+  """`rank_beam_search` under jit, as callers run it."""
+  kwargs['widths'] = tuple(kwargs['widths'])
+  return jitted_search(
+    m,
+    params,
+    params_prime,
     jnp.asarray(context, jnp.int32),
     None if tokens is None else jnp.asarray(tokens, jnp.int32),
+    **kwargs,
   )
 
 
@@ -87,21 +132,21 @@ def search(m, mp, context, tokens=None, **kwargs):
 def test_differential_score_equals_direct_computation(
   pair, use_jit, num_context
 ):
-  m, mp = pair
+  m, p, pp = pair
   rng = np.random.default_rng(0)
   ids = rng.integers(0, TINY.vocab_size, (5, 8)).astype(np.int32)
   ids[:, 0] = BOS
   lengths = np.array([8, 6, 4, 8, 5])
   mask = (np.arange(8)[None] < lengths[:, None]).astype(np.int32)
-  fn = functools.partial(
-    dlib.differential_score, m, mp, num_context=num_context
-  )
+  fn = functools.partial(dlib.differential_score, m, m, num_context=num_context)
   if use_jit:
     fn = jax.jit(fn)
-  got = fn(m.params, mp.params, jnp.asarray(ids), jnp.asarray(mask))
+  got = fn(p, pp, jnp.asarray(ids), jnp.asarray(mask))
   assert got.ds.shape == (5,) and got.token_ds.shape == (5, 7)
   for b in range(5):
-    want_ds, want_rel = direct_scores(m, mp, ids[b, : lengths[b]], num_context)
+    want_ds, want_rel = direct_scores(
+      m, p, pp, ids[b, : lengths[b]], num_context
+    )
     np.testing.assert_allclose(got.ds[b], want_ds, atol=1e-5)
     np.testing.assert_allclose(got.rel_ds[b], want_rel, rtol=1e-4, atol=1e-5)
   # Padding and context positions score exactly 0.
@@ -110,9 +155,9 @@ def test_differential_score_equals_direct_computation(
 
 
 def test_identical_models_score_zero(pair):
-  m, _ = pair
+  m, p, _ = pair
   ids = np.array([[BOS, 2, 3, 4]], np.int32)
-  s = dlib.differential_score(m, m, m.params, m.params, ids)
+  s = dlib.differential_score(m, m, p, p, ids)
   assert float(s.ds[0]) == 0.0 and float(s.rel_ds[0]) == 0.0
 
 
@@ -125,30 +170,28 @@ def test_token_scores_relative_is_exact_for_tiny_probabilities():
 
 
 def test_num_context_must_be_positive(pair):
-  m, mp = pair
+  m, p, pp = pair
   with pytest.raises(LeakjaxError, match='num_context'):
-    dlib.differential_score(
-      m, mp, m.params, mp.params, np.array([[BOS, 2]]), num_context=0
-    )
+    dlib.differential_score(m, m, p, pp, np.array([[BOS, 2]]), num_context=0)
 
 
 # ------------------------------------------------------------ search
 def test_exhaustive_widths_return_every_sequence_ranked(pair):
   """With widths |T|^i the search is exact: all of T^n, sorted by DS."""
-  m, mp = pair
+  m, p, pp = pair
   n, v = 3, TINY.vocab_size
   result = search(
-    m, mp, [BOS], widths=(v, v**2, v**3), length=n, chunk_rows=5
+    m, p, pp, [BOS], widths=(v, v**2, v**3), length=n, chunk_rows=5
   )  # 5 does not divide 49: padded chunks
   seqs = all_sequences(v, n)
-  want = np.asarray(score_all(m, mp, [BOS], seqs).ds)
+  want = np.asarray(score_all(m, p, pp, [BOS], seqs).ds)
   order = np.argsort(-want)
   assert result.sequences.shape == (1, v**3, n)
   np.testing.assert_allclose(result.ds[0], want[order], atol=2e-6)
   np.testing.assert_array_equal(result.sequences[0, :10], seqs[order[:10]])
 
 
-def reference_search(m, mp, context, tokens, widths, groups, score):
+def reference_search(m, p, pp, context, tokens, widths, groups, score):
   """Algorithm 1 + group beam search, literally: score each candidate.
 
   Every candidate sequence s∘t is scored from scratch with
@@ -158,7 +201,7 @@ def reference_search(m, mp, context, tokens, widths, groups, score):
 
   def scores(seqs):
     s = score_all(
-      m, mp, context, np.asarray(seqs, np.int32).reshape(len(seqs), -1)
+      m, p, pp, context, np.asarray(seqs, np.int32).reshape(len(seqs), -1)
     )
     return np.asarray(getattr(s, score))
 
@@ -190,12 +233,13 @@ def reference_search(m, mp, context, tokens, widths, groups, score):
   ],
 )
 def test_search_equals_per_sequence_reference(pair, groups, score, context):
-  m, mp = pair
+  m, p, pp = pair
   tokens = np.array([0, 2, 3, 5, 6, 4], np.int32)  # T, a permuted subset
   widths = (6, 6, 3) if groups == 3 else (6, 4, 2)
   result = search(
     m,
-    mp,
+    p,
+    pp,
     context,
     tokens,
     widths=widths,
@@ -205,7 +249,7 @@ def test_search_equals_per_sequence_reference(pair, groups, score, context):
     chunk_rows=2,
   )
   want_seqs, want_vals = reference_search(
-    m, mp, context, tokens, widths, groups, score
+    m, p, pp, context, tokens, widths, groups, score
   )
   assert result.sequences.shape == (groups, widths[-1] // groups, 3)
   np.testing.assert_array_equal(result.sequences, want_seqs)
@@ -214,7 +258,7 @@ def test_search_equals_per_sequence_reference(pair, groups, score, context):
   )
   # Both scores of every returned sequence match Definition 3.1.
   flat = np.asarray(result.sequences).reshape(-1, 3)
-  direct = score_all(m, mp, context, flat)
+  direct = score_all(m, p, pp, context, flat)
   np.testing.assert_allclose(
     np.asarray(result.ds).reshape(-1), direct.ds, atol=1e-5
   )
@@ -225,13 +269,13 @@ def test_search_equals_per_sequence_reference(pair, groups, score, context):
 
 def test_groups_start_from_disjoint_first_tokens(pair):
   """Group g extends only the one-token sequences of DS ranks g*W/G.. ."""
-  m, mp = pair
+  m, p, pp = pair
   v = TINY.vocab_size - 1  # 6 tokens, 3 groups of 2 first tokens
   tokens = jnp.arange(1, 7)
   result = search(
-    m, mp, [BOS], tokens, widths=(6, 6, 6), length=3, num_groups=3
+    m, p, pp, [BOS], tokens, widths=(6, 6, 6), length=3, num_groups=3
   )
-  first = score_all(m, mp, [BOS], np.arange(1, 7)[:, None])
+  first = score_all(m, p, pp, [BOS], np.arange(1, 7)[:, None])
   ranked_first = np.arange(1, 7)[np.argsort(-np.asarray(first.ds))]
   for g in range(3):
     used = set(np.asarray(result.sequences[g, :, 0]).tolist())
@@ -240,21 +284,35 @@ def test_groups_start_from_disjoint_first_tokens(pair):
 
 
 def test_search_compiles_once_per_shape(pair):
-  m, mp = pair
+  m, params, params_prime = pair
   traces = []
 
   def search(p, pp, ctx):
     traces.append(1)
-    return dlib.beam_search(
-      m, mp, p, pp, ctx, widths=dlib.halving_widths(7, 4), length=4
+    return dlib.rank_beam_search(
+      m, m, p, pp, ctx, widths=dlib.halving_widths(7, 4), length=4
     )
 
   fn = jax.jit(search)
-  a = fn(m.params, mp.params, jnp.array([BOS]))
-  b = fn(mp.params, m.params, jnp.array([BOS]))  # swapped snapshots
+  a = fn(params, params_prime, jnp.array([BOS]))
+  b = fn(params_prime, params, jnp.array([BOS]))  # swapped snapshots
   assert len(traces) == 1
   assert a.sequences.shape == b.sequences.shape == (1, 1, 4)
   assert a.ds.dtype == jnp.float32 and a.sequences.dtype == jnp.int32
+
+
+def test_model_is_a_static_argument_new_params_never_recompile(pair):
+  """The module-level jit idiom: the model static, the params explicit."""
+  m, params, params_prime = pair
+  widths = dlib.halving_widths(7, 2)
+  before = jitted_search._cache_size()
+  a = search(m, params, params_prime, [BOS], widths=widths, length=2)
+  after_first = jitted_search._cache_size()
+  # A model built again from the same config is the same static argument.
+  m2, params2 = random_model(TINY, 2)
+  b = search(m2, params2, params, [BOS], widths=widths, length=2)
+  assert jitted_search._cache_size() == after_first <= before + 1
+  assert not np.array_equal(a.ds, b.ds)
 
 
 def test_search_over_the_smollm2_vocabulary_on_a_tiny_llama():
@@ -270,19 +328,20 @@ def test_search_over_the_smollm2_vocabulary_on_a_tiny_llama():
     num_key_value_heads=1,
     max_position_embeddings=16,
   )
-  m = llama.init_model(config, key=jax.random.key(0))
-  mp = llama.init_model(config, key=jax.random.key(1))
+  m, p = llama.init_model(config, key=jax.random.key(0))
+  _, pp = llama.init_model(config, key=jax.random.key(1))
+  assert m.vocab_size == 49_152
   context = [1, 5]
-  result = search(m, mp, context, widths=(32, 4, 2), length=3)
+  result = search(m, p, pp, context, widths=(32, 4, 2), length=3)
   assert result.sequences.shape == (1, 2, 3)
   seqs = np.asarray(result.sequences[0])
   assert seqs.max() < 49_152
-  direct = score_all(m, mp, context, seqs)
+  direct = score_all(m, p, pp, context, seqs)
   np.testing.assert_allclose(result.ds[0], direct.ds, atol=1e-7)
   # The best first token is the argmax of M' - M over the whole vocabulary.
   ids = jnp.asarray([context])
-  first = jax.nn.softmax(mp.logits(mp.params, ids)[0, -1]) - jax.nn.softmax(
-    m.logits(m.params, ids)[0, -1]
+  first = jax.nn.softmax(m.logits(pp, ids)[0, -1]) - jax.nn.softmax(
+    m.logits(p, ids)[0, -1]
   )  # [49152]
   assert seqs[0, 0] in np.argsort(-np.asarray(first))[:32]
 
@@ -298,26 +357,111 @@ def test_halving_widths():
 
 
 def test_bad_widths_raise(pair):
-  m, mp = pair
+  m, p, pp = pair
   with pytest.raises(LeakjaxError, match='exceeds'):
-    dlib.beam_search(
-      m, mp, m.params, mp.params, jnp.array([BOS]), widths=(8, 4), length=2
+    dlib.rank_beam_search(
+      m, m, p, pp, jnp.array([BOS]), widths=(8, 4), length=2
     )
   with pytest.raises(LeakjaxError, match='widths'):
-    dlib.beam_search(
-      m, mp, m.params, mp.params, jnp.array([BOS]), widths=(4,), length=2
+    dlib.rank_beam_search(m, m, p, pp, jnp.array([BOS]), widths=(4,), length=2)
+
+
+def test_snapshots_of_different_vocabularies_raise(pair):
+  m, p, _ = pair
+  other, other_params = random_model(
+    lstm.LSTMConfig(vocab_size=9, embed_dim=5, hidden_size=6, num_layers=2), 0
+  )
+  with pytest.raises(LeakjaxError, match="M' has 9"):
+    dlib.rank_beam_search(
+      m, other, p, other_params, jnp.array([BOS]), widths=(7,), length=1
     )
+
+
+# --------------------------------------------- any LanguageModel works
+def _bigram_logits(params, ids, mask=None):
+  del mask
+  return params['table'][ids].astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class BigramLM:
+  """A user's own model (not a leakjax Model): p(next | last token)."""
+
+  vocab_size: int
+  hidden_size: int | None = None
+  num_layers: int | None = None
+  max_length: int | None = None
+  tie_word_embeddings: bool = False
+  paths: ParamPaths = ParamPaths(word_embeddings=('table',))
+  tokenizer: Any = None
+
+  def logits(self, params, ids, mask=None):
+    return _bigram_logits(params, ids, mask)
+
+  def token_log_probs(self, params, ids, mask=None):
+    logp = jax.nn.log_softmax(self.logits(params, ids, mask)[:, :-1], -1)
+    return jnp.take_along_axis(logp, ids[:, 1:, None], -1)[..., 0]
+
+  def init_cache(self, params, batch_size, max_length):
+    del params, max_length
+    return jnp.zeros((batch_size,), jnp.int32)  # tokens read per row
+
+  def decode(self, params, cache, ids):
+    return self.logits(params, ids), cache + ids.shape[1]
+
+
+@pytest.mark.parametrize('kind', ['own_class', 'from_functions'])
+def test_any_language_model_scores_and_searches(kind):
+  """DS and the search need only the protocol (`from_functions` without a
+  decode function decodes by recomputing the prefix)."""
+  v, n = 5, 3
+  if kind == 'own_class':
+    m = BigramLM(vocab_size=v)
+  else:
+    m = from_functions(_bigram_logits, vocab_size=v, word_embeddings='table')
+  assert isinstance(m, LanguageModel)
+  keys = jax.random.split(jax.random.key(3))
+  p, pp = ({'table': 2.0 * jax.random.normal(k, (v, v))} for k in keys)
+  seqs = all_sequences(v, n)
+  s = score_all(m, p, pp, [BOS], seqs)
+
+  # Definition 3.1 for a bigram model, in float64.
+  def probs(q):
+    e = np.exp(np.asarray(q['table'], np.float64))
+    return e / e.sum(-1, keepdims=True)
+
+  a, b = probs(p), probs(pp)
+  prev = np.concatenate([np.full((len(seqs), 1), BOS), seqs[:, :-1]], 1)
+  diff = b[prev, seqs] - a[prev, seqs]
+  want = {'ds': diff.sum(1), 'rel_ds': (diff / a[prev, seqs]).sum(1)}
+  np.testing.assert_allclose(s.ds, want['ds'], atol=2e-6)
+  np.testing.assert_allclose(s.rel_ds, want['rel_ds'], rtol=1e-4, atol=1e-5)
+  for score in dlib.SCORES:  # exhaustive widths: all of T^n, ranked
+    result = search(
+      m, p, pp, [BOS], widths=(v, v**2, v**3), length=n, score=score
+    )
+    np.testing.assert_allclose(
+      getattr(result, score)[0],
+      np.sort(want[score])[::-1],
+      rtol=1e-4,
+      atol=2e-6,
+    )
+  # A longer context goes through `decode` before the first step.
+  result = search(m, p, pp, [BOS, 2, 4], widths=(v, 4, 2), length=n)
+  direct = score_all(m, p, pp, [BOS, 2, 4], np.asarray(result.sequences[0]))
+  np.testing.assert_allclose(result.ds[0], direct.ds, atol=2e-6)
+  np.testing.assert_allclose(result.rel_ds[0], direct.rel_ds, rtol=1e-4)
 
 
 # ----------------------------------------------------- DR (Prop. 3.3)
 def test_dr_lower_bound_never_exceeds_true_rank(pair):
-  m, mp = pair
+  m, p, pp = pair
   n, v = 3, TINY.vocab_size
   seqs = all_sequences(v, n)
-  ds = np.asarray(score_all(m, mp, [BOS], seqs).ds)
+  ds = np.asarray(score_all(m, p, pp, [BOS], seqs).ds)
   true_dr = (ds[None, :] > ds[:, None]).sum(1)
   for widths in [(7, 49, 343), (3, 3, 3)]:
-    result = search(m, mp, [BOS], widths=widths, length=n)
+    result = search(m, p, pp, [BOS], widths=widths, length=n)
     bound = np.asarray(dlib.differential_rank_lower_bound(result, seqs, ds))
     assert np.all(bound <= true_dr)
     if widths[-1] == v**n:  # exhaustive: the bound is the rank
@@ -355,7 +499,7 @@ def test_search_finds_a_canary_planted_by_training():
   config = lstm.LSTMConfig(
     vocab_size=30, embed_dim=16, hidden_size=16, num_layers=2
   )
-  model = lstm.init_model(
+  model, params = lstm.init_model(
     config, key=jax.random.key(0), tokenizer=WordTokenizer(words)
   )
   canary = np.array([BOS, 17, 4, 29, 8, 23], np.int32)
@@ -370,29 +514,29 @@ def test_search_finds_a_canary_planted_by_training():
     updates, state = opt.update(grads, state, params)
     return optax.apply_updates(params, updates), state
 
-  params, state = model.params, opt.init(model.params)
+  state = opt.init(params)
   for _ in range(40):  # M: the background data D
     params, state = step(params, state, jnp.asarray(background))
-  base = model.replace(params=params)
+  base = params
   # M': continued training on D' \ D = copies of the canary (as many rows
   # as the background batch: one compiled step; the mean loss of identical
   # rows is that of one).
   update = np.tile(canary, (len(background), 1))
   for _ in range(30):
     params, state = step(params, state, jnp.asarray(update))
-  prime = model.replace(params=params)
+  prime = params
 
   result = search(
-    base, prime, [BOS], widths=dlib.halving_widths(30, 5), length=5
+    model, base, prime, [BOS], widths=dlib.halving_widths(30, 5), length=5
   )
   np.testing.assert_array_equal(result.sequences[0, 0], canary[1:])
-  s = score_all(base, prime, [BOS], canary[None, 1:])
+  s = score_all(model, base, prime, [BOS], canary[None, 1:])
   assert float(s.ds[0]) > 1.0  # most of the canary's probability is new
   dr = dlib.differential_rank_lower_bound(result, canary[None, 1:], s.ds)
   assert int(dr[0]) == 0
   # A background sentence is not exposed: many found sequences beat it.
   other = background[:1]
-  s_other = score_all(base, prime, [BOS], other[:, 1:])
+  s_other = score_all(model, base, prime, [BOS], other[:, 1:])
   dr_other = dlib.differential_rank_lower_bound(
     result, other[:, 1:], s_other.ds
   )
@@ -494,3 +638,35 @@ def test_canaries_follow_the_frequency_profiles(tmp_path):
   ids, mask = exp.pack_rows(tok, split.train, 24, seed=0)
   assert ids.shape[1] == 24 and mask.mean() > 0.9
   assert np.all(ids[:, 0] == tok.bos_id)  # every row starts a sentence
+
+
+def test_experiment_dr_bounds_count_higher_found_sequences():
+  """`dr_bounds` (the library's Prop. 3.3) = counting found rows directly."""
+  from experiments import differential as exp  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(0)
+  seqs = rng.integers(0, 4, (64, 3)).astype(np.int32)  # with repeats
+  ds = np.round(rng.normal(size=64), 1).astype(np.float32)  # with ties
+  order = np.argsort(-ds, kind='stable')
+  found = dlib.SearchResult(
+    sequences=seqs[order][None],
+    ds=ds[order][None],
+    rel_ds=np.float32(3.0) * ds[order][None],
+  )
+  own = rng.random(64) < 0.7
+  targets = np.concatenate([seqs[:8], rng.integers(0, 5, (8, 3))]).astype(
+    np.int32
+  )
+  for score in dlib.SCORES:
+    found_scores = getattr(found, score)[0]
+    for i, target in enumerate(targets):
+      value = found_scores[i] + np.float32(0.05 * (i % 3 - 1))
+      different = np.any(found.sequences[0] != target[None], -1)
+      higher = found_scores > value
+      got = exp.dr_bounds(
+        found, target, np.asarray([value], np.float32), own, score
+      )
+      assert got == (
+        int(np.sum(different & higher)),
+        int(np.sum(different & higher & own)),
+      )

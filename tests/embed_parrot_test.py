@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @functools.lru_cache(maxsize=None)
 def tiny_llama(vocab_size=128, tokenizer=None, layers=3):
+  """`(model, params)` of a tiny tied Llama (built once per argument set)."""
   config = llama.LlamaConfig(
     vocab_size=vocab_size,
     hidden_size=32,
@@ -45,12 +46,12 @@ def tiny_data(n=48, t=8):
   HEI ~ 0), the "deep" states here are H^3 rotated by a fixed random
   orthogonal matrix plus a large constant offset.
   """
-  model = tiny_llama()
+  model, params = tiny_llama()
   ids = jax.random.randint(jax.random.key(1), (n, t), 0, 128)
   mask = np.ones((n, t), np.int32)
   mask[::3, 6:] = 0
-  states = jax.jit(functools.partial(ei.layer_states, model, layers=(0, 3)))(
-    model.params, ids, mask
+  states = jax.jit(ei.layer_states, static_argnames=('model', 'layers'))(
+    model, params, ids, mask, layers=(0, 3)
   )
   states = np.asarray(states)
   rng = np.random.default_rng(0)
@@ -114,8 +115,8 @@ def test_training_reduces_loss_and_beats_hei(tmp_path):
   assert len(history) == 3 and history[-1]['step'] == 60
   assert losses[-1] < 0.5 * losses[0]
   assert ckpt.exists()
-  model = tiny_llama()
-  emb = model.word_embeddings(model.params)
+  model, params = tiny_llama()
+  emb = model.word_embeddings(params)
   pred = ep.predict_batches(CONFIG, variables, deep, mask, batch_size=16)
   real = mask > 0
   acc_ep = (np.asarray(ei.hei_ids(pred, emb)) == ids)[real].mean()
@@ -148,7 +149,8 @@ def test_linear_skip_starts_at_ridge_and_improves():
   )
   # Already at step 0 the ridge map undoes most of rotation and offset.
   real = mask > 0
-  emb = tiny_llama().word_embeddings(tiny_llama().params)
+  model, params = tiny_llama()
+  emb = model.word_embeddings(params)
   acc = (np.asarray(ei.hei_ids(x @ kernel + bias, emb)) == ids)[real].mean()
   assert acc > 0.9
 
@@ -170,20 +172,18 @@ def test_train_rejects_bad_shapes():
 
 
 def test_ppl_term_is_model_nll_for_exact_embeddings_and_differentiable():
-  model = tiny_llama()
+  model, params = tiny_llama()
   ids, mask, deep, h0 = tiny_data()
   ids, mask, deep, h0 = ids[:4], mask[:4], deep[:4], h0[:4]
   # With the true H^0 and a tiny temperature, q is one-hot on the tokens and
   # the term is the model's mean next-token NLL of the text.
-  term = ep.ppl_term(
-    model, model.params, jnp.asarray(h0), mask, temperature=1e-3
-  )
-  nll, count = ei.sequence_nll(model.logits(model.params, ids, mask), ids, mask)
+  term = ep.ppl_term(model, params, jnp.asarray(h0), mask, temperature=1e-3)
+  nll, count = ei.sequence_nll(model.logits(params, ids, mask), ids, mask)
   assert float(term) == pytest.approx(float(nll.sum() / count.sum()), rel=1e-3)
   # EP+PPL loss = cosine loss + weight * PPL term, with finite gradients.
   variables = ep.init_variables(CONFIG, key=jax.random.key(0))
   batch = ep.Batch(jnp.asarray(deep), jnp.asarray(h0), jnp.asarray(mask))
-  ppl = lambda pred, m: ep.ppl_term(model, model.params, pred, m)
+  ppl = lambda pred, m: ep.ppl_term(model, params, pred, m)
   loss_fn = functools.partial(
     ep.loss_fn, config=CONFIG, ppl=ppl, ppl_weight=0.5
   )
@@ -196,6 +196,42 @@ def test_ppl_term_is_model_nll_for_exact_embeddings_and_differentiable():
   leaves = jax.tree.leaves(grads)
   assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
   assert any(np.abs(np.asarray(g)).max() > 0 for g in leaves)
+
+
+def test_train_with_ppl_term_needs_target_params_and_runs():
+  model, params = tiny_llama()
+  _, mask, deep, h0 = tiny_data()
+  cfg = ep.TrainConfig(
+    steps=2, batch_size=8, warmup_steps=1, log_every=1, ppl_weight=0.5
+  )
+  with pytest.raises(LeakjaxError, match='params'):
+    ep.train(CONFIG, deep, h0, mask, cfg, key=jax.random.key(0))
+  with pytest.raises(LeakjaxError, match='params'):
+    ep.train(
+      CONFIG, deep, h0, mask, cfg, key=jax.random.key(0), target_model=model
+    )
+  _, history = ep.train(
+    CONFIG,
+    deep,
+    h0,
+    mask,
+    cfg,
+    key=jax.random.key(0),
+    target_model=model,
+    target_params=params,
+  )
+  assert [h['step'] for h in history] == [1, 2]
+  assert all(np.isfinite(h['log_ppl']) for h in history)
+
+
+def test_train_step_compiles_once_per_settings():
+  _, mask, deep, h0 = tiny_data()
+  cfg = ep.TrainConfig(steps=2, batch_size=16, warmup_steps=1, log_every=1)
+  ep.train(CONFIG, deep, h0, mask, cfg, key=jax.random.key(0))
+  before = ep._train_step_jit._cache_size()
+  # Same settings, new data and initialisation: no new compile.
+  ep.train(CONFIG, deep + 1.0, h0, mask, cfg, key=jax.random.key(1))
+  assert ep._train_step_jit._cache_size() == before
 
 
 # -------------------------------------------------------------- experiment
@@ -221,7 +257,7 @@ def _write_corpora(folder: Path) -> str:
 
 def test_experiment_smoke(tmp_path):
   tok = gpt2_tokenizer()
-  model = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok, layers=2)
+  model, params = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok, layers=2)
   cfg = experiment.Config(
     model='tiny',
     corpora=experiment._parse_corpora(_write_corpora(tmp_path)),
@@ -252,7 +288,9 @@ def test_experiment_smoke(tmp_path):
     seed=0,
   )
   workdir, cache = tmp_path / 'out', tmp_path / 'cache'
-  summary = experiment.run_experiment(cfg, workdir, cache, model=model)
+  summary = experiment.run_experiment(
+    cfg, workdir, cache, model=model, params=params
+  )
   for data in 'ab':
     # Layer 0 is the embedding itself: HEI recovers the text exactly.
     assert summary[f'f1@data={data},layer=0,method=hei'] >= 0.95
@@ -276,8 +314,12 @@ def test_experiment_smoke(tmp_path):
   ):
     assert (workdir / name).exists(), name
   assert 'paper' in (workdir / 'summary.md').read_text()
+  with pytest.raises(LeakjaxError, match='together'):
+    experiment.run_experiment(cfg, workdir, cache, model=model)
   # A re-run resumes from results.jsonl, the caches and the checkpoint.
-  again = experiment.run_experiment(cfg, workdir, cache, model=model)
+  again = experiment.run_experiment(
+    cfg, workdir, cache, model=model, params=params
+  )
   for k, v in summary.items():
     if not k.startswith('seconds'):
       assert again[k] == pytest.approx(v, nan_ok=True), k

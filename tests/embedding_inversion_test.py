@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from leakjax import models
 from leakjax.attacks import embedding_inversion as ei
 from leakjax.attacks import text_metrics as tm
 from leakjax.errors import LeakjaxError
@@ -16,6 +17,7 @@ from leakjax.tokenization import gpt2_tokenizer
 
 @functools.lru_cache(maxsize=None)
 def tiny_llama(vocab_size=200, tokenizer=None):
+  """`(model, params)` of a tiny tied Llama (built once per argument set)."""
   config = llama.LlamaConfig(
     vocab_size=vocab_size,
     hidden_size=32,
@@ -31,6 +33,7 @@ def tiny_llama(vocab_size=200, tokenizer=None):
 
 @functools.lru_cache(maxsize=None)
 def tiny_gpt2():
+  """`(model, params)` of a tiny GPT-2 with learned positions."""
   return gpt2.init_model(gpt2.GPT2Config.tiny(n_layer=3), key=jax.random.key(1))
 
 
@@ -46,23 +49,23 @@ MODELS = {'llama': tiny_llama, 'gpt2': tiny_gpt2}
 # ------------------------------------------------------------------ layers
 @pytest.mark.parametrize('family', sorted(MODELS))
 def test_layer_states_shapes_and_definitions(family):
-  model = MODELS[family]()
-  ids, mask = random_ids(model.config.vocab_size)
-  hs = model.hidden_states(model.params, ids, mask)
-  states = ei.layer_states(model, model.params, ids, mask, (0, '2', 3, 'last'))
-  assert states.shape == (4, 3, 7, model.config.hidden_size)
+  model, params = MODELS[family]()
+  ids, mask = random_ids(model.vocab_size)
+  hs = model.hidden_states(params, ids, mask)
+  states = ei.layer_states(model, params, ids, mask, (0, '2', 3, 'last'))
+  assert states.shape == (4, 3, 7, model.hidden_size)
   np.testing.assert_array_equal(states[0], hs[0])
   np.testing.assert_array_equal(states[1], hs[2])
   # 'last' is the final norm of the last block: the head's own input.
-  logits = model.logits(model.params, ids, mask)
+  logits = model.logits(params, ids, mask)
   np.testing.assert_allclose(
-    ei.head_logits(model, model.params, states[3]), logits, atol=1e-5
+    ei.head_logits(model, params, states[3]), logits, atol=1e-5
   )
   assert not np.allclose(states[3], states[2])
 
 
 def test_parse_layer_rejects_bad_layers():
-  model = tiny_llama()
+  model, _ = tiny_llama()
   assert ei.parse_layer(model, 'last') == 'last'
   assert ei.parse_layer(model, '3') == 3
   for bad in (4, -1, 'deep', '2.5'):
@@ -71,35 +74,131 @@ def test_parse_layer_rejects_bad_layers():
 
 
 def test_block_and_norm_paths():
-  assert ei.block_paths(tiny_llama()) == (
+  assert ei.block_paths(*tiny_llama()) == (
     ('layers_0',),
     ('layers_1',),
     ('layers_2',),
   )
-  assert ei.final_norm_path(tiny_llama()) == ('final_norm',)
-  assert ei.final_norm_path(tiny_gpt2()) == ('ln_f',)
+  assert ei.block_paths(*tiny_gpt2()) == (('h_0',), ('h_1',), ('h_2',))
+  assert ei.final_norm_path(*tiny_llama()) == ('final_norm',)
+  assert ei.final_norm_path(*tiny_gpt2()) == ('ln_f',)
+
+
+def test_block_paths_work_on_traced_params():
+  model, params = tiny_llama()
+  found = []
+
+  def fn(p):
+    found.append(ei.block_paths(model, p))
+    return p['embed']['embedding'].sum()
+
+  jax.jit(fn)(params)
+  assert found == [(('layers_0',), ('layers_1',), ('layers_2',))]
+
+
+def _bare_model(flax_model, params, **facts):
+  """The Flax model's own logits/hidden/head as a `from_functions` model.
+
+  Plain functions: no interception reaches inside them from the protocol's
+  declared facts unless `attention_inputs` says where block 0 is.
+  """
+  return models.from_functions(
+    flax_model.logits_fn,
+    vocab_size=flax_model.vocab_size,
+    word_embeddings=flax_model.paths.word_embeddings,
+    hidden_size=flax_model.hidden_size,
+    hidden_states=flax_model.hidden_fn,
+    lm_head=flax_model.head_fn,
+    **facts,
+  )
+
+
+def test_models_that_declare_too_little_get_clear_errors():
+  model, params = tiny_llama()
+  ids, mask = random_ids(model.vocab_size)
+  # No num_layers: layer specs cannot be checked.
+  bare = _bare_model(model, params)
+  with pytest.raises(LeakjaxError, match='num_layers'):
+    ei.parse_layer(bare, 1)
+  # No attention_inputs: the blocks cannot be located.
+  bare = _bare_model(model, params, num_layers=3)
+  with pytest.raises(LeakjaxError, match='attention_inputs'):
+    ei.block_paths(bare, params)
+  with pytest.raises(LeakjaxError, match='attention_inputs'):
+    ei.logits_with_transform(
+      bare, params, ids, mask, layer=1, transform=lambda h: h
+    )
+  # Layer states and HEI need only hidden_states.
+  np.testing.assert_array_equal(
+    ei.layer_states(bare, params, ids, mask, (0, 2)),
+    ei.layer_states(model, params, ids, mask, (0, 2)),
+  )
+  # Declared attention kernels that no chain of module calls holds.
+  wrong = _bare_model(
+    model,
+    params,
+    num_layers=3,
+    attention_inputs=((('final_norm', 'scale'),),),
+  )
+  with pytest.raises(LeakjaxError, match='cannot locate'):
+    ei.block_paths(wrong, params)
+  # Declaring them is enough for the interventions.
+  declared = _bare_model(
+    model, params, num_layers=3, attention_inputs=model.paths.attention_inputs
+  )
+  assert ei.block_paths(declared, params) == ei.block_paths(model, params)
+  np.testing.assert_allclose(
+    ei.logits_with_transform(
+      declared, params, ids, mask, layer=2, transform=lambda h: h
+    ),
+    model.logits(params, ids, mask),
+    atol=1e-5,
+  )
+
+
+def test_head_without_flax_modules_has_no_separable_final_norm():
+  model, params = tiny_llama()
+
+  def head(p, h):  # the tied head in plain jnp, with its RMSNorm
+    var = jnp.mean(jnp.square(h), axis=-1, keepdims=True)
+    h = h * jax.lax.rsqrt(var + 1e-5) * p['final_norm']['scale']
+    return h @ p['embed']['embedding'].T
+
+  plain = models.from_functions(
+    model.logits_fn,
+    vocab_size=model.vocab_size,
+    word_embeddings=model.paths.word_embeddings,
+    hidden_size=model.hidden_size,
+    num_layers=3,
+    lm_head=head,
+  )
+  h = jnp.ones((1, 2, 32))
+  with pytest.raises(LeakjaxError, match='final norm'):
+    ei.bei_ids(plain, params, h)
+  bei = ei.bei_ids(plain, params, h, apply_final_norm=True)
+  assert bei.shape == (1, 2)
 
 
 # --------------------------------------------------------------- HEI, BEI
 def test_hei_at_layer0_recovers_tokens_exactly():
-  model = tiny_llama()
+  model, params = tiny_llama()
   ids, mask = random_ids(200, (4, 9), seed=3)
-  h0 = ei.layer_states(model, model.params, ids, mask, (0,))[0]
-  emb = model.word_embeddings(model.params)
+  h0 = ei.layer_states(model, params, ids, mask, (0,))[0]
+  emb = model.word_embeddings(params)
   np.testing.assert_array_equal(ei.hei_ids(h0, emb), ids)
   np.testing.assert_array_equal(jax.jit(ei.hei_ids)(h0, emb), ids)
 
 
 def test_hei_layer0_text_f1_with_real_tokenizer():
   tok = gpt2_tokenizer()
-  model = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok)
+  model, params = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok)
   texts = [
     'The meeting moved to Thursday afternoon.',
     'Please send the signed contract by Friday!',
   ]
   ids, mask = tok.encode_batch(texts)
-  h0 = ei.layer_states(model, model.params, ids, mask, (0,))[0]
-  guess = ei.hei_ids(h0, model.word_embeddings(model.params))
+  h0 = ei.layer_states(model, params, ids, mask, (0,))[0]
+  guess = ei.hei_ids(h0, model.word_embeddings(params))
   decoded = ei.decode_ids(tok, guess, mask)
   assert decoded == texts
   assert min(tm.token_f1(p, r) for p, r in zip(decoded, texts)) >= 0.95
@@ -120,33 +219,62 @@ def test_hei_equals_numpy_cosine_argmax():
 
 @pytest.mark.parametrize('family', sorted(MODELS))
 def test_bei_shapes_and_final_norm_choice(family):
-  model = MODELS[family]()
-  ids, mask = random_ids(model.config.vocab_size)
-  h = ei.layer_states(model, model.params, ids, mask, (2,))[0]
-  bei = ei.bei_ids(model, model.params, h)
+  model, params = MODELS[family]()
+  ids, mask = random_ids(model.vocab_size)
+  h = ei.layer_states(model, params, ids, mask, (2,))[0]
+  bei = ei.bei_ids(model, params, h)
   assert bei.shape == (3, 7) and bei.dtype == jnp.int32
   np.testing.assert_array_equal(
-    jax.jit(functools.partial(ei.bei_ids, model))(model.params, h), bei
+    jax.jit(ei.bei_ids, static_argnames=('model',))(model, params, h), bei
   )
   # Default (Sec. 4.1): the linear head alone, H W^T for these tied models.
-  emb = np.asarray(model.word_embeddings(model.params))
+  emb = np.asarray(model.word_embeddings(params))
   np.testing.assert_array_equal(bei, (np.asarray(h) @ emb.T).argmax(-1))
   # apply_final_norm=True: the model's whole lm_head (norm + head).
-  normed = ei.bei_ids(model, model.params, h, apply_final_norm=True)
+  normed = ei.bei_ids(model, params, h, apply_final_norm=True)
   np.testing.assert_array_equal(
-    normed, np.asarray(model.lm_head(model.params, h)).argmax(-1)
+    normed, np.asarray(model.lm_head(params, h)).argmax(-1)
   )
 
 
 def test_tied_shortcut_equals_separate_bei_and_hei():
-  model = tiny_llama()
+  model, params = tiny_llama()
   assert ei.has_tied_linear_head(model)
   ids, mask = random_ids(200)
-  h = ei.layer_states(model, model.params, ids, mask, (3,))[0]
-  emb = model.word_embeddings(model.params)
+  h = ei.layer_states(model, params, ids, mask, (3,))[0]
+  emb = model.word_embeddings(params)
   bei, hei = ei.tied_bei_hei_ids(h, emb)
-  np.testing.assert_array_equal(bei, ei.bei_ids(model, model.params, h))
+  np.testing.assert_array_equal(bei, ei.bei_ids(model, params, h))
   np.testing.assert_array_equal(hei, ei.hei_ids(h, emb))
+  both = ei.bei_hei_ids(model, params, h)
+  np.testing.assert_array_equal(both[0], bei)
+  np.testing.assert_array_equal(both[1], hei)
+
+
+def test_bei_hei_ids_untied_head():
+  config = gpt2.GPT2Config.tiny(n_layer=2, tie_word_embeddings=False)
+  model, params = gpt2.init_model(config, key=jax.random.key(4))
+  assert not ei.has_tied_linear_head(model)
+  ids, mask = random_ids(model.vocab_size)
+  h = ei.layer_states(model, params, ids, mask, (1,))[0]
+  bei, hei = ei.bei_hei_ids(model, params, h)
+  np.testing.assert_array_equal(bei, ei.bei_ids(model, params, h))
+  np.testing.assert_array_equal(
+    hei, ei.hei_ids(h, model.word_embeddings(params))
+  )
+
+
+def test_jitted_with_static_model_compiles_once_for_new_params():
+  model, params = tiny_llama()
+  fn = jax.jit(ei.bei_hei_ids, static_argnames=('model',))
+  h = jnp.ones((2, 3, 32))
+  fn(model, params, h)
+  other = jax.tree.map(lambda x: x + 1.0, params)
+  # An equal model built again, new params of the same shapes: cache hit.
+  again = llama.make_model(model.config)
+  assert again == model and hash(again) == hash(model)
+  fn(again, other, h)
+  assert fn._cache_size() == 1
 
 
 def test_hei_sharded_over_batch_equals_single_device():
@@ -236,39 +364,41 @@ def test_dct_defense_is_the_linear_map_ct_o_c():
 
 @pytest.mark.parametrize('family', sorted(MODELS))
 def test_logits_with_identity_transform_and_from_hidden(family):
-  model = MODELS[family]()
-  ids, mask = random_ids(model.config.vocab_size)
-  logits = model.logits(model.params, ids, mask)
-  hs = model.hidden_states(model.params, ids, mask)
+  model, params = MODELS[family]()
+  ids, mask = random_ids(model.vocab_size)
+  logits = model.logits(params, ids, mask)
+  hs = model.hidden_states(params, ids, mask)
   for layer in (0, 2, 3, 'last'):
     same = ei.logits_with_transform(
-      model, model.params, ids, mask, layer=layer, transform=lambda h: h
+      model, params, ids, mask, layer=layer, transform=lambda h: h
     )
     np.testing.assert_allclose(same, logits, atol=1e-5)
   np.testing.assert_allclose(
-    ei.logits_from_hidden(model, model.params, hs[1], mask, layer=1),
+    ei.logits_from_hidden(model, params, hs[1], mask, layer=1),
     logits,
     atol=1e-5,
   )
   changed = ei.logits_with_transform(
-    model, model.params, ids, mask, layer=1, transform=lambda h: -h
+    model, params, ids, mask, layer=1, transform=lambda h: -h
   )
   assert np.abs(np.asarray(changed - logits)).max() > 1e-3
 
 
 def test_defended_nll_and_perplexity():
-  model = tiny_llama()
+  model, params = tiny_llama()
   ids, mask = random_ids(200, (2, 8))
   nll, count = ei.defended_nll(
-    model, model.params, ids, mask, layer=None, overlap=None
+    model, params, ids, mask, layer=None, overlap=None
   )
   np.testing.assert_allclose(count, np.asarray(mask)[:, 1:].sum(1))
   np.testing.assert_allclose(
-    nll.sum() / count.sum(), model.loss(model.params, ids, mask), rtol=1e-5
+    nll.sum() / count.sum(), model.loss(params, ids, mask), rtol=1e-5
   )
   defense = ei.make_dct_defense(32, 2, key=jax.random.key(0))
-  fn = jax.jit(functools.partial(ei.defended_nll, model, layer=1))
-  nll_d, count_d = fn(model.params, ids, mask, overlap=defense.overlap)
+  fn = jax.jit(ei.defended_nll, static_argnames=('model', 'layer'))
+  nll_d, count_d = fn(
+    model, params, ids, mask, layer=1, overlap=defense.overlap
+  )
   np.testing.assert_array_equal(count_d, count)
   assert np.all(np.isfinite(nll_d)) and not np.allclose(nll_d, nll)
 

@@ -1,4 +1,4 @@
-"""FILM's kernels split their candidates over a mesh (issue 8, scale-out).
+"""FILM's kernels split their candidates over a mesh (scale-out).
 
 With the 8 fake CPU devices of conftest.py, the beam search splits the k
 beams of one search (FILM's default single prompt pool) over a `('data',)`
@@ -31,16 +31,16 @@ NUM_DEVICES = 8
 VOCAB = 120
 
 
-def _sharpen(model, factor: float = 4.0):
+def _sharpen(model_params, factor: float = 4.0):
   """Weights x4: clearly separated scores, so that no ties decide a run."""
-  params = jax.tree.map(
-    lambda x: x * factor if x.ndim == 2 else x, model.params
-  )
-  return model.replace(params=params)
+  model, params = model_params
+  params = jax.tree.map(lambda x: x * factor if x.ndim == 2 else x, params)
+  return model, params
 
 
 @functools.cache
 def tiny():
+  """`(model, params)`."""
   return _sharpen(
     gpt2.init_model(
       gpt2.GPT2Config.tiny(vocab_size=VOCAB, n_positions=32, n_layer=1),
@@ -64,7 +64,7 @@ def _head_rows(jitted, *args) -> set[int]:
   ],
 )
 def test_beam_search_splits_beams_of_one_search(mesh, num_beams, num_groups):
-  model = tiny()
+  model, params = tiny()
   config = bs.BeamSearchConfig(
     num_beams=num_beams,
     num_groups=num_groups,
@@ -79,7 +79,7 @@ def test_beam_search_splits_beams_of_one_search(mesh, num_beams, num_groups):
   prior_lengths = jnp.asarray([4], jnp.int32)
 
   def search(params, prompts, bag, *, mesh=None):
-    out = bs.beam_search(
+    out = bs.bag_beam_search(
       model,
       params,
       prompts,
@@ -93,7 +93,7 @@ def test_beam_search_splits_beams_of_one_search(mesh, num_beams, num_groups):
 
   single = jax.jit(search)
   sharded = jax.jit(functools.partial(search, mesh=mesh))
-  args = (model.params, prompts, bag)
+  args = (params, prompts, bag)
   tok1, score1 = single(*args)
   tok8, score8 = sharded(*args)
   assert tok8.shape == tok1.shape == (1, num_beams, 2 + 6)
@@ -111,12 +111,12 @@ def test_beam_search_splits_beams_of_one_search(mesh, num_beams, num_groups):
 
 
 def test_beam_search_rejects_a_mesh_without_data_axis(mesh):
-  model = tiny()
+  model, params = tiny()
   other = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ('model',))
   with pytest.raises(LeakjaxError, match="none named 'data'"):
-    bs.beam_search(
+    bs.bag_beam_search(
       model,
-      model.params,
+      params,
       jnp.asarray([[[1, 10]]]),
       jnp.arange(10, 20),
       config=bs.BeamSearchConfig(num_beams=2, length=2),
@@ -140,13 +140,11 @@ def _candidates(num: int, width: int = 12, seed: int = 0):
   ],
 )
 def test_candidate_scores_split_candidates(mesh, num, chunk):
-  model = tiny()
+  model, params = tiny()
   ids, mask = _candidates(num, seed=num)
   score = functools.partial(ro.candidate_scores, model, beta=1.0, chunk=chunk)
-  s1, p1, n1 = jax.jit(score)(model.params, ids, mask)
-  s8, p8, n8 = jax.jit(functools.partial(score, mesh=mesh))(
-    model.params, ids, mask
-  )
+  s1, p1, n1 = jax.jit(score)(params, ids, mask)
+  s8, p8, n8 = jax.jit(functools.partial(score, mesh=mesh))(params, ids, mask)
   assert s8.shape == (num,)
   np.testing.assert_allclose(n1, n8, rtol=1e-5)
   np.testing.assert_allclose(p1, p8, rtol=1e-5)
@@ -162,21 +160,26 @@ TEXTS = (
 
 @functools.cache
 def tiny_with_words():
-  """A GPT-2 over a cased word vocabulary (capitalised start words)."""
+  """A GPT-2 over a cased word vocabulary (capitalised start words).
+
+  Returns:
+    `(model, params)`.
+  """
   filler = 'a an of in on at was is it we they said Monday May'
   words = WordTokenizer.build(
     [*TEXTS, filler], 64, lowercase=False, punctuation=True
   )
   config = gpt2.GPT2Config.tiny(vocab_size=64, n_positions=32, n_layer=1)
-  model = gpt2.init_model(config, key=jax.random.key(0), tokenizer=words)
-  return _sharpen(model)
+  return _sharpen(
+    gpt2.init_model(config, key=jax.random.key(0), tokenizer=words)
+  )
 
 
 def test_recover_with_mesh_equals_one_device(mesh):
-  model = tiny_with_words()
+  model, params = tiny_with_words()
   ids, mask = model.tokenizer.encode_batch(list(TEXTS), add_bos=True)
   grads = jax.jit(functools.partial(fl.client_gradient, model))(
-    model.params, jnp.asarray(ids), jnp.asarray(mask)
+    params, jnp.asarray(ids), jnp.asarray(mask)
   )
   config = film.FilmConfig(
     # 6 beams and 5 candidates: both padded to 8 on the mesh.
@@ -185,9 +188,7 @@ def test_recover_with_mesh_equals_one_device(mesh):
     repetitions=2,
     reorder_top=2,
   )
-  run = functools.partial(
-    film.recover, model, model.params, grads, config=config
-  )
+  run = functools.partial(film.recover, model, params, grads, config=config)
   one = run(key=jax.random.key(0))
   eight = run(key=jax.random.key(0), mesh=mesh)
   np.testing.assert_array_equal(one.bag.ids, eight.bag.ids)

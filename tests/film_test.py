@@ -28,10 +28,14 @@ SECRETS = (
 
 @functools.cache
 def memorising_model():
-  """A tiny GPT-2 trained until it has memorised SECRETS (the threat model)."""
+  """A tiny GPT-2 trained until it has memorised SECRETS (the threat model).
+
+  Returns:
+    `(model, params)`.
+  """
   tok = gpt2_tokenizer()
   config = gpt2.GPT2Config.tiny(vocab_size=50257, n_positions=32)
-  model = gpt2.init_model(config, key=jax.random.key(0), tokenizer=tok)
+  model, params = gpt2.init_model(config, key=jax.random.key(0), tokenizer=tok)
   ids, mask = tok.encode_batch(list(SECRETS), add_bos=True)
   ids, mask = jnp.asarray(ids), jnp.asarray(mask)
   opt = optax.adam(1e-2)
@@ -42,27 +46,25 @@ def memorising_model():
     updates, state = opt.update(g, state)
     return optax.apply_updates(params, updates), state, loss
 
-  params, state = model.params, opt.init(model.params)
+  state = opt.init(params)
   for _ in range(150):
     params, state, loss = step(params, state)
   assert float(loss) < 0.15  # the first word after BOS: log(3) per sentence
-  return model.replace(params=params)
+  return model, params
 
 
 def test_film_recovers_a_memorised_sentence_from_its_gradient():
-  model = memorising_model()
+  model, params = memorising_model()
   tok = model.tokenizer
   ids, mask = tok.encode_batch([SECRETS[0]], add_bos=True)
-  grads = fl.client_gradient(
-    model, model.params, jnp.asarray(ids), jnp.asarray(mask)
-  )
+  grads = fl.client_gradient(model, params, jnp.asarray(ids), jnp.asarray(mask))
   config = film.FilmConfig(
     beam=bs.BeamSearchConfig(num_beams=4, length=12, prior_penalty=100.0),
     reorder=ro.ReorderConfig(phrase_steps=2, token_steps=2, num_candidates=4),
     repetitions=2,
   )
   result = film.recover(
-    model, model.params, grads, config=config, key=jax.random.key(0)
+    model, params, grads, config=config, key=jax.random.key(0)
   )
   truth = set(ids[0].tolist())
   p, r = metrics.bag_precision_recall(result.bag.ids, truth)
@@ -81,21 +83,19 @@ def test_film_recovers_a_memorised_sentence_from_its_gradient():
 def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
   """FILM Sec. 5's defense empties ∇W, yet layer 0's gradient still spans
   the inputs (test 1 of the tied bag method), so the bag survives."""
-  model = memorising_model()
+  model, params = memorising_model()
   ids, mask = model.tokenizer.encode_batch([SECRETS[1]], add_bos=True)
   grads = fl.client_gradient(
     model,
-    model.params,
+    params,
     jnp.asarray(ids),
     jnp.asarray(mask),
     defense=fl.freeze_embeddings(model),
   )
   rows = get_path(grads, model.paths.word_embeddings)
   assert not np.asarray(rows).any()
-  assert (
-    bow.bag_of_words(model, model.params, grads, method='nonzero').ids.size == 0
-  )
-  bag = bow.bag_of_words(model, model.params, grads, method='tied')
+  assert bow.extract_bag(model, params, grads, method='nonzero').ids.size == 0
+  bag = bow.extract_bag(model, params, grads, method='tied')
   inputs = set(ids[0, :-1].tolist())  # the last token is only a target
   assert set(bag.ids.tolist()) == inputs
 

@@ -8,7 +8,7 @@ import pytest
 
 from leakjax import fl
 from leakjax.errors import LeakjaxError
-from leakjax.fl import _reference, batching
+from leakjax.fl import batching
 
 LR = 0.1
 # θ1 = θ0 − η·g computed in two XLA programs agrees to float32 rounding.
@@ -17,12 +17,12 @@ ATOL = 1e-7
 
 @pytest.mark.parametrize('family', fx.FAMILIES)
 def test_fedsgd_update_is_theta0_minus_lr_gradient(family):
-  model = fx.model(family)
+  model, params = fx.model(family)
   ids, mask = fx.sentences(model, n=5)
-  grad = fx.GRADIENT(model, model.params, ids, mask)
+  grad = fx.GRADIENT(model, params, ids, mask)
   result = fx.UPDATE(
     model,
-    model.params,
+    params,
     ids,
     mask,
     fl.ClientConfig.fedsgd(LR),
@@ -30,13 +30,11 @@ def test_fedsgd_update_is_theta0_minus_lr_gradient(family):
   )
 
   # The gradient is that of Model.loss (pad targets masked) ...
-  loss, reference = fx.LOSS_AND_GRAD(model)(model.params, ids, mask)
+  loss, reference = fx.loss_and_grad(model, params, ids, mask)
   fx.assert_trees_close(grad, reference, atol=ATOL)
   assert max(np.abs(g).max() for g in jax.tree.leaves(fx.np_tree(grad))) > 1e-3
   # ... and FedAvg with E=1, B=all is one SGD step with it.
-  fx.assert_trees_close(
-    result.params, fx.sgd_step(model.params, grad, LR), atol=ATOL
-  )
+  fx.assert_trees_close(result.params, fx.sgd_step(params, grad, LR), atol=ATOL)
   fx.assert_trees_close(
     result.update,
     fx.tree_map_np(lambda g: np.float32(-LR) * g, grad),
@@ -48,15 +46,13 @@ def test_fedsgd_update_is_theta0_minus_lr_gradient(family):
 
 @pytest.mark.parametrize('family', fx.FAMILIES)
 def test_pad_tokens_do_not_change_the_gradient(family):
-  model = fx.model(family)
+  model, params = fx.model(family)
   ids, mask = fx.sentences(model, n=5)
-  other = np.where(
-    mask == 1, ids, (np.asarray(ids) + 3) % model.config.vocab_size
-  )
+  other = np.where(mask == 1, ids, (np.asarray(ids) + 3) % model.vocab_size)
   assert not np.array_equal(other, ids)
   fx.assert_trees_equal(
-    fx.GRADIENT(model, model.params, other, mask),
-    fx.GRADIENT(model, model.params, ids, mask),
+    fx.GRADIENT(model, params, other, mask),
+    fx.GRADIENT(model, params, ids, mask),
   )
 
 
@@ -65,12 +61,12 @@ def test_pad_tokens_do_not_change_the_gradient(family):
 def test_microbatched_gradient_is_the_batch_gradient(family, chunk):
   # 5 rows of different lengths: chunks hold different token counts, and
   # chunk 2 / 3 leave a filler row at the end.
-  model = fx.model(family)
+  model, params = fx.model(family)
   ids, mask = fx.sentences(model, n=5)
   assert len(set(np.asarray(mask).sum(1).tolist())) > 1
-  whole = fx.GRADIENT(model, model.params, ids, mask)
+  whole = fx.GRADIENT(model, params, ids, mask)
   parts = jax.jit(fl.client_gradient, static_argnames=('model', 'microbatch'))(
-    model, model.params, ids, mask, microbatch=chunk
+    model, params, ids, mask, microbatch=chunk
   )
   fx.assert_trees_close(parts, whole, atol=5e-7, rtol=1e-5)
   # Algorithm 3 noise (same key) is added once, after accumulation.
@@ -78,38 +74,36 @@ def test_microbatched_gradient_is_the_batch_gradient(family, chunk):
   key = jax.random.key(3)
   fx.assert_trees_close(
     fl.client_gradient(
-      model, model.params, ids, mask, defense=noisy, key=key, microbatch=chunk
+      model, params, ids, mask, defense=noisy, key=key, microbatch=chunk
     ),
-    fl.client_gradient(model, model.params, ids, mask, defense=noisy, key=key),
+    fl.client_gradient(model, params, ids, mask, defense=noisy, key=key),
     atol=5e-7,
     rtol=1e-5,
   )
   with pytest.raises(LeakjaxError, match='microbatch'):
-    fl.client_gradient(model, model.params, ids, mask, microbatch=0)
+    fl.client_gradient(model, params, ids, mask, microbatch=0)
 
 
 def test_fedsgd_equals_fedavg_one_step_with_dp_sgd():
   """Same key => client_gradient and client_update draw the same noise."""
-  model = fx.model('gpt2')
+  model, params = fx.model('gpt2')
   ids, mask = fx.sentences(model, n=4)
   defense = fx.GPT2_DP
   key = jax.random.key(7)
-  grad = fx.GRADIENT(model, model.params, ids, mask, defense=defense, key=key)
+  grad = fx.GRADIENT(model, params, ids, mask, defense=defense, key=key)
   result = fx.UPDATE(
-    model, model.params, ids, mask, fl.ClientConfig.fedsgd(LR, defense), key=key
+    model, params, ids, mask, fl.ClientConfig.fedsgd(LR, defense), key=key
   )
-  fx.assert_trees_close(
-    result.params, fx.sgd_step(model.params, grad, LR), atol=ATOL
-  )
+  fx.assert_trees_close(result.params, fx.sgd_step(params, grad, LR), atol=ATOL)
   # The noise is really there (σC/B = 0.0125 per entry vs ~1e-3 gradients).
-  clean = fx.GRADIENT(model, model.params, ids, mask)
+  clean = fx.GRADIENT(model, params, ids, mask)
   assert fx.tree_max_abs_diff(grad, clean) > 0.03
 
 
 def test_scan_equals_python_loop_of_jitted_steps():
   """E=2, B=3 over 7 sentences (batches 3, 3, 1), Adam, DP-SGD in
   microbatches of 2, GBoard step noise, single noise and pruning."""
-  model = fx.model('cifg')
+  model, params = fx.model('cifg')
   ids, mask = fx.sentences(model, n=7)
   defense = (
     fl.dp_sgd(0.05, 0.5, microbatch=2)
@@ -125,11 +119,9 @@ def test_scan_equals_python_loop_of_jitted_steps():
     defense=defense,
   )
   key = jax.random.key(3)
-  scan = fx.UPDATE(model, model.params, ids, mask, config, key=key)
-  loop = _reference.make_python_loop_client_update(
-    model, model.params, config, jit=fx.jit
-  )
-  looped = loop(model.params, ids, mask, key=key)
+  scan = fx.UPDATE(model, params, ids, mask, config, key=key)
+  loop = fl.make_python_loop_client_update(model, params, config, jit=fx.jit)
+  looped = loop(params, ids, mask, key=key)
   assert scan.losses.shape == (6,)
   np.testing.assert_array_equal(scan.losses, looped.losses)
   fx.assert_trees_equal(scan.params, looped.params)
@@ -139,40 +131,37 @@ def test_scan_equals_python_loop_of_jitted_steps():
 def test_minibatch_fedavg_matches_sgd_on_model_loss():
   """E=2, B=3 over 7 sentences equals SGD steps on `Model.loss` of the
   scheduled batches; the last batch of each epoch is a batch of 1."""
-  model = fx.model('cifg')
+  model, params0 = fx.model('cifg')
   ids, mask = fx.sentences(model, n=7)
   config = fl.ClientConfig(epochs=2, batch_size=3, learning_rate=LR)
   key = jax.random.key(5)
-  result = fx.UPDATE(model, model.params, ids, mask, config, key=key)
+  result = fx.UPDATE(model, params0, ids, mask, config, key=key)
 
   shuffle_key = jax.random.split(key, 3)[0]
   schedule = batching.batch_schedule(7, epochs=2, batch_size=3, key=shuffle_key)
-  grad = fx.LOSS_AND_GRAD(model)
-  params = model.params
+  params = params0
   for rows, weights in zip(
     np.asarray(schedule.indices), np.asarray(schedule.weights)
   ):
     rows = rows[weights > 0]  # the real rows: a smaller last batch
-    _, g = grad(params, ids[rows], mask[rows])
+    _, g = fx.loss_and_grad(model, params, ids[rows], mask[rows])
     params = fx.sgd_step(params, g, LR)
   fx.assert_trees_close(result.params, params, atol=1e-6)
-  assert fx.tree_max_abs_diff(result.params, model.params) > 1e-2
+  assert fx.tree_max_abs_diff(result.params, params0) > 1e-2
 
 
 def test_padded_client_equals_unpadded_and_skips_empty_batches():
   """A client of 2 sentences stored in 8 rows (num_examples=2) with B=4:
   each epoch has one real batch and one empty one, which must not move
   Adam (a zero-gradient Adam step would)."""
-  model = fx.model('cifg')
+  model, params = fx.model('cifg')
   ids, mask = fx.sentences(model, n=8)
   config = fl.ClientConfig(
     epochs=2, batch_size=4, learning_rate=0.05, optimizer=optax.adam
   )
   key = jax.random.key(11)
-  padded = fx.UPDATE(
-    model, model.params, ids, mask, config, key=key, num_examples=2
-  )
-  alone = fx.UPDATE(model, model.params, ids[:2], mask[:2], config, key=key)
+  padded = fx.UPDATE(model, params, ids, mask, config, key=key, num_examples=2)
+  alone = fx.UPDATE(model, params, ids[:2], mask[:2], config, key=key)
   np.testing.assert_array_equal(
     np.isnan(padded.losses), [False, True, False, True]
   )
@@ -181,7 +170,7 @@ def test_padded_client_equals_unpadded_and_skips_empty_batches():
 
 
 def test_client_update_traces_once_for_new_keys_and_sizes():
-  model = fx.model('cifg')
+  model, params = fx.model('cifg')
   ids, mask = fx.sentences(model, n=6)
   config = fl.ClientConfig(epochs=1, batch_size=4)
   traces = []
@@ -194,7 +183,7 @@ def test_client_update_traces_once_for_new_keys_and_sizes():
 
   jitted = fx.jit(update)
   for seed, n in [(0, 6), (1, 3), (2, 5)]:
-    jitted(model.params, ids, mask, jax.random.key(seed), n)
+    jitted(params, ids, mask, jax.random.key(seed), n)
   assert len(traces) == 1
 
 
@@ -247,22 +236,20 @@ def test_stack_clients_pads_sizes_and_lengths():
 
 
 def test_bad_inputs_raise_leakjax_error():
-  model = fx.model('cifg')
+  model, params = fx.model('cifg')
   ids, mask = fx.sentences(model, n=3)
   with pytest.raises(LeakjaxError, match='epochs'):
     fl.ClientConfig(epochs=0)
   with pytest.raises(LeakjaxError, match='batch_size'):
     fl.ClientConfig(batch_size=0)
   with pytest.raises(LeakjaxError, match='mask shape'):
-    fl.client_gradient(model, model.params, ids, mask[:, :3])
+    fl.client_gradient(model, params, ids, mask[:, :3])
   with pytest.raises(LeakjaxError, match='key'):
-    fl.client_gradient(
-      model, model.params, ids, mask, defense=fl.single_noise(0.1)
-    )
+    fl.client_gradient(model, params, ids, mask, defense=fl.single_noise(0.1))
   with pytest.raises(LeakjaxError, match='not in the model'):
     fl.client_gradient(
       model,
-      model.params,
+      params,
       ids,
       mask,
       defense=fl.Defense(frozen=(('wte', 'embedding'),)),

@@ -98,10 +98,10 @@ def test_clip_per_example_bounds_norms_and_keeps_directions():
 
 def test_dp_sgd_gradient_is_mean_of_clipped_per_example_gradients():
   """sigma = 0: the DP-SGD gradient is (1/B) sum_i clip_C(grad loss_i)."""
-  model = fx.model('cifg')
+  model, params = fx.model('cifg')
   ids, mask = fx.sentences(model, n=5)
   per_example = [
-    fx.LOSS_AND_GRAD(model)(model.params, ids[i : i + 1], mask[i : i + 1])[1]
+    fx.loss_and_grad(model, params, ids[i : i + 1], mask[i : i + 1])[1]
     for i in range(5)
   ]
   norms = np.array(
@@ -115,7 +115,7 @@ def test_dp_sgd_gradient_is_mean_of_clipped_per_example_gradients():
   )
   grad = fx.GRADIENT(
     model,
-    model.params,
+    params,
     ids,
     mask,
     defense=fl.dp_sgd(clip, 0.0),
@@ -126,13 +126,11 @@ def test_dp_sgd_gradient_is_mean_of_clipped_per_example_gradients():
 
 def test_dp_sgd_noise_std_is_sigma_times_clip():
   """Two keys: B * (g1 − g2) / sqrt(2) is N(0, σ²C²) noise, ~15k draws."""
-  model = fx.model('gpt2')
+  model, params = fx.model('gpt2')
   ids, mask = fx.sentences(model, n=4)
   d = fx.GPT2_DP
   g1, g2 = (
-    fx.GRADIENT(
-      model, model.params, ids, mask, defense=d, key=jax.random.key(s)
-    )
+    fx.GRADIENT(model, params, ids, mask, defense=d, key=jax.random.key(s))
     for s in (1, 2)
   )
   noise = np.concatenate(
@@ -150,7 +148,7 @@ def test_dp_sgd_noise_std_is_sigma_times_clip():
 @pytest.mark.parametrize('algorithm', ['dpsgd_like', 'single_noise'])
 def test_gboard_local_noise_std(algorithm):
   """GBoard Alg. 3: θ1 = θ0 − η(∇ℓ + N(0, σ)); Alg. 4: θ1 + N(0, σ)."""
-  model = fx.model('gpt2')
+  model, params = fx.model('gpt2')
   ids, mask = fx.sentences(model, n=4)
   lr, sigma = 0.1, 0.01
   if algorithm == 'dpsgd_like':
@@ -159,9 +157,7 @@ def test_gboard_local_noise_std(algorithm):
     defense, scale = fl.single_noise(sigma), sigma
   config = fl.ClientConfig.fedsgd(lr, defense)
   u1, u2 = (
-    fx.UPDATE(
-      model, model.params, ids, mask, config, key=jax.random.key(s)
-    ).update
+    fx.UPDATE(model, params, ids, mask, config, key=jax.random.key(s)).update
     for s in (1, 2)
   )
   noise = np.concatenate(
@@ -173,14 +169,12 @@ def test_gboard_local_noise_std(algorithm):
 
 # ------------------------------------------------------- frozen embeddings
 def test_frozen_tied_gpt2_gradient_has_no_embedding_rows():
-  model = fx.model('gpt2')
+  model, params = fx.model('gpt2')
   assert model.paths.lm_head is None  # tied: wte is also the LM head
   ids, mask = fx.sentences(model, n=5)
-  plain = fx.np_tree(fx.GRADIENT(model, model.params, ids, mask))
+  plain = fx.np_tree(fx.GRADIENT(model, params, ids, mask))
   frozen = fx.np_tree(
-    fx.GRADIENT(
-      model, model.params, ids, mask, defense=fl.freeze_embeddings(model)
-    )
+    fx.GRADIENT(model, params, ids, mask, defense=fl.freeze_embeddings(model))
   )
   assert np.abs(plain['wte']['embedding']).max() > 1e-3  # it would leak
   np.testing.assert_array_equal(frozen['wte']['embedding'], 0)
@@ -194,7 +188,7 @@ def test_frozen_composes_with_fedavg_dp_noise_and_pruning():
   """FedAvg (E=2, B=3, AdamW with weight decay) with frozen wte/wpe, DP-SGD,
   single noise and 90% pruning: the frozen matrices do not move and are not
   sent; every sent tensor keeps exactly its top 10%."""
-  model = fx.model('gpt2')
+  model, params = fx.model('gpt2')
   ids, mask = fx.sentences(model, n=7)
   defense = (
     fl.freeze_embeddings(model, positions=True)
@@ -209,14 +203,12 @@ def test_frozen_composes_with_fedavg_dp_noise_and_pruning():
     defense=defense,
     optimizer=lambda lr: optax.adamw(lr, weight_decay=0.1),
   )
-  result = fx.UPDATE(
-    model, model.params, ids, mask, config, key=jax.random.key(0)
-  )
-  update, params = fx.np_tree(result.update), fx.np_tree(result.params)
+  result = fx.UPDATE(model, params, ids, mask, config, key=jax.random.key(0))
+  update, after = fx.np_tree(result.update), fx.np_tree(result.params)
   for name in ('wte', 'wpe'):
     np.testing.assert_array_equal(update[name]['embedding'], 0)
     np.testing.assert_array_equal(
-      params[name]['embedding'], model.params[name]['embedding']
+      after[name]['embedding'], params[name]['embedding']
     )
     del update[name]
   for x in jax.tree.leaves(update):
@@ -225,13 +217,13 @@ def test_frozen_composes_with_fedavg_dp_noise_and_pruning():
 
 
 def test_frozen_cifg_tied_and_untied_heads():
-  tied = fx.model('cifg')
-  untied = fx.model('cifg_untied')
+  tied, tied_params = fx.model('cifg')
+  untied, untied_params = fx.model('cifg_untied')
   ids, mask = fx.sentences(tied, n=4)
   # Tied (GBoard's shape): the shared matrix is frozen for both uses.
   grad = fx.np_tree(
     fx.GRADIENT(
-      tied, tied.params, ids, mask, defense=fl.freeze_embeddings(tied)
+      tied, tied_params, ids, mask, defense=fl.freeze_embeddings(tied)
     )
   )
   np.testing.assert_array_equal(grad['embed']['embedding'], 0)
@@ -240,7 +232,7 @@ def test_frozen_cifg_tied_and_untied_heads():
   grad = fx.np_tree(
     fx.GRADIENT(
       untied,
-      untied.params,
+      untied_params,
       ids,
       mask,
       defense=fl.freeze_embeddings(untied, head=True),
@@ -264,7 +256,7 @@ def fl_get(tree, path):
 
 # ------------------------------------------------------------ composition
 def test_combine_merges_and_rejects_conflicts():
-  model = fx.model('gpt2')
+  model, params = fx.model('gpt2')
   d = (
     fl.freeze_embeddings(model)
     | fl.dp_sgd(1.0, 1.1)

@@ -32,23 +32,24 @@ FAMILIES = ('gpt2', 'cifg')
 
 @functools.cache
 def model(name: str):
+  """`(model, params)` of the tiny model `name` (built once per process)."""
   config = CONFIGS[name]
   if name == 'gpt2':
     return gpt2.init_model(config, key=jax.random.key(0))
-  m = lstm.init_model(config, key=jax.random.key(0))
+  m, params = lstm.init_model(config, key=jax.random.key(0))
   # O(1) random weights (as lstm_test.random_model) so gradients are not
   # tiny; drawn with NumPy, which compiles nothing.
   rng = np.random.default_rng(100)
   params = jax.tree.map(
-    lambda x: jnp.asarray(0.5 * rng.normal(size=x.shape), jnp.float32), m.params
+    lambda x: jnp.asarray(0.5 * rng.normal(size=x.shape), jnp.float32), params
   )
-  return m.replace(params=params)
+  return m, params
 
 
 def sentences(m, n: int, time: int = 8, seed: int = 1):
   """`n` random sentences of lengths 2..time, right-padded: (ids, mask)."""
   rng = np.random.default_rng(seed)
-  ids = rng.integers(0, m.config.vocab_size, (n, time)).astype(np.int32)
+  ids = rng.integers(0, m.vocab_size, (n, time)).astype(np.int32)
   lengths = rng.integers(2, time + 1, n)
   lengths[0] = time  # one full-length sentence
   mask = (np.arange(time)[None] < lengths[:, None]).astype(np.int32)
@@ -63,9 +64,9 @@ jit = functools.partial(jax.jit, compiler_options=FAST_COMPILE)
 
 # One jit object per client function: compiled programs are shared by tests.
 GRADIENT = jit(
-  fl.client_gradient, static_argnums=0, static_argnames=('defense', 'dropout')
+  fl.client_gradient, static_argnames=('model', 'defense', 'dropout')
 )
-UPDATE = jit(fl.client_update, static_argnums=(0, 4))
+UPDATE = jit(fl.client_update, static_argnames=('model', 'config'))
 
 
 # Host-side (NumPy) tree arithmetic: eager jnp ops would compile one tiny
@@ -78,10 +79,10 @@ def tree_map_np(fn, *trees):
   return jax.tree.map(lambda *xs: fn(*map(np.asarray, xs)), *trees)
 
 
-@functools.cache
-def LOSS_AND_GRAD(m):  # pylint: disable=invalid-name
-  """jit(value_and_grad(m.loss)): the plain reference gradient."""
-  return jit(jax.value_and_grad(m.loss))
+@functools.partial(jit, static_argnames=('model',))
+def loss_and_grad(model, params, ids, mask):
+  """`value_and_grad(model.loss)`: the plain reference gradient."""
+  return jax.value_and_grad(model.loss)(params, ids, mask)
 
 
 # DP-SGD on the tiny GPT-2, shared by the client and defense tests (one

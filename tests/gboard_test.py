@@ -19,22 +19,33 @@ TINY = lstm.CIFGConfig(vocab_size=64, embed_dim=8, units=10, proj_dim=8)
 ETA = 1e-3
 
 
-# One jitted client update for every test (compiled once per shape/config).
-UPDATE = jax.jit(fl.client_update, static_argnums=(0, 4))
+@functools.partial(jax.jit, static_argnames=('model', 'config'))
+def _update(model, params, ids, config, key) -> fl.ClientResult:
+  """One jitted client update for every test (compiled once per shape,
+  model and config; new params reuse it)."""
+  return fl.client_update(model, params, ids, None, config, key=key)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _logits(model, params, ids):
+  return model.logits(params, ids)
+
+
 # Many full-batch steps with a large η: θ1 memorises 3 sentences.
 MEMORISE = gboard.client_config(100, None, learning_rate=0.5)
 
 
 @functools.cache
 def _model(scale: float | None = None):
-  model = lstm.init_model(TINY, key=jax.random.key(0))
+  """`(model, params)` of the tiny CIFG-LSTM."""
+  model, params = lstm.init_model(TINY, key=jax.random.key(0))
   if scale is None:
-    return model
+    return model, params
   # O(1) random weights: a peaked, non-uniform next-word distribution.
-  leaves, tree = jax.tree.flatten(model.params)
+  leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(5), len(leaves))
   leaves = [scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
-  return model.replace(params=jax.tree.unflatten(tree, leaves))
+  return model, jax.tree.unflatten(tree, leaves)
 
 
 def _sentences(n: int, length: int = 4, seed: int = 0) -> np.ndarray:
@@ -47,17 +58,15 @@ def _sentences(n: int, length: int = 4, seed: int = 0) -> np.ndarray:
 
 # ----------------------------------------------------------- word recovery
 def test_fedsgd_word_recovery_is_exact():
-  model = _model()
+  model, params = _model()
   ids = _sentences(4)
   config = gboard.client_config(
     1, None, learning_rate=ETA, words_per_sentence=4
   )
-  result = UPDATE(
-    model, model.params, jnp.asarray(ids), None, config, key=jax.random.key(0)
-  )
-  delta = gboard.bias_update(model, model.params, result.params)
+  result = _update(model, params, jnp.asarray(ids), config, jax.random.key(0))
+  delta = gboard.bias_update(model, params, result.params)
   # Sec. 3.1: the bias step is η Σ_t (y_t - p_t) per sentence, batch mean.
-  probs = jax.nn.softmax(model.logits(model.params, jnp.asarray(ids))[:, :-1])
+  probs = jax.nn.softmax(model.logits(params, jnp.asarray(ids))[:, :-1])
   onehot = jax.nn.one_hot(ids[:, 1:], TINY.vocab_size)
   expected = ETA * (onehot - probs).sum(1).mean(0)
   np.testing.assert_allclose(delta, expected, atol=1e-9, rtol=1e-5)
@@ -220,8 +229,8 @@ def _peaked_update(typed_count: int):
   sentences. Returns `(delta, rows, rows0, bias0, typed ids, that word)`.
   """
   cfg = lstm.CIFGConfig(vocab_size=2000, embed_dim=8, units=10, proj_dim=8)
-  model = lstm.init_model(cfg, key=jax.random.key(0))
-  leaves, tree = jax.tree.flatten(model.params)
+  model, params = lstm.init_model(cfg, key=jax.random.key(0))
+  leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(5), len(leaves))
   params = jax.tree.unflatten(
     tree, [jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
@@ -233,12 +242,11 @@ def _peaked_update(typed_count: int):
   word = int(jnp.argmax(probs.sum((0, 1))))
   ids = ids[np.all(ids[:, 1:] != word, axis=1)][:16]
   ids[:typed_count, -1] = word  # the last word: a target, never an input
-  model = model.replace(params=None)
   config = gboard.client_config(
     1, None, learning_rate=ETA, words_per_sentence=4
   )
-  params1 = UPDATE(
-    model, params, jnp.asarray(ids), None, config, key=jax.random.key(0)
+  params1 = _update(
+    model, params, jnp.asarray(ids), config, jax.random.key(0)
   ).params
   return (
     gboard.bias_update(model, params, params1),
@@ -401,7 +409,7 @@ def test_bad_rule_raises():
 # ----------------------------------------------------------- reconstruction
 def _reference(model, params0, params1, start, allowed, length, bos):
   """Per-word Python loop: Sec. 3.2 greedy generation and its score."""
-  logits_fn = _jitted_logits(model)
+  logits_fn = functools.partial(_logits, model)
   ids = [bos, int(start)]
   for _ in range(length - 1):
     logits = logits_fn(params1, jnp.asarray([ids], jnp.int32))[0, -1]
@@ -417,18 +425,12 @@ def _reference(model, params0, params1, start, allowed, length, bos):
   return ids, (pp0 - pp1) / pp0
 
 
-@functools.cache
-def _jitted_logits(model):
-  return jax.jit(model.logits)
-
-
 @pytest.mark.parametrize('jit', [False, True])
 def test_batched_reconstruction_matches_reference(jit):
-  model = _model(scale=0.7)
-  params0 = model.params
+  model, params0 = _model(scale=0.7)
   ids = _sentences(3, seed=4)
-  result = UPDATE(
-    model, params0, jnp.asarray(ids), None, MEMORISE, key=jax.random.key(1)
+  result = _update(
+    model, params0, jnp.asarray(ids), MEMORISE, jax.random.key(1)
   )
   params1 = result.params
   allowed = np.zeros(TINY.vocab_size, bool)
@@ -467,20 +469,18 @@ def test_batched_reconstruction_matches_reference(jit):
 def test_reconstruction_on_a_mesh_matches_one_device(spec):
   from experiments import gboard as experiment  # noqa: PLC0415
 
-  model = _model(scale=0.7)
-  params0 = model.params
+  model, params0 = _model(scale=0.7)
   ids = _sentences(3, seed=4)
-  params1 = UPDATE(
-    model, params0, jnp.asarray(ids), None, MEMORISE, key=jax.random.key(1)
+  params1 = _update(
+    model, params0, jnp.asarray(ids), MEMORISE, jax.random.key(1)
   ).params
   words = np.zeros(TINY.vocab_size, bool)
   words[np.unique(ids[:, 1:])] = True  # 11 words: 16 slots, 18 on 3
-  bare = model.replace(params=None)
   kw = dict(length=4, bos_id=1)
-  one = experiment.reconstruct_candidates(bare, params0, params1, words, **kw)
+  one = experiment.reconstruct_candidates(model, params0, params1, words, **kw)
   mesh = experiment.make_mesh(spec)
   many = experiment.reconstruct_candidates(
-    bare, params0, params1, words, mesh=mesh, **kw
+    model, params0, params1, words, mesh=mesh, **kw
   )
   n = mesh.shape['data']
   assert n >= 2 and many.tokens.shape[0] % n == 0
@@ -498,14 +498,14 @@ def test_reconstruction_on_a_mesh_matches_one_device(spec):
 def test_reconstruction_recovers_memorised_sentences():
   # θ1 trained hard on 3 sentences with distinct words: greedy decoding from
   # each first word gives back the sentence, and those rank first.
-  model = _model(scale=0.5)
+  model, params0 = _model(scale=0.5)
   ids = np.array(
     [[1, 2, 3, 4, 5], [1, 6, 7, 8, 9], [1, 10, 11, 12, 13]], np.int32
   )
-  result = UPDATE(
-    model, model.params, jnp.asarray(ids), None, MEMORISE, key=jax.random.key(2)
+  result = _update(
+    model, params0, jnp.asarray(ids), MEMORISE, jax.random.key(2)
   )
-  delta = gboard.bias_update(model, model.params, result.params)
+  delta = gboard.bias_update(model, params0, result.params)
   words = np.asarray(
     gboard.recover_words(delta, 0.0, gboard.candidate_mask(64))
   )
@@ -513,7 +513,7 @@ def test_reconstruction_recovers_memorised_sentences():
   starts, valid = gboard.padded_indices(words)
   out = gboard.reconstruct_sentences(
     model,
-    model.params,
+    params0,
     result.params,
     jnp.asarray(starts),
     jnp.asarray(valid),
@@ -528,6 +528,40 @@ def test_reconstruction_recovers_memorised_sentences():
     tokens, np.asarray(out.scores), words, rule='cover'
   )
   assert sorted(tokens[kept, 1].tolist()) == [2, 6, 10]
+
+
+def test_reconstruction_compiles_once_per_model_and_shape():
+  # The model holds no weights and compares by value: new parameters and
+  # an equal model built again reuse the compiled kernel.
+  model, params0 = _model(scale=0.5)
+  params1 = jax.tree.map(lambda x: 1.01 * x, params0)
+  again = lstm.make_model(TINY)
+  assert again == model and hash(again) == hash(model)
+  allowed = np.zeros(TINY.vocab_size, bool)
+  allowed[2:9] = True
+  starts, valid = gboard.padded_indices(allowed, size=8)
+  args = (jnp.asarray(starts), jnp.asarray(valid), jnp.asarray(allowed))
+  kw = dict(length=3, bos_id=1)
+  first = gboard.reconstruct_sentences(model, params0, params1, *args, **kw)
+  size = gboard.reconstruct_sentences._cache_size()
+  gboard.reconstruct_sentences(model, params1, params0, *args, **kw)
+  same = gboard.reconstruct_sentences(again, params0, params1, *args, **kw)
+  assert gboard.reconstruct_sentences._cache_size() == size
+  np.testing.assert_array_equal(same.tokens, first.tokens)
+  np.testing.assert_array_equal(same.scores, first.scores)
+
+
+def test_snapshot_round_trip(tmp_path):
+  model, params = _model(scale=0.5)
+  path = tmp_path / 'theta1.npz'
+  gboard.save_snapshot(path, params)
+  loaded = gboard.load_snapshot(path, params)
+  assert jax.tree.structure(loaded) == jax.tree.structure(params)
+  for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
+    assert a.dtype == b.dtype
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(LeakjaxError):
+    gboard.load_snapshot(path, {'only': jnp.zeros(3)})
 
 
 def test_scale_update_is_a_longer_fedsgd_step():
@@ -563,14 +597,14 @@ def test_client_config_emulates_sentence_sum_loss():
 def test_batch_sum_loss_is_sentence_sum_with_eta_times_batch(batch):
   from experiments import gboard as experiment  # noqa: PLC0415
 
-  model, ids = _model(), _sentences(8)
+  (model, params0), ids = _model(), _sentences(8)
   per_batch = 8 if batch == 'full' else 4
 
   def theta1(loss, eta):
     cfg = types.SimpleNamespace(loss=loss, learning_rate=eta)
     ((_, params),) = experiment.trajectory(
       model,
-      model.params,
+      params0,
       ids,
       cfg,
       batch=batch,

@@ -1,5 +1,6 @@
 """GGUF loading: tiny files we write in llama.cpp's layout, and SmolLM2."""
 
+import functools
 import importlib.util
 import random
 import time
@@ -195,6 +196,11 @@ def transformers_gguf_model(path):
   return model
 
 
+@functools.partial(jax.jit, static_argnames=('model',))
+def _logits(model, params, ids):
+  return model.logits(params, ids)
+
+
 def _torch_logits(model, ids):
   with torch.no_grad():
     return model(torch.tensor(np.asarray(ids), dtype=torch.long)).logits.numpy()
@@ -287,7 +293,7 @@ def tiny_models():
 def test_f32_gguf_matches_source_and_transformers(tmp_path, tiny_models, tied):
   source = tiny_models[tied]
   path = write_gguf(tmp_path / 'tiny.gguf', source)
-  model = models.load(path)  # dispatches on the .gguf suffix
+  model, params = models.load(path)  # dispatches on the .gguf suffix
   assert model.family == 'llama'
   assert model.config == llama.LlamaConfig(
     vocab_size=VOCAB,
@@ -305,8 +311,10 @@ def test_f32_gguf_matches_source_and_transformers(tmp_path, tiny_models, tied):
     eos_token_id=2,
   )
   assert abs(model.config.rms_norm_eps - 1e-5) < 1e-9
+  assert model.tie_word_embeddings == tied
+  assert (model.vocab_size, model.max_length) == (VOCAB, 64)
   ids = _ids(2, 10)
-  got = np.asarray(jax.jit(model.logits)(model.params, ids))
+  got = np.asarray(_logits(model, params, ids))
   assert np.abs(got - _torch_logits(source, ids)).max() <= 1e-5
   theirs = transformers_gguf_model(path)
   assert np.abs(got - _torch_logits(theirs, ids)).max() <= 1e-5
@@ -318,7 +326,7 @@ def test_f32_gguf_matches_source_and_transformers(tmp_path, tiny_models, tied):
 def test_quantized_gguf_matches_numpy_reference(tmp_path, tiny_models, qtype):
   source = tiny_models[False]
   path = write_gguf(tmp_path / 'tiny.gguf', source, qtype=qtype)
-  model = leakjax_gguf.load_gguf(path)
+  model, params = leakjax_gguf.load_gguf(path)
   # Reference: gguf's numpy dequantizer, un-permuted by llama.cpp's formula.
   reader = gguf.GGUFReader(str(path))
   raw = {
@@ -335,10 +343,10 @@ def test_quantized_gguf_matches_numpy_reference(tmp_path, tiny_models, qtype):
       if hf_name.endswith(f'{proj}.weight'):
         inverse = np.argsort(llama_cpp_permute(np.arange(want.shape[0]), heads))
         want = want[inverse]
-    got = spec.to_hf(np.asarray(models.get_path(model.params, spec.path)))
+    got = spec.to_hf(np.asarray(models.get_path(params, spec.path)))
     np.testing.assert_array_equal(got, want, err_msg=hf_name)
   ids = _ids(2, 10, seed=1)
-  got = np.asarray(jax.jit(model.logits)(model.params, ids))
+  got = np.asarray(_logits(model, params, ids))
   theirs = transformers_gguf_model(path)
   assert np.abs(got - _torch_logits(theirs, ids)).max() <= 1e-5
   # Quantisation changed the weights, not the function.
@@ -360,7 +368,7 @@ SENTENCES = [
 def test_tiny_tokenizer_matches_transformers(tmp_path, tiny_models):
   # pre='gpt2': transformers does not implement 'smollm' (see below).
   path = write_gguf(tmp_path / 'tiny.gguf', tiny_models[True], pre='gpt2')
-  ours = leakjax_gguf.load_gguf(path).tokenizer
+  ours = leakjax_gguf.load_gguf(path)[0].tokenizer
   theirs = transformers.AutoTokenizer.from_pretrained(
     tmp_path, gguf_file=path.name
   )
@@ -380,11 +388,11 @@ def test_numeric_characters_split_like_llama_cpp(tmp_path, tiny_models):
   llama.cpp and SmolLM's own tokenizer.json, `Digits(individual_digits)`.)
   """
   path = write_gguf(tmp_path / 'tiny.gguf', tiny_models[True])
-  tok = leakjax_gguf.load_gguf(path).tokenizer
+  tok = leakjax_gguf.load_gguf(path)[0].tokenizer
   pieces = [tok.id_to_token(i) for i in tok.encode(' 1 ½ x²')]
   assert pieces == ['Ġ', '1', 'Ġ', 'Â', '½', 'Ġ', 'x', 'Â', '²']
   gpt2 = write_gguf(tmp_path / 'gpt2pre.gguf', tiny_models[True], pre='gpt2')
-  tok = leakjax_gguf.load_gguf(gpt2).tokenizer
+  tok = leakjax_gguf.load_gguf(gpt2)[0].tokenizer
   pieces = [tok.id_to_token(i) for i in tok.encode(' 1 ½ x²')]
   assert pieces == ['Ġ1', 'ĠÂ', '½', 'Ġ', 'x', 'Â', '²']
 
@@ -421,26 +429,26 @@ def test_rope_scaling_and_bad_files_raise(tmp_path, tiny_models):
 # ---------------------------------------------------------- real SmolLM2
 @pytest.fixture(scope='module')
 def smollm2():
-  """(our model, load seconds, GGUF path); skipped without the package."""
+  """(model, params, load seconds, GGUF path); skipped without the package."""
   try:
     path = models.smollm2_gguf_path()
   except LeakjaxError as e:
     pytest.skip(f'SmolLM2 GGUF not installed ({e})')
   start = time.perf_counter()
-  model = models.load(models.SMOLLM2_ALIAS)
-  return model, time.perf_counter() - start, path
+  model, params = models.load(models.SMOLLM2_ALIAS)
+  return model, params, time.perf_counter() - start, path
 
 
 @pytest.fixture(scope='module')
 def smollm2_transformers(smollm2):
-  return transformers_gguf_model(smollm2[2])
+  return transformers_gguf_model(smollm2[3])
 
 
 SMOLLM2_TEXT = 'The capital of France is Paris, and it is famous for its food.'
 
 
 def test_smollm2_config_and_load_time(smollm2):
-  model, seconds, _ = smollm2
+  model, params, seconds, _ = smollm2
   c = model.config
   assert (
     c.num_layers,
@@ -451,15 +459,21 @@ def test_smollm2_config_and_load_time(smollm2):
   ) == (30, 576, 9, 3, 49152)
   assert c.tie_word_embeddings and c.rope_theta == 100000.0
   assert model.paths.lm_head is None
-  assert 134_000_000 < model.num_params < 135_000_000
+  assert (model.vocab_size, model.hidden_size, model.num_layers) == (
+    49152,
+    576,
+    30,
+  )
+  assert model.tie_word_embeddings
+  assert 134_000_000 < models.num_params(params) < 135_000_000
   print(f'SmolLM2 load: {seconds:.1f} s')
   assert seconds < 60
 
 
 def test_smollm2_logits_match_transformers(smollm2, smollm2_transformers):
-  model = smollm2[0]
+  model, params = smollm2[:2]
   ids = np.array([model.tokenizer.encode(SMOLLM2_TEXT)], np.int32)
-  got = np.asarray(model.logits(model.params, ids))
+  got = np.asarray(model.logits(params, ids))
   want = _torch_logits(smollm2_transformers, ids)
   diff = np.abs(got - want).max()
   print(f'SmolLM2 max-abs logits diff vs transformers: {diff:.2e}')
@@ -467,7 +481,7 @@ def test_smollm2_logits_match_transformers(smollm2, smollm2_transformers):
 
 
 def test_smollm2_prefers_natural_text(smollm2):
-  model = smollm2[0]
+  model, params = smollm2[:2]
   words = SMOLLM2_TEXT.rstrip('.').split()
   shuffled = words[:]
   random.Random(0).shuffle(shuffled)
@@ -475,7 +489,7 @@ def test_smollm2_prefers_natural_text(smollm2):
   ids, mask = model.tokenizer.encode_batch(
     [' '.join(words) + '.', ' '.join(shuffled) + '.']
   )
-  logp = np.asarray(model.token_log_probs(model.params, ids, mask))
+  logp = np.asarray(model.token_log_probs(params, ids, mask))
   real = mask[:, 1:].astype(bool)
   ppl = [float(np.exp(-logp[i][real[i]].mean())) for i in range(2)]
   print(f'SmolLM2 perplexity natural {ppl[0]:.1f} vs shuffled {ppl[1]:.1f}')
@@ -483,7 +497,7 @@ def test_smollm2_prefers_natural_text(smollm2):
 
 
 def test_smollm2_tokenizer_matches_transformers(smollm2):
-  model, _, path = smollm2
+  model, _, _, path = smollm2
   theirs = transformers.AutoTokenizer.from_pretrained(
     path.parent, gguf_file=path.name
   )

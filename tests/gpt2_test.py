@@ -5,10 +5,13 @@ their weights are perturbed so that no bias is 0 and no LayerNorm scale is 1,
 saved with `save_pretrained` and loaded with `leakjax.models.load`.
 """
 
+import dataclasses
+import functools
 import json
 import math
 import shutil
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,8 +25,8 @@ from tokenizers import pre_tokenizers
 
 from leakjax import models
 from leakjax.errors import LeakjaxError
-from leakjax.models import gpt2
-from leakjax.models.base import get_path
+from leakjax.models import gpt2, llama
+from leakjax.models.protocol import get_path
 from leakjax.tokenization import Tokenizer, gpt2_tokenizer
 
 VOCAB = 101
@@ -97,18 +100,26 @@ def hf_dir(torch_model, tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def model(hf_dir):
+def loaded(hf_dir):
+  """`(model, params)` of the reference checkpoint."""
   return models.load(hf_dir)
 
 
-@pytest.fixture(scope='module')
-def jitted(model):
-  """Jitted methods of `model`, shared so each shape compiles once."""
-  return dict(
-    logits=jax.jit(model.logits),
-    decode=jax.jit(model.decode),
-    hidden_states=jax.jit(model.hidden_states),
-  )
+# Jitted model functions: the model is a static (hashable) argument, so each
+# shape compiles once for every model of the same config.
+@functools.partial(jax.jit, static_argnames=('model',))
+def _logits(model, params, ids, mask=None):
+  return model.logits(params, ids, mask)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _decode(model, params, cache, ids):
+  return model.decode(params, cache, ids)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _hidden_states(model, params, ids, mask=None):
+  return model.hidden_states(params, ids, mask)
 
 
 @pytest.fixture
@@ -127,36 +138,38 @@ def _edit_tensors(directory, edit):
 # ----------------------------------------------------------- numerics
 @pytest.mark.parametrize('padded', [False, True])
 @pytest.mark.parametrize('jit', [False, True])
-def test_logits_match_transformers(model, jitted, torch_model, padded, jit):
+def test_logits_match_transformers(loaded, torch_model, padded, jit):
+  model, params = loaded
   ids, mask = _batch()
   mask = mask if padded else None
-  fn = jitted['logits'] if jit else model.logits
+  fn = functools.partial(_logits, model) if jit else model.logits
   ours = fn(
-    model.params, jnp.asarray(ids), None if mask is None else jnp.asarray(mask)
+    params, jnp.asarray(ids), None if mask is None else jnp.asarray(mask)
   )
   assert ours.shape == (BATCH, TIME, VOCAB) and ours.dtype == jnp.float32
   theirs = _torch_logits(torch_model, ids, mask)
   assert _max_diff(ours, theirs, mask) <= LOGITS_ATOL
 
 
-def test_padding_never_changes_real_positions(model, jitted):
+def test_padding_never_changes_real_positions(loaded):
+  model, params = loaded
   ids, mask = _batch()
   other = np.where(mask == 1, ids, (ids + 7) % VOCAB)  # new pad ids
-  logits = jitted['logits']
-  a = logits(model.params, jnp.asarray(ids), jnp.asarray(mask))
-  b = logits(model.params, jnp.asarray(other), jnp.asarray(mask))
+  a = _logits(model, params, jnp.asarray(ids), jnp.asarray(mask))
+  b = _logits(model, params, jnp.asarray(other), jnp.asarray(mask))
   assert _max_diff(a, b, mask) == 0.0
   # With right padding, causality alone hides pads from real positions; the
   # mask only changes the padded positions, which never see other pads.
-  unmasked = logits(model.params, jnp.asarray(other))
+  unmasked = _logits(model, params, jnp.asarray(other))
   assert _max_diff(a, unmasked, mask) <= LOGITS_ATOL
   assert _max_diff(b, unmasked, 1 - mask) > 1e-3
 
 
-def test_gradients_match_transformers(model, torch_model):
+def test_gradients_match_transformers(loaded, torch_model):
+  model, params = loaded
   ids, mask = _batch(seed=1)
   loss, grads = jax.jit(jax.value_and_grad(model.loss))(
-    model.params, jnp.asarray(ids), jnp.asarray(mask)
+    params, jnp.asarray(ids), jnp.asarray(mask)
   )
 
   torch_model.zero_grad()
@@ -182,7 +195,8 @@ def test_gradients_match_transformers(model, torch_model):
     assert _max_diff(ours, theirs) / scale <= GRAD_RTOL, name
 
 
-def test_hidden_states_match_transformers(model, jitted, torch_model):
+def test_hidden_states_match_transformers(loaded, torch_model):
+  model, params = loaded
   ids, mask = _batch(seed=2)
   raw_blocks = []  # each block's output, before HF applies ln_f to the last
   hooks = [
@@ -204,51 +218,56 @@ def test_hidden_states_match_transformers(model, jitted, torch_model):
     for h in hooks:
       h.remove()
   theirs = [h.numpy() for h in out.hidden_states]
-  hs = jitted['hidden_states'](
-    model.params, jnp.asarray(ids), jnp.asarray(mask)
-  )
+  hs = _hidden_states(model, params, jnp.asarray(ids), jnp.asarray(mask))
   n_layer = model.config.n_layer
-  assert hs.shape == (n_layer + 1, BATCH, TIME, model.config.hidden_size)
+  assert model.num_layers == n_layer
+  assert hs.shape == (n_layer + 1, BATCH, TIME, model.hidden_size)
+  assert model.hidden_size == model.config.hidden_size
   assert len(theirs) == n_layer + 1
   for i in range(n_layer):  # HF's entries 0..n_layer-1 are raw
     assert _max_diff(hs[i], theirs[i], mask) <= LOGITS_ATOL, i
   for i in range(n_layer):
     assert _max_diff(hs[i + 1], raw_blocks[i], mask) <= LOGITS_ATOL, i
   # HF's last entry has ln_f applied; ours does not.
-  ln_f = model.params['ln_f']
+  ln_f = params['ln_f']
   x = np.asarray(hs[-1], np.float64)
   normed = (x - x.mean(-1, keepdims=True)) / np.sqrt(
     x.var(-1, keepdims=True) + model.config.layer_norm_epsilon
   ) * np.asarray(ln_f['scale']) + np.asarray(ln_f['bias'])
   assert _max_diff(normed, theirs[-1], mask) <= LOGITS_ATOL
-  logits = jitted['logits'](model.params, jnp.asarray(ids), jnp.asarray(mask))
-  head = jax.jit(model.lm_head)(model.params, hs[-1])
+  logits = _logits(model, params, jnp.asarray(ids), jnp.asarray(mask))
+  head = jax.jit(model.lm_head)(params, hs[-1])
   assert _max_diff(head, logits) <= 1e-6
 
 
 # ----------------------------------------------------------- decoding
 @pytest.mark.parametrize('jit', [False, True])
-def test_decode_matches_logits(model, jitted, jit):
+def test_decode_matches_logits(loaded, jit):
+  model, params = loaded
   ids, _ = _batch(seed=3)
   ids = jnp.asarray(ids)
-  full = jitted['logits'](model.params, ids)
-  decode = jitted['decode'] if jit else model.decode
-  cache = model.init_cache(BATCH, TIME + 2)
-  logits, cache = decode(model.params, ids[:, :3], cache)
+  full = _logits(model, params, ids)
+  decode = functools.partial(_decode, model) if jit else model.decode
+  cache = model.init_cache(params, BATCH, TIME + 2)
+  logits, cache = decode(params, cache, ids[:, :3])
   pieces = [logits]
   for t in range(3, TIME):
-    logits, cache = decode(model.params, ids[:, t : t + 1], cache)
+    logits, cache = decode(params, cache, ids[:, t : t + 1])
     pieces.append(logits)
   assert np.array_equal(cache.index, np.full(BATCH, TIME))
   assert _max_diff(jnp.concatenate(pieces, axis=1), full) <= LOGITS_ATOL
 
 
-def test_decode_rows_at_different_positions(model, jitted):
+def test_decode_rows_at_different_positions(loaded):
+  model, params = loaded
   ids, _ = _batch(seed=4)
   ids = jnp.asarray(ids)
-  decode = jitted['decode']
-  _, short = decode(model.params, ids[:, :3], model.init_cache(BATCH, TIME + 2))
-  _, long = decode(model.params, ids[:, :5], model.init_cache(BATCH, TIME + 2))
+  _, short = _decode(
+    model, params, model.init_cache(params, BATCH, TIME + 2), ids[:, :3]
+  )
+  _, long = _decode(
+    model, params, model.init_cache(params, BATCH, TIME + 2), ids[:, :5]
+  )
   # Row 1 from the 5-token prefill, rows 0 and 2 from the 3-token one.
   take_long = jnp.arange(BATCH) == 1
   cache = jax.tree.map(
@@ -261,43 +280,46 @@ def test_decode_rows_at_different_positions(model, jitted):
   assert cache.index.tolist() == [3, 5, 3]
   positions = jnp.array([3, 5, 3])
   step = ids[jnp.arange(BATCH), positions][:, None]  # [batch, 1]
-  logits, cache = decode(model.params, step, cache)
-  full = jitted['logits'](model.params, ids)
+  logits, cache = _decode(model, params, cache, step)
+  full = _logits(model, params, ids)
   expected = full[jnp.arange(BATCH), positions]  # [batch, vocab]
   assert _max_diff(logits[:, 0], expected) <= LOGITS_ATOL
   assert cache.index.tolist() == [4, 6, 4]
 
 
-def test_cache_reorders_like_beams(model, jitted):
+def test_cache_reorders_like_beams(loaded):
+  model, params = loaded
   ids, _ = _batch(seed=5)
   ids = jnp.asarray(ids)
-  cache = model.init_cache(BATCH, TIME + 2)
+  cache = model.init_cache(params, BATCH, TIME + 2)
   for leaf in jax.tree.leaves(cache):
     assert leaf.shape[0] == BATCH
-  _, cache = jitted['decode'](model.params, ids[:, :3], cache)
+  _, cache = _decode(model, params, cache, ids[:, :3])
   order = jnp.array([2, 0, 0])
   cache = jax.tree.map(lambda x: x[order], cache)
-  logits, _ = jitted['decode'](model.params, ids[order, 3:4], cache)
-  full = jitted['logits'](model.params, ids[order])
+  logits, _ = _decode(model, params, cache, ids[order, 3:4])
+  full = _logits(model, params, ids[order])
   assert _max_diff(logits[:, 0], full[:, 3]) <= LOGITS_ATOL
 
 
 # ---------------------------------------------------- checkpoint I/O
-def test_save_loads_in_transformers_and_leakjax(model, jitted, tmp_path):
+def test_save_loads_in_transformers_and_leakjax(loaded, tmp_path):
+  model, params = loaded
   ids, mask = _batch(seed=6)
-  models.save(model, tmp_path / 'out')
+  models.save(model, params, tmp_path / 'out')
   config = json.loads((tmp_path / 'out' / 'config.json').read_text())
   assert config['model_type'] == 'gpt2'
   assert config['architectures'] == ['GPT2LMHeadModel']
   reloaded_torch = transformers.GPT2LMHeadModel.from_pretrained(
     tmp_path / 'out'
   ).eval()
-  ours = jitted['logits'](model.params, jnp.asarray(ids), jnp.asarray(mask))
+  ours = _logits(model, params, jnp.asarray(ids), jnp.asarray(mask))
   theirs = _torch_logits(reloaded_torch, ids, mask)
   assert _max_diff(ours, theirs, mask) <= LOGITS_ATOL
-  again = models.load(tmp_path / 'out')
+  again, again_params = models.load(tmp_path / 'out')
   assert again.config == model.config
-  jax.tree.map(np.testing.assert_array_equal, again.params, model.params)
+  assert again == model and hash(again) == hash(model)
+  jax.tree.map(np.testing.assert_array_equal, again_params, params)
 
 
 def test_tokenizer_is_saved_and_loaded(tmp_path):
@@ -308,10 +330,12 @@ def test_tokenizer_is_saved_and_loaded(tmp_path):
   backend.pre_tokenizer = pre_tokenizers.Whitespace()
   tokenizer = Tokenizer(backend, eos_id=1, unk_id=0, name='five')
   config = gpt2.GPT2Config.tiny(vocab_size=VOCAB, n_layer=1)
-  model = gpt2.init_model(config, key=jax.random.key(0), tokenizer=tokenizer)
-  models.save(model, tmp_path)
+  model, params = gpt2.init_model(
+    config, key=jax.random.key(0), tokenizer=tokenizer
+  )
+  models.save(model, params, tmp_path)
   assert (tmp_path / 'tokenizer.json').is_file()
-  again = models.load(tmp_path)
+  again, _ = models.load(tmp_path)
   assert again.tokenizer.encode('the cat sat') == [2, 3, 4]
   assert again.tokenizer.eos_id == 1
   hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
@@ -321,18 +345,19 @@ def test_tokenizer_is_saved_and_loaded(tmp_path):
 def test_untied_head(tmp_path):
   torch_model = _torch_model(seed=7, tie_word_embeddings=False)
   torch_model.save_pretrained(tmp_path / 'hf')
-  model = models.load(tmp_path / 'hf')
+  model, params = models.load(tmp_path / 'hf')
   assert not model.config.tie_word_embeddings
+  assert not model.tie_word_embeddings
   assert model.paths.lm_head == ('lm_head', 'kernel')
-  head = get_path(model.params, model.paths.lm_head)
+  head = get_path(params, model.paths.lm_head)
   assert head.shape == (32, VOCAB)
-  assert not np.allclose(head.T, model.word_embeddings(model.params))
+  assert not np.allclose(head.T, model.word_embeddings(params))
   ids, mask = _batch(seed=7)
-  ours = model.logits(model.params, jnp.asarray(ids), jnp.asarray(mask))
+  ours = model.logits(params, jnp.asarray(ids), jnp.asarray(mask))
   assert (
     _max_diff(ours, _torch_logits(torch_model, ids, mask), mask) <= LOGITS_ATOL
   )
-  models.save(model, tmp_path / 'out')
+  models.save(model, params, tmp_path / 'out')
   reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / 'out')
   assert (
     _max_diff(ours, _torch_logits(reloaded.eval(), ids, mask), mask)
@@ -340,54 +365,63 @@ def test_untied_head(tmp_path):
   )
 
 
-def test_names_without_transformer_prefix(ckpt, model):
+def test_names_without_transformer_prefix(ckpt, loaded):
+  model, params = loaded
+
   def strip(tensors):
     for name in list(tensors):
       tensors[name.removeprefix('transformer.')] = tensors.pop(name)
 
   _edit_tensors(ckpt, strip)
   assert 'wte.weight' in load_file(str(ckpt / 'model.safetensors'))
-  again = models.load(ckpt)
-  jax.tree.map(np.testing.assert_array_equal, again.params, model.params)
+  again, again_params = models.load(ckpt)
+  assert again == model
+  jax.tree.map(np.testing.assert_array_equal, again_params, params)
 
 
-def test_sharded_checkpoint(torch_model, model, tmp_path):
+def test_sharded_checkpoint(torch_model, loaded, tmp_path):
+  model, params = loaded
   torch_model.save_pretrained(tmp_path, max_shard_size='20KB')
   assert (tmp_path / 'model.safetensors.index.json').is_file()
   assert not (tmp_path / 'model.safetensors').exists()
-  again = models.load(tmp_path)
-  jax.tree.map(np.testing.assert_array_equal, again.params, model.params)
+  again, again_params = models.load(tmp_path)
+  assert again == model
+  jax.tree.map(np.testing.assert_array_equal, again_params, params)
 
 
 def test_pytorch_bin_loads_with_weights_only(
-  torch_model, model, hf_dir, tmp_path
+  torch_model, loaded, hf_dir, tmp_path
 ):
+  model, params = loaded
   shutil.copy(hf_dir / 'config.json', tmp_path / 'config.json')
   # state_dict() also holds the tied lm_head.weight.
   assert 'lm_head.weight' in torch_model.state_dict()
   torch.save(torch_model.state_dict(), tmp_path / 'pytorch_model.bin')
-  again = models.load(tmp_path)
-  jax.tree.map(np.testing.assert_array_equal, again.params, model.params)
+  again, again_params = models.load(tmp_path)
+  assert again == model
+  jax.tree.map(np.testing.assert_array_equal, again_params, params)
 
 
-def test_bfloat16(hf_dir, model, jitted):
+def test_bfloat16(hf_dir, loaded):
+  model, params = loaded
   ids, mask = _batch(seed=8)
-  low = models.load(hf_dir, dtype=jnp.bfloat16)
+  low, low_params = models.load(hf_dir, dtype=jnp.bfloat16)
   assert low.config.dtype == 'bfloat16'
-  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(low.params))
-  ref = jitted['logits'](model.params, jnp.asarray(ids), jnp.asarray(mask))
-  out = jax.jit(low.logits)(low.params, jnp.asarray(ids), jnp.asarray(mask))
+  assert low != model  # another compute dtype, another static model
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(low_params))
+  ref = _logits(model, params, jnp.asarray(ids), jnp.asarray(mask))
+  out = _logits(low, low_params, jnp.asarray(ids), jnp.asarray(mask))
   assert out.dtype == jnp.float32
   assert _max_diff(out, ref, mask) <= 0.05 * float(jnp.abs(ref).max())
-  cache = low.init_cache(BATCH, 4)
+  cache = low.init_cache(low_params, BATCH, 4)
   assert cache.keys[0].dtype == jnp.bfloat16
 
 
 # ------------------------------------------------------- init, config
 def test_init_model_follows_gpt2_init():
   config = gpt2.GPT2Config.tiny()
-  model = gpt2.init_model(config, key=jax.random.key(0))
-  p = jax.tree.map(np.asarray, model.params)
+  model, params = gpt2.init_model(config, key=jax.random.key(0))
+  p = jax.tree.map(np.asarray, params)
   assert np.std(p['wte']['embedding']) == pytest.approx(0.02, rel=0.1)
   assert np.std(p['h_0']['attn']['c_attn']['kernel']) == (
     pytest.approx(0.02, rel=0.1)
@@ -402,6 +436,83 @@ def test_init_model_follows_gpt2_init():
   assert 'lm_head' not in p
   assert model.family == 'gpt2' and model.paths.lm_head is None
   assert model.config.max_length == config.n_positions
+  assert model.max_length == config.n_positions
+  assert (model.vocab_size, model.hidden_size, model.num_layers) == (
+    config.vocab_size,
+    config.n_embd,
+    config.n_layer,
+  )
+  assert model.tie_word_embeddings
+  # The weights are only in `params`; the model is static and hashable.
+  assert not hasattr(model, 'params') and not hasattr(model, 'module')
+  assert hash(model) == hash(gpt2.make_model(model.config))
+
+
+# ------------------------------------------- static model, compile once
+def _tiny_config(family, **overrides):
+  if family == 'gpt2':
+    return gpt2.GPT2Config.tiny(vocab_size=VOCAB, **overrides)
+  return llama.LlamaConfig(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=N_POSITIONS,
+    **overrides,
+  )
+
+
+_FAMILIES = {'gpt2': gpt2, 'llama': llama}
+
+
+@pytest.mark.parametrize('family', ['gpt2', 'llama'])
+def test_equal_configs_give_equal_models_that_compile_once(family):
+  lib = _FAMILIES[family]
+  config = _tiny_config(family)
+  # Two models from equal (not identical) configs.
+  a = lib.make_model(config)
+  b = lib.make_model(dataclasses.replace(config))
+  assert a is not b and a.config is not b.config
+  assert a == b and hash(a) == hash(b)
+  # The tokenizer is host-side, not part of the model's identity.
+  assert a.replace(tokenizer=object()) == a
+  # init_model hands back an equal model beside its params.
+  m1, p1 = lib.init_model(config, key=jax.random.key(1))
+  m2, p2 = lib.init_model(dataclasses.replace(config), key=jax.random.key(2))
+  assert m1 == m2 == a and hash(m1) == hash(m2) == hash(a)
+  assert jax.tree.structure(p1) == jax.tree.structure(p2)
+  assert all(
+    x.shape == y.shape and x.dtype == y.dtype
+    for x, y in zip(jax.tree.leaves(p1), jax.tree.leaves(p2))
+  )
+  assert not np.array_equal(m1.word_embeddings(p1), m2.word_embeddings(p2))
+  # Another config (here of the same param shapes) is another model, and
+  # another static argument.
+  eps = 'layer_norm_epsilon' if family == 'gpt2' else 'rms_norm_eps'
+  other_config = _tiny_config(family, **{eps: 1e-3})
+  other, other_params = lib.init_model(other_config, key=jax.random.key(3))
+  assert other != a
+
+  traces = []
+  chex.clear_trace_counter()  # chex counts per definition site
+
+  @functools.partial(jax.jit, static_argnames=('model',))
+  @chex.assert_max_traces(n=2)  # m1 (= m2) and `other`
+  def loss(model, params, ids):
+    traces.append(model)  # runs once per trace, never per call
+    return model.loss(params, ids)
+
+  ids = jnp.asarray(_batch(seed=9)[0])
+  loss1 = loss(m1, p1, ids)
+  loss2 = loss(m2, p2, ids)  # equal model, new params of the same shapes
+  assert traces == [m1]  # compiled once
+  assert float(loss1) != float(loss2)  # ... and used the new params
+  np.testing.assert_allclose(loss1, m1.loss(p1, ids), rtol=1e-5)
+  np.testing.assert_allclose(loss2, m2.loss(p2, ids), rtol=1e-5)
+  loss(other, other_params, ids)  # a different model does trace again
+  assert traces == [m1, other]
 
 
 def test_small_preset_has_124m_params():
@@ -494,18 +605,21 @@ def test_tokenizer_larger_than_vocab(ckpt):
     models.load(ckpt)
 
 
-def test_sequence_longer_than_context(model):
+def test_sequence_longer_than_context(loaded):
+  model, params = loaded
   ids = jnp.zeros((1, N_POSITIONS + 1), jnp.int32)
   match = f'{N_POSITIONS + 1} tokens but the model context is {N_POSITIONS}'
   with pytest.raises(LeakjaxError, match=match):
-    model.logits(model.params, ids)
+    model.logits(params, ids)
   with pytest.raises(LeakjaxError, match=match):
-    jax.jit(model.hidden_states)(model.params, ids)
+    _hidden_states(model, params, ids)
   with pytest.raises(LeakjaxError, match='decoding cache'):
-    model.init_cache(1, N_POSITIONS + 1)
-  cache = model.init_cache(1, 4).replace(index=jnp.array([3], jnp.int32))
+    model.init_cache(params, 1, N_POSITIONS + 1)
+  cache = model.init_cache(params, 1, 4).replace(
+    index=jnp.array([3], jnp.int32)
+  )
   with pytest.raises(LeakjaxError, match='decoding cache after this step'):
-    model.decode(model.params, ids[:, :2], cache)
+    model.decode(params, cache, ids[:, :2])
 
 
 def test_bad_config():

@@ -1,5 +1,6 @@
 """Llama vs transformers' LlamaForCausalLM on tiny random models."""
 
+import functools
 import json
 
 import jax
@@ -12,7 +13,7 @@ import transformers
 from leakjax import models
 from leakjax.errors import LeakjaxError
 from leakjax.models import hf_checkpoint, llama
-from leakjax.models.base import get_path
+from leakjax.models.protocol import get_path
 
 VOCAB, MAX_LEN = 200, 32
 
@@ -44,7 +45,7 @@ def _randomize(hf_model: torch.nn.Module, seed: int) -> None:
 
 @pytest.fixture(scope='module')
 def make_pair(tmp_path_factory):
-  """tied -> (our model, HF model, checkpoint dir) with identical weights."""
+  """tied -> (our model, its params, HF model, checkpoint dir), same weights."""
   cache = {}
 
   def make(tied: bool):
@@ -54,7 +55,7 @@ def make_pair(tmp_path_factory):
       _randomize(hf_model, seed=1)
       directory = tmp_path_factory.mktemp('hf_llama')
       hf_model.save_pretrained(directory)
-      cache[tied] = (models.load(directory), hf_model, directory)
+      cache[tied] = (*models.load(directory), hf_model, directory)
     return cache[tied]
 
   return make
@@ -70,6 +71,23 @@ def pair(request, make_pair):
 def untied(make_pair):
   """The untied model only (tests where tying does not matter)."""
   return make_pair(False)
+
+
+# Jitted model functions: the model is a static (hashable) argument, so each
+# shape compiles once for every model of the same config.
+@functools.partial(jax.jit, static_argnames=('model',))
+def _logits(model, params, ids, mask=None):
+  return model.logits(params, ids, mask)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _hidden_states(model, params, ids, mask=None):
+  return model.hidden_states(params, ids, mask)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _decode(model, params, cache, ids):
+  return model.decode(params, cache, ids)
 
 
 def _ids(batch, time, seed=0):
@@ -100,20 +118,26 @@ def test_config_round_trip():
 
 
 def test_loaded_params_and_paths(pair):
-  ours, hf_model, _ = pair
+  ours, params, hf_model, _ = pair
   state = hf_model.state_dict()
   for name, spec in llama.hf_name_map(ours.config).items():
     np.testing.assert_array_equal(
-      spec.to_hf(np.asarray(get_path(ours.params, spec.path))),
+      spec.to_hf(np.asarray(get_path(params, spec.path))),
       state[name].numpy(),
       err_msg=name,
     )
   assert ours.family == 'llama'
-  assert ours.word_embeddings(ours.params).shape == (VOCAB, 64)
+  assert ours.word_embeddings(params).shape == (VOCAB, 64)
+  assert (ours.vocab_size, ours.hidden_size, ours.num_layers) == (VOCAB, 64, 2)
+  assert ours.max_length == MAX_LEN
+  assert ours.tie_word_embeddings == ours.config.tie_word_embeddings
   if ours.config.tie_word_embeddings:
     assert ours.paths.lm_head is None
   else:
-    assert get_path(ours.params, ours.paths.lm_head).shape == (64, VOCAB)
+    assert get_path(params, ours.paths.lm_head).shape == (64, VOCAB)
+  # The model holds no weights; loading again gives an equal model.
+  assert not hasattr(ours, 'params') and not hasattr(ours, 'module')
+  assert ours == llama.make_model(ours.config)
 
 
 @pytest.mark.parametrize(
@@ -122,43 +146,43 @@ def test_loaded_params_and_paths(pair):
   ids=['untied-eager', 'untied-jit', 'tied-jit'],
 )
 def test_logits_and_hidden_states_match_transformers(make_pair, tied, jit):
-  ours, hf_model, _ = make_pair(tied)
+  ours, params, hf_model, _ = make_pair(tied)
   ids = _ids(2, 11)
   want, want_hidden = _hf_logits(hf_model, ids)
-  logits_fn = jax.jit(ours.logits) if jit else ours.logits
-  got = np.asarray(logits_fn(ours.params, ids))
+  logits_fn = functools.partial(_logits, ours) if jit else ours.logits
+  got = np.asarray(logits_fn(params, ids))
   assert got.dtype == np.float32
   diff = np.abs(got - want).max()
   assert diff <= 1e-5, diff
-  hidden = np.asarray(ours.hidden_states(ours.params, ids))
+  hidden = np.asarray(ours.hidden_states(params, ids))
   assert hidden.shape == (3, 2, 11, 64)
   # HF's last hidden state is after the final norm; ours is before it.
   for i in range(2):
     np.testing.assert_allclose(hidden[i], want_hidden[i], atol=1e-5)
   np.testing.assert_allclose(
-    np.asarray(ours.lm_head(ours.params, hidden[-1])), got, atol=1e-5
+    np.asarray(ours.lm_head(params, hidden[-1])), got, atol=1e-5
   )
 
 
 def test_padding_mask_matches_transformers_and_isolates_padding(untied):
-  ours, hf_model, _ = untied
+  ours, params, hf_model, _ = untied
   ids = _ids(2, 9, seed=3)
   mask = np.ones_like(ids)
   mask[1, 5:] = 0
   want, _ = _hf_logits(hf_model, ids, mask)
-  got = np.asarray(ours.logits(ours.params, ids, mask))
+  got = np.asarray(ours.logits(params, ids, mask))
   real = mask.astype(bool)
   diff = np.abs(got - want)[real].max()
   assert diff <= 1e-5, diff
   # Padding positions never influence real ones.
   other = ids.copy()
   other[1, 5:] = (other[1, 5:] + 7) % VOCAB
-  got2 = np.asarray(ours.logits(ours.params, other, mask))
+  got2 = np.asarray(ours.logits(params, other, mask))
   np.testing.assert_array_equal(got2[real], got[real])
 
 
 def test_gradients_match_transformers(pair):
-  ours, hf_model, _ = pair
+  ours, params, hf_model, _ = pair
   ids = _ids(2, 10, seed=5)
   hf_model.zero_grad()
   logits = hf_model(torch.tensor(ids, dtype=torch.long)).logits
@@ -167,12 +191,12 @@ def test_gradients_match_transformers(pair):
     torch.tensor(ids[:, 1:], dtype=torch.long).reshape(-1),
   )
   loss.backward()
-  our_loss, grads = jax.value_and_grad(ours.loss)(ours.params, ids)
+  our_loss, grads = jax.value_and_grad(ours.loss)(params, ids)
   assert abs(float(our_loss) - loss.item()) <= 1e-5
-  params = dict(hf_model.named_parameters())
+  hf_params = dict(hf_model.named_parameters())
   worst = 0.0
   for name, spec in llama.hf_name_map(ours.config).items():
-    want = params[name].grad.numpy()
+    want = hf_params[name].grad.numpy()
     got = spec.to_hf(np.asarray(get_path(grads, spec.path)))
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     worst = max(worst, rel)
@@ -181,13 +205,13 @@ def test_gradients_match_transformers(pair):
 
 
 def test_decode_matches_full_forward_eager(untied):
-  ours, _, _ = untied
+  ours, params, _, _ = untied
   ids = _ids(3, 6, seed=7)
-  full = np.asarray(ours.logits(ours.params, ids))
-  cache = ours.init_cache(batch_size=3, max_length=8)
+  full = np.asarray(ours.logits(params, ids))
+  cache = ours.init_cache(params, batch_size=3, max_length=8)
   assert all(x.shape[0] == 3 for x in jax.tree.leaves(cache))
-  first, cache = ours.decode(ours.params, ids[:, :5], cache)
-  second, cache = ours.decode(ours.params, ids[:, 5:], cache)
+  first, cache = ours.decode(params, cache, ids[:, :5])
+  second, cache = ours.decode(params, cache, ids[:, 5:])
   np.testing.assert_allclose(
     np.concatenate([first, second], 1), full, atol=1e-5
   )
@@ -195,33 +219,34 @@ def test_decode_matches_full_forward_eager(untied):
 
 
 def test_decode_matches_full_forward_jit(pair):
-  ours, _, _ = pair
+  ours, params, _, _ = pair
   ids = _ids(3, 12, seed=7)
-  full = np.asarray(jax.jit(ours.logits)(ours.params, ids))
-  decode = jax.jit(ours.decode)  # compiles for t=5 and t=1 only
-  cache = ours.init_cache(batch_size=3, max_length=16)
+  full = np.asarray(_logits(ours, params, ids))
+  # compiles for t=5 and t=1 only
+  decode = functools.partial(_decode, ours)
+  cache = ours.init_cache(params, batch_size=3, max_length=16)
   pieces = []
   for start, stop in [(0, 5), (5, 6), (6, 11), (11, 12)]:
-    step, cache = decode(ours.params, ids[:, start:stop], cache)
+    step, cache = decode(params, cache, ids[:, start:stop])
     pieces.append(np.asarray(step))
   np.testing.assert_allclose(np.concatenate(pieces, 1), full, atol=1e-5)
   np.testing.assert_array_equal(np.asarray(cache.index), [12, 12, 12])
 
   # Reordering the batch (as beam search does) reorders the results.
   order = np.array([2, 0, 1])
-  cache = ours.init_cache(batch_size=3, max_length=16)
-  _, prefix = decode(ours.params, ids[:, :5], cache)
+  cache = ours.init_cache(params, batch_size=3, max_length=16)
+  _, prefix = decode(params, cache, ids[:, :5])
   reordered = jax.tree.map(lambda x: x[order], prefix)
-  step, _ = decode(ours.params, ids[order, 5:6], reordered)
+  step, _ = decode(params, reordered, ids[order, 5:6])
   np.testing.assert_allclose(np.asarray(step), full[order, 5:6], atol=1e-5)
 
   # Rows may sit at different positions: the index is per row.
   index = np.array([5, 4, 3], np.int32)
   rows = np.arange(3)
   step, cache = decode(
-    ours.params,
-    ids[rows, index][:, None],
+    params,
     prefix.replace(index=jnp.asarray(index)),
+    ids[rows, index][:, None],
   )
   np.testing.assert_allclose(
     np.asarray(step)[:, 0], full[rows, index], atol=1e-5
@@ -236,13 +261,13 @@ def test_save_load_round_trip_with_tokenizer(pair, tmp_path):
 
   from leakjax.tokenization import Tokenizer
 
-  ours, _, _ = pair
+  ours, params, _, _ = pair
   vocab = {f'w{i}': i for i in range(VOCAB - 3)}
   vocab.update({'<unk>': VOCAB - 3, '<s>': VOCAB - 2, '</s>': VOCAB - 1})
   backend = HFTokenizer(tok_models.WordLevel(vocab, unk_token='<unk>'))
   backend.pre_tokenizer = pre_tokenizers.Whitespace()
   tok = Tokenizer(backend, bos_id=VOCAB - 2, eos_id=VOCAB - 1, name='words')
-  models.save(ours.replace(tokenizer=tok), tmp_path)
+  models.save(ours.replace(tokenizer=tok), params, tmp_path)
   config = json.loads((tmp_path / 'config.json').read_text())
   assert config['model_type'] == 'llama'
 
@@ -251,12 +276,13 @@ def test_save_load_round_trip_with_tokenizer(pair, tmp_path):
   ).eval()
   ids = _ids(2, 7, seed=11)
   want, _ = _hf_logits(hf_model, ids)
-  got = np.asarray(ours.logits(ours.params, ids))
+  got = np.asarray(ours.logits(params, ids))
   assert np.abs(got - want).max() <= 1e-5
 
-  again = models.load(tmp_path)
+  again, again_params = models.load(tmp_path)
   assert again.config == ours.config
-  for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(ours.params)):
+  assert again == ours and hash(again) == hash(ours)
+  for a, b in zip(jax.tree.leaves(again_params), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert again.tokenizer.encode('w5 w17 zzz') == [5, 17, VOCAB - 3]
   assert (again.tokenizer.bos_id, again.tokenizer.eos_id) == (
@@ -294,7 +320,7 @@ def _rewrite(src, dst, edit_tensors=None, edit_config=None):
   ],
 )
 def test_bad_tensors_raise(untied, tmp_path, edit, message):
-  _, _, directory = untied
+  _, _, _, directory = untied
   bad = _rewrite(directory, tmp_path, edit_tensors=edit)
   with pytest.raises(LeakjaxError, match=message):
     models.load(bad)
@@ -315,7 +341,7 @@ def test_bad_tensors_raise(untied, tmp_path, edit, message):
   ],
 )
 def test_unsupported_config_raises(untied, tmp_path, key, value, message):
-  _, _, directory = untied
+  _, _, _, directory = untied
   bad = _rewrite(
     directory, tmp_path, edit_config=lambda c: c.__setitem__(key, value)
   )
@@ -324,37 +350,44 @@ def test_unsupported_config_raises(untied, tmp_path, key, value, message):
 
 
 def test_too_long_and_out_of_range_inputs_raise(untied):
-  ours, _, _ = untied
+  ours, params, _, _ = untied
   too_long = _ids(1, MAX_LEN + 1)
   with pytest.raises(LeakjaxError, match='context is 32'):
-    ours.logits(ours.params, too_long)
+    ours.logits(params, too_long)
   with pytest.raises(LeakjaxError, match='context is 32'):
-    jax.jit(ours.hidden_states)(ours.params, too_long)
+    _hidden_states(ours, params, too_long)
   with pytest.raises(LeakjaxError, match='context is 32'):
-    ours.init_cache(1, MAX_LEN + 1)
-  cache = ours.init_cache(1, 4)
+    ours.init_cache(params, 1, MAX_LEN + 1)
+  cache = ours.init_cache(params, 1, 4)
   with pytest.raises(LeakjaxError, match='decoding cache'):
-    ours.decode(ours.params, _ids(1, 5), cache)
-  _, cache = ours.decode(ours.params, _ids(1, 3), cache)
+    ours.decode(params, cache, _ids(1, 5))
+  _, cache = ours.decode(params, cache, _ids(1, 3))
   with pytest.raises(LeakjaxError, match='decoding cache'):
-    ours.decode(ours.params, _ids(1, 2), cache)
+    ours.decode(params, cache, _ids(1, 2))
   with pytest.raises(LeakjaxError, match='out of range'):
-    ours.logits(ours.params, np.array([[1, VOCAB]], np.int32))
+    ours.logits(params, np.array([[1, VOCAB]], np.int32))
 
 
 def test_init_model_and_bfloat16(untied):
-  ours, _, _ = untied
+  ours, params, _, _ = untied
   config = ours.config
-  fresh = llama.init_model(config, key=jax.random.key(0), dtype=jnp.bfloat16)
-  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(fresh.params))
-  assert jax.tree.structure(fresh.params) == jax.tree.structure(ours.params)
-  # The test model's weights in bfloat16 give nearly the fp32 logits.
-  half = llama.make_model(
-    config, jax.tree.map(lambda x: x.astype(jnp.bfloat16), ours.params)
+  fresh, fresh_params = llama.init_model(
+    config, key=jax.random.key(0), dtype=jnp.bfloat16
   )
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(fresh_params))
+  assert jax.tree.structure(fresh_params) == jax.tree.structure(params)
+  # The compute dtype is part of the model; the config alone is not.
+  assert fresh == llama.make_model(config, dtype=jnp.bfloat16)
+  assert fresh != ours and fresh.config == ours.config
+  # The test model's weights in bfloat16 give nearly the fp32 logits.
+  half, half_params = llama.from_params(
+    config, jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  )
+  assert half == fresh
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(half_params))
   ids = _ids(2, 8)
-  logits = jax.jit(half.logits)(half.params, ids)
+  logits = _logits(half, half_params, ids)
   assert logits.dtype == jnp.float32 and logits.shape == (2, 8, VOCAB)
-  want = np.asarray(jax.jit(ours.logits)(ours.params, ids))
+  want = np.asarray(_logits(ours, params, ids))
   err = np.abs(np.asarray(logits) - want).max() / want.std()
   assert 0 < err < 0.1, err

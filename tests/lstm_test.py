@@ -34,13 +34,13 @@ def words(vocab_size):
 
 def abstract_params(config, dtype=jnp.float32):
   return jax.eval_shape(
-    lambda: lstm.init_model(config, key=jax.random.key(0), dtype=dtype).params
+    lambda: lstm.init_model(config, key=jax.random.key(0), dtype=dtype)[1]
   )
 
 
 @functools.cache
 def random_model(config, seed=0):
-  """A model whose every parameter (biases too) is random and O(1).
+  """`(model, params)` with every parameter (biases too) random and O(1).
 
   The values come from NumPy: compiling `init` for every config would
   dominate the test time on a shared 2-core CPU.
@@ -50,15 +50,34 @@ def random_model(config, seed=0):
     lambda x: jnp.asarray(0.5 * rng.standard_normal(x.shape), x.dtype),
     abstract_params(config),
   )
-  return lstm.make_model(config, params, words(config.vocab_size))
+  return lstm.make_model(config, words(config.vocab_size)), params
 
 
-@functools.cache
-def jitted(model, name):
-  """`jax.jit` of a model function, compiled once per model and shape."""
-  if name == 'loss_and_grad':
-    return jax.jit(jax.value_and_grad(model.loss))
-  return jax.jit(getattr(model, name))
+# Jitted model functions: the model is a static (hashable) argument, so each
+# shape compiles once per model config.
+@functools.partial(jax.jit, static_argnames=('model',))
+def jit_logits(model, params, ids, mask=None):
+  return model.logits(params, ids, mask)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def jit_hidden_states(model, params, ids, mask=None):
+  return model.hidden_states(params, ids, mask)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def jit_decode(model, params, cache, ids):
+  return model.decode(params, cache, ids)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def jit_train_logits(model, params, ids, key):
+  return model.train_logits(params, ids, key=key)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def jit_loss_and_grad(model, params, ids, mask=None):
+  return jax.value_and_grad(model.loss)(params, ids, mask)
 
 
 def random_ids(config, batch=3, time=7, seed=1):
@@ -177,17 +196,19 @@ def test_cifg_forget_gate_is_coupled():
 @pytest.mark.parametrize('jit', [False, True])
 def test_logits_and_hidden_states_match_numpy(name, jit):
   config = CONFIGS[name]
-  model = random_model(config)
+  model, params = random_model(config)
   ids = random_ids(config)
-  logits_fn = jitted(model, 'logits') if jit else model.logits
-  hidden_fn = jitted(model, 'hidden_states') if jit else model.hidden_states
-  want_hidden, want_logits = np_hidden_and_logits(config, model.params, ids)
-  logits = logits_fn(model.params, ids)
+  logits_fn = functools.partial(jit_logits, model) if jit else model.logits
+  hidden_fn = (
+    functools.partial(jit_hidden_states, model) if jit else model.hidden_states
+  )
+  want_hidden, want_logits = np_hidden_and_logits(config, params, ids)
+  logits = logits_fn(params, ids)
   assert logits.shape == (3, 7, config.vocab_size)
   assert logits.dtype == jnp.float32
   np.testing.assert_allclose(logits, want_logits, atol=ATOL)
 
-  hidden = hidden_fn(model.params, ids)
+  hidden = hidden_fn(params, ids)
   assert hidden.shape == (config.num_layers + 1, 3, 7, config.hidden_size)
   for k, want in enumerate(want_hidden):
     width = want.shape[-1]
@@ -195,31 +216,31 @@ def test_logits_and_hidden_states_match_numpy(name, jit):
     # A narrower embedding is zero-padded to hidden_size.
     np.testing.assert_array_equal(hidden[k, ..., width:], 0.0)
   np.testing.assert_allclose(
-    model.lm_head(model.params, hidden[-1]), logits, atol=ATOL
+    model.lm_head(params, hidden[-1]), logits, atol=ATOL
   )
 
 
 def test_hidden_states_refuses_embedding_wider_than_state():
   config = lstm.LSTMConfig(vocab_size=9, embed_dim=6, hidden_size=4)
-  model = lstm.make_model(config, abstract_params(config))
+  model = lstm.make_model(config)
+  params = abstract_params(config)
   ids = random_ids(config)
-  assert jax.eval_shape(model.logits, model.params, ids).shape == (3, 7, 9)
+  assert jax.eval_shape(model.logits, params, ids).shape == (3, 7, 9)
   with pytest.raises(LeakjaxError, match='embed_dim'):
-    jax.eval_shape(model.hidden_states, model.params, ids)
+    jax.eval_shape(model.hidden_states, params, ids)
 
 
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_padding_does_not_reach_real_positions(name):
   config = CONFIGS[name]
-  model = random_model(config)
+  model, params = random_model(config)
   ids = np.asarray(random_ids(config))
   mask = np.ones_like(ids)
   mask[0, 4:] = 0
   mask[2, 2:] = 0
   other = np.where(mask == 1, ids, (ids + 3) % config.vocab_size)
-  logits = jitted(model, 'logits')
-  a = logits(model.params, jnp.asarray(ids), jnp.asarray(mask))
-  b = logits(model.params, jnp.asarray(other), jnp.asarray(mask))
+  a = jit_logits(model, params, jnp.asarray(ids), jnp.asarray(mask))
+  b = jit_logits(model, params, jnp.asarray(other), jnp.asarray(mask))
   real = mask.astype(bool)
   np.testing.assert_array_equal(np.asarray(a)[real], np.asarray(b)[real])
   assert not np.allclose(np.asarray(a)[~real], np.asarray(b)[~real])
@@ -229,40 +250,39 @@ def test_padding_does_not_reach_real_positions(name):
 @pytest.mark.parametrize('jit', [False, True])
 def test_decode_matches_logits(name, jit):
   config = CONFIGS[name]
-  model = random_model(config)
+  model, params = random_model(config)
   ids = random_ids(config)
-  full = jitted(model, 'logits')(model.params, ids)
-  decode = jitted(model, 'decode') if jit else model.decode
+  full = jit_logits(model, params, ids)
+  decode = functools.partial(jit_decode, model) if jit else model.decode
 
-  cache = model.init_cache(batch_size=3, max_length=7)
+  cache = model.init_cache(params, batch_size=3, max_length=7)
   for leaf in jax.tree.leaves(cache):
     assert leaf.shape[0] == 3
   steps = []
   for t in range(7):
-    logits, cache = decode(model.params, ids[:, t : t + 1], cache)
+    logits, cache = decode(params, cache, ids[:, t : t + 1])
     steps.append(logits)
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=ATOL)
   np.testing.assert_array_equal(cache.index, [7, 7, 7])
 
   # Chunks of different lengths continue the same recurrence.
-  cache = model.init_cache(batch_size=3, max_length=7)
-  first, cache = decode(model.params, ids[:, :4], cache)
-  second, cache = decode(model.params, ids[:, 4:], cache)
+  cache = model.init_cache(params, batch_size=3, max_length=7)
+  first, cache = decode(params, cache, ids[:, :4])
+  second, cache = decode(params, cache, ids[:, 4:])
   np.testing.assert_allclose(
     jnp.concatenate([first, second], axis=1), full, atol=ATOL
   )
 
 
 def test_decode_cache_reorders_like_beams():
-  model = random_model(TINY_CIFG)
+  model, params = random_model(TINY_CIFG)
   ids = random_ids(TINY_CIFG)
-  decode = jitted(model, 'decode')
-  cache = model.init_cache(batch_size=3, max_length=7)
-  _, cache = decode(model.params, ids[:, :4], cache)
+  cache = model.init_cache(params, batch_size=3, max_length=7)
+  _, cache = jit_decode(model, params, cache, ids[:, :4])
   order = jnp.array([2, 0, 0])
   cache = jax.tree.map(lambda x: x[order], cache)
-  logits, _ = decode(model.params, ids[order, 4:], cache)
-  full = jitted(model, 'logits')(model.params, ids[order])
+  logits, _ = jit_decode(model, params, cache, ids[order, 4:])
+  full = jit_logits(model, params, ids[order])
   np.testing.assert_allclose(logits, full[:, 4:], atol=ATOL)
 
 
@@ -270,15 +290,13 @@ def test_decode_cache_reorders_like_beams():
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_gradient_reaches_output_bias_and_embeddings(name):
   config = CONFIGS[name]
-  model = random_model(config)
+  model, params = random_model(config)
   ids = random_ids(config)
   mask = padded_mask(ids)
-  _, grads = jitted(model, 'loss_and_grad')(model.params, ids, mask)
+  _, grads = jit_loss_and_grad(model, params, ids, mask)
 
   # dL/db = mean over real targets of softmax(z_t) - onehot(y_t).
-  logits = np.asarray(jitted(model, 'logits')(model.params, ids), np.float64)[
-    :, :-1
-  ]
+  logits = np.asarray(jit_logits(model, params, ids), np.float64)[:, :-1]
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
   onehot = np.eye(config.vocab_size)[np.asarray(ids)[:, 1:]]
@@ -295,22 +313,21 @@ def test_gradient_reaches_output_bias_and_embeddings(name):
 
 
 def test_tied_embedding_gradient_sums_both_uses():
-  tied = random_model(TINY_CIFG)
+  tied, tied_params = random_model(TINY_CIFG)
   untied_config = lstm.CIFGConfig(
     vocab_size=13, embed_dim=6, units=7, proj_dim=6, tie_word_embeddings=False
   )
-  assert tied.paths.lm_head is None
-  emb = tied.params['embed']['embedding']
-  untied_params = dict(tied.params)
-  untied_params['head'] = {'bias': tied.params['head']['bias'], 'kernel': emb.T}
-  untied = lstm.make_model(untied_config, untied_params, tied.tokenizer)
+  assert tied.paths.lm_head is None and tied.tie_word_embeddings
+  emb = tied_params['embed']['embedding']
+  untied_params = dict(tied_params)
+  untied_params['head'] = {'bias': tied_params['head']['bias'], 'kernel': emb.T}
+  untied = lstm.make_model(untied_config, tied.tokenizer)
   assert untied.paths.lm_head == ('head', 'kernel')
+  assert not untied.tie_word_embeddings and untied != tied
   ids = random_ids(TINY_CIFG)
   mask = padded_mask(ids)
-  loss_tied, g_tied = jitted(tied, 'loss_and_grad')(tied.params, ids, mask)
-  loss_untied, g_untied = jitted(untied, 'loss_and_grad')(
-    untied.params, ids, mask
-  )
+  loss_tied, g_tied = jit_loss_and_grad(tied, tied_params, ids, mask)
+  loss_untied, g_untied = jit_loss_and_grad(untied, untied_params, ids, mask)
   np.testing.assert_allclose(loss_tied, loss_untied, atol=ATOL)
   in_use = g_untied['embed']['embedding']
   out_use = g_untied['head']['kernel'].T
@@ -328,50 +345,51 @@ def test_tied_embedding_gradient_sums_both_uses():
 
 # ----------------------------------------------------------------- dropout
 def test_dropout_only_in_train_logits():
-  model = random_model(TINY_LSTM)
+  model, params = random_model(TINY_LSTM)
   ids = random_ids(TINY_LSTM)
-  train_logits = jitted(model, 'train_logits')
-  a = train_logits(model.params, ids, key=jax.random.key(1))
-  b = train_logits(model.params, ids, key=jax.random.key(2))
+  a = jit_train_logits(model, params, ids, jax.random.key(1))
+  b = jit_train_logits(model, params, ids, jax.random.key(2))
   assert not np.allclose(a, b)
   np.testing.assert_array_equal(
-    a, train_logits(model.params, ids, key=jax.random.key(1))
+    a, jit_train_logits(model, params, ids, jax.random.key(1))
   )
-  logits = jitted(model, 'logits')
-  clean = logits(model.params, ids)
-  np.testing.assert_array_equal(clean, logits(model.params, ids))
+  clean = jit_logits(model, params, ids)
+  np.testing.assert_array_equal(clean, jit_logits(model, params, ids))
   assert not np.allclose(a, clean)
   assert np.isfinite(a).all()
 
 
 def test_no_dropout_without_keep_below_one():
-  model = random_model(TINY_CIFG)
+  model, params = random_model(TINY_CIFG)
   ids = random_ids(TINY_CIFG)
   np.testing.assert_array_equal(
-    jitted(model, 'train_logits')(model.params, ids, key=jax.random.key(1)),
-    jitted(model, 'logits')(model.params, ids),
+    jit_train_logits(model, params, ids, jax.random.key(1)),
+    jit_logits(model, params, ids),
   )
 
 
 # ---------------------------------------------------------------- configs
 def test_gboard_parameter_count():
   params = jax.eval_shape(
-    lambda: (
-      lstm.init_model(lstm.CIFGConfig.gboard(), key=jax.random.key(0)).params
-    )
+    lambda: lstm.init_model(lstm.CIFGConfig.gboard(), key=jax.random.key(0))[1]
   )
-  model = lstm.make_model(lstm.CIFGConfig.gboard(), params)
+  model = lstm.make_model(lstm.CIFGConfig.gboard())
   v, d, u, p = 9502, 96, 670, 96
   embedding = v * d  # tied: also the output matrix W
   gates = 3 * (d * u + p * u + u)  # i, g, o; f = 1 - i; no peepholes
   projection = u * p
   output_bias = v
-  assert model.num_params == embedding + gates + projection + output_bias
-  assert model.num_params == 1_373_944
+  n = models.num_params(params)
+  assert n == embedding + gates + projection + output_bias
+  assert n == 1_373_944
   assert model.family == 'cifg_lstm'
   assert model.paths.output_bias == ('head', 'bias')
-  assert model.word_embeddings(model.params).shape == (v, d)
+  assert model.word_embeddings(params).shape == (v, d)
   assert model.config.hidden_size == 96 and model.config.max_length is None
+  assert model.hidden_size == 96 and model.max_length is None
+  assert (model.vocab_size, model.num_layers) == (v, 1)
+  assert model.tie_word_embeddings
+  assert not hasattr(model, 'params') and not hasattr(model, 'module')
 
 
 def test_paper_presets():
@@ -391,7 +409,7 @@ def test_paper_presets():
     medium.tie_word_embeddings,
   ) == (1, 160, 512, 0.9, False)
   shapes = jax.eval_shape(
-    lambda: lstm.init_model(medium, key=jax.random.key(0)).params
+    lambda: lstm.init_model(medium, key=jax.random.key(0))[1]
   )
   assert shapes['head']['kernel'].shape == (512, 10_000)
   assert shapes['layer_0']['kernel_x'].shape == (160, 4 * 512)
@@ -411,8 +429,9 @@ def test_config_validation():
 
 
 def test_standard_lstm_forget_bias_starts_at_one():
-  model = lstm.init_model(TINY_LSTM, key=jax.random.key(0))
-  bias = np.asarray(model.params['layer_0']['bias'])
+  model, params = lstm.init_model(TINY_LSTM, key=jax.random.key(0))
+  assert model == lstm.make_model(TINY_LSTM)
+  bias = np.asarray(params['layer_0']['bias'])
   h = TINY_LSTM.hidden_size
   np.testing.assert_array_equal(bias[h : 2 * h], 1.0)
   np.testing.assert_array_equal(np.delete(bias, np.s_[h : 2 * h]), 0.0)
@@ -421,58 +440,55 @@ def test_standard_lstm_forget_bias_starts_at_one():
 def test_bfloat16_params():
   for leaf in jax.tree.leaves(abstract_params(TINY_LSTM, jnp.bfloat16)):
     assert leaf.dtype == jnp.bfloat16
-  ref = random_model(TINY_CIFG)
-  model = lstm.make_model(
-    TINY_CIFG,
-    jax.tree.map(lambda x: x.astype(jnp.bfloat16), ref.params),
-    dtype=jnp.bfloat16,
-  )
+  ref, ref_params = random_model(TINY_CIFG)
+  model = lstm.make_model(TINY_CIFG, dtype=jnp.bfloat16)
+  assert model != ref  # the dtype is part of the model
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), ref_params)
   ids = random_ids(TINY_CIFG)
-  logits = jax.jit(model.logits)(model.params, ids)
+  logits = jit_logits(model, params, ids)
   assert logits.dtype == jnp.float32
-  np.testing.assert_allclose(
-    logits, jitted(ref, 'logits')(ref.params, ids), atol=0.1
-  )
+  np.testing.assert_allclose(logits, jit_logits(ref, ref_params, ids), atol=0.1)
 
 
 # ------------------------------------------------------------- checkpoints
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_save_load_round_trip(name, tmp_path):
   config = CONFIGS[name]
-  model = random_model(config)
-  models.save(model, tmp_path)
+  model, params = random_model(config)
+  models.save(model, params, tmp_path)
   saved = json.loads((tmp_path / 'config.json').read_text())
   assert saved['model_type'] == lstm.MODEL_TYPES[model.family]
   assert (tmp_path / 'words.json').is_file()
 
-  loaded = models.load(tmp_path)
+  loaded, loaded_params = models.load(tmp_path)
   assert loaded.family == model.family
   assert loaded.config == config
   assert loaded.paths == model.paths
+  assert loaded == model and hash(loaded) == hash(model)
   assert loaded.tokenizer.words == model.tokenizer.words
-  jax.tree.map(np.testing.assert_array_equal, loaded.params, model.params)
+  jax.tree.map(np.testing.assert_array_equal, loaded_params, params)
   ids = random_ids(config)
   np.testing.assert_array_equal(
-    jitted(loaded, 'logits')(loaded.params, ids),
-    jitted(model, 'logits')(model.params, ids),
+    jit_logits(loaded, loaded_params, ids),
+    jit_logits(model, params, ids),
   )
 
 
 def test_round_trip_without_tokenizer(tmp_path):
-  model = random_model(TINY_CIFG).replace(tokenizer=None)
-  models.save(model, tmp_path)
+  model, params = random_model(TINY_CIFG)
+  models.save(model.replace(tokenizer=None), params, tmp_path)
   assert not (tmp_path / 'words.json').exists()
-  assert models.load(tmp_path).tokenizer is None
+  assert models.load(tmp_path)[0].tokenizer is None
 
 
 def test_vocab_mismatch_is_refused(tmp_path):
-  model = random_model(TINY_CIFG)
-  models.save(model, tmp_path)
+  model, params = random_model(TINY_CIFG)
+  models.save(model, params, tmp_path)
   words(TINY_CIFG.vocab_size + 1).save(tmp_path / 'words.json')
   with pytest.raises(LeakjaxError, match='14 words.*vocab_size=13'):
     models.load(tmp_path)
   with pytest.raises(LeakjaxError, match='vocab_size=13'):
-    lstm.make_model(TINY_CIFG, model.params, words(12))
+    lstm.make_model(TINY_CIFG, words(12))
 
 
 def _edit_tensors(directory, edit):
@@ -491,14 +507,14 @@ def _edit_tensors(directory, edit):
   ],
 )
 def test_bad_checkpoints_are_refused(problem, edit, tmp_path):
-  models.save(random_model(TINY_CIFG), tmp_path)
+  models.save(*random_model(TINY_CIFG), tmp_path)
   _edit_tensors(tmp_path, edit)
   with pytest.raises(LeakjaxError, match=problem):
     models.load(tmp_path)
 
 
 def test_bad_config_is_refused(tmp_path):
-  models.save(random_model(TINY_LSTM), tmp_path)
+  models.save(*random_model(TINY_LSTM), tmp_path)
   cfg = json.loads((tmp_path / 'config.json').read_text())
   (tmp_path / 'config.json').write_text(json.dumps({**cfg, 'units': 3}))
   with pytest.raises(LeakjaxError, match='unknown fields'):

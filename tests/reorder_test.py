@@ -16,6 +16,7 @@ VOCAB = 100
 
 @functools.cache
 def tiny():
+  """`(model, params)`."""
   return gpt2.init_model(
     gpt2.GPT2Config.tiny(vocab_size=VOCAB, n_positions=32, n_layer=1),
     key=jax.random.key(5),
@@ -112,15 +113,15 @@ def test_truncate_at_first_sentence_end():
 
 
 def test_candidate_scores_match_one_gradient_per_candidate():
-  model = tiny()
+  model, params = tiny()
   ids = jnp.asarray([[1, 5, 6, 7, 0], [1, 7, 6, 5, 9], [1, 9, 9, 0, 0]])
   mask = (jnp.arange(5)[None] < jnp.asarray([4, 5, 3])[:, None]).astype(
     jnp.int32
   )
-  paths = ro.default_grad_paths(model.params)
+  paths = ro.default_grad_paths(model)
   assert paths == (('h_0',), ('ln_f',))
   fn = jax.jit(functools.partial(ro.candidate_scores, model, beta=2.0))
-  scores, ppl, norm = fn(model.params, ids, mask)
+  scores, ppl, norm = fn(params, ids, mask)
 
   @jax.jit
   def one(params, ids1, mask1):  # the plain per-candidate gradient
@@ -132,7 +133,7 @@ def test_candidate_scores_match_one_gradient_per_candidate():
     return jax.value_and_grad(loss)(params)
 
   for i in range(3):
-    value, g = one(model.params, ids[i], mask[i])
+    value, g = one(params, ids[i], mask[i])
     sub = [g['h_0'], g['ln_f']]
     want = jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(sub)))
     assert float(ppl[i]) == pytest.approx(float(jnp.exp(value)), rel=1e-4)
@@ -140,23 +141,21 @@ def test_candidate_scores_match_one_gradient_per_candidate():
     assert float(scores[i]) == pytest.approx(
       float(ppl[i] + 2 * norm[i]), rel=1e-5
     )
-  chunked = ro.candidate_scores(
-    model, model.params, ids, mask, beta=2.0, chunk=2
-  )
+  chunked = ro.candidate_scores(model, params, ids, mask, beta=2.0, chunk=2)
   np.testing.assert_allclose(
     np.asarray(chunked[0]), np.asarray(scores), rtol=1e-5
   )
 
 
 def test_reorder_only_improves_and_reports_the_final_score():
-  model = tiny()
+  model, params = tiny()
   config = ro.ReorderConfig(
     phrase_steps=3, token_steps=3, num_candidates=4, min_cuts=1, max_cuts=3
   )
   is_end = jnp.zeros(VOCAB, bool).at[15].set(True)
   fn = jax.jit(functools.partial(ro.reorder, model, config=config))
   state = fn(
-    model.params,
+    params,
     TOKENS,
     jnp.int32(LENGTH),
     jnp.asarray([30, 31]),
@@ -175,13 +174,13 @@ def test_reorder_only_improves_and_reports_the_final_score():
     jnp.int32
   )
   s, _, _ = jax.jit(functools.partial(ro.candidate_scores, model))(
-    model.params, both, masks
+    params, both, masks
   )
   assert float(s[0]) == pytest.approx(float(state.score), rel=1e-4)
   assert float(s[1]) == pytest.approx(float(state.initial_score), rel=1e-4)
   # Same key, same result; explicit keys only.
   again = fn(
-    model.params,
+    params,
     TOKENS,
     jnp.int32(LENGTH),
     jnp.asarray([30, 31]),

@@ -21,10 +21,10 @@ def _run(*args):
 
 def test_sanity_runs_on_a_checkpoint_and_data(tmp_path):
   config = gpt2.GPT2Config.tiny(vocab_size=50257)
-  model = gpt2.init_model(
+  model, params = gpt2.init_model(
     config, key=jax.random.key(0), tokenizer=tokenization.gpt2_tokenizer()
   )
-  models.save(model, tmp_path / 'ckpt')
+  models.save(model, params, tmp_path / 'ckpt')
   (tmp_path / 'data.txt').write_text('One two three four.\n\nFive six seven.\n')
   out = _run(
     f'--model={tmp_path / "ckpt"}',
@@ -33,7 +33,7 @@ def test_sanity_runs_on_a_checkpoint_and_data(tmp_path):
   )
   assert out.returncode == 0, out.stderr
   summary = json.loads((tmp_path / 'w' / 'summary.json').read_text())
-  assert summary['num_params'] == model.num_params
+  assert summary['num_params'] == models.num_params(params)
   rows = (tmp_path / 'w' / 'results.jsonl').read_text().splitlines()
   assert [json.loads(r)['text'] for r in rows] == [
     'One two three four.',

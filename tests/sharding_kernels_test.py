@@ -1,6 +1,6 @@
 """Every batched attack kernel gives the same result sharded over 8 devices.
 
-Issue 8 (scale-out): candidate scoring shards along the candidate/batch axis
+Scale-out: candidate scoring shards along the candidate/batch axis
 of a `('data',)` mesh with the parameters replicated, and nothing inside a
 kernel knows. With the 8 fake CPU devices of conftest.py, each kernel runs
 once on one device and once with its batch axis split over all eight
@@ -9,13 +9,14 @@ the outputs must be identical (ids, tokens) or equal to float32 rounding
 (scores: a per-device batch of 2 rows tiles the matmuls differently from a
 batch of 16), and must really be spread over the 8 devices.
 
-Kernels: FILM beam search (`attacks.beam_search`, the search axis), the
-reorder scorer (`attacks.reorder.candidate_scores`, per-candidate gradient
-norms), differential scores (`attacks.differential.differential_score`, the
-sequence axis), the differential-rank search (`attacks.differential.
-beam_search(mesh=...)`, the beam rows of every step, also as the experiment
-runs it) and embedding inversion (`attacks.embedding_inversion`: hidden
-states of a batch, then BEI and HEI ids).
+Kernels: FILM beam search (`attacks.beam_search.bag_beam_search`, the
+search axis), the reorder scorer (`attacks.reorder.candidate_scores`,
+per-candidate gradient norms), differential scores (`attacks.differential.
+differential_score`, the sequence axis), the differential-rank search
+(`attacks.differential.rank_beam_search(mesh=...)`, the beam rows of every
+step, also as the experiment runs it) and embedding inversion
+(`attacks.embedding_inversion`: hidden states of a batch, then BEI and HEI
+ids).
 """
 
 import functools
@@ -27,14 +28,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import differential as exp
 from leakjax import sharding
-from leakjax.models import gpt2
+from leakjax.attacks import beam_search as bs
+from leakjax.attacks import differential as dlib
+from leakjax.attacks import embedding_inversion as ei
+from leakjax.attacks import reorder
+from leakjax.errors import LeakjaxError
+from leakjax.models import gpt2, lstm
+from leakjax.tokenization import WordTokenizer
 
 NUM_DEVICES = 8
 
 
 @pytest.fixture(scope='module')
-def model():
+def tiny():
+  """`(model, params)` of the tiny GPT-2."""
   return gpt2.init_model(gpt2.GPT2Config.tiny(), key=jax.random.key(0))
 
 
@@ -61,8 +70,8 @@ def _assert_spread(x):
   assert len(x.sharding.device_set) == NUM_DEVICES, x.sharding
 
 
-def test_beam_search_sharded_over_searches(model, mesh):
-  bs = pytest.importorskip('leakjax.attacks.beam_search')
+def test_beam_search_sharded_over_searches(tiny, mesh):
+  model, params = tiny
   rng = np.random.default_rng(0)
   bag = np.unique(rng.integers(0, 512, 40)).astype(np.int32)
   # One search per start token (prompt length 2), 8 searches.
@@ -73,7 +82,7 @@ def test_beam_search_sharded_over_searches(model, mesh):
   )
 
   def search(params, prompts, prompt_mask):
-    result = bs.beam_search(
+    result = bs.bag_beam_search(
       model,
       params,
       prompts,
@@ -84,7 +93,7 @@ def test_beam_search_sharded_over_searches(model, mesh):
     return result.tokens, result.scores
 
   (tok1, score1), (tok8, score8) = _run_both(
-    search, model.params, (prompts, prompt_mask), mesh
+    search, params, (prompts, prompt_mask), mesh
   )
   _assert_spread(tok8)
   assert tok1.shape == (NUM_DEVICES, 4, 2 + 6)
@@ -93,11 +102,11 @@ def test_beam_search_sharded_over_searches(model, mesh):
   assert np.isfinite(np.asarray(score1)).all()
 
 
-def test_reorder_scores_sharded_over_candidates(model, mesh):
-  reorder = pytest.importorskip('leakjax.attacks.reorder')
+def test_reorder_scores_sharded_over_candidates(tiny, mesh):
+  model, params = tiny
   ids, mask = _batch(2 * NUM_DEVICES, 12, seed=1)
   score = functools.partial(reorder.candidate_scores, model, beta=1.0)
-  (s1, p1, n1), (s8, p8, n8) = _run_both(score, model.params, (ids, mask), mesh)
+  (s1, p1, n1), (s8, p8, n8) = _run_both(score, params, (ids, mask), mesh)
   _assert_spread(n8)
   np.testing.assert_allclose(n1, n8, rtol=1e-5)
   np.testing.assert_allclose(p1, p8, rtol=1e-5)
@@ -105,10 +114,10 @@ def test_reorder_scores_sharded_over_candidates(model, mesh):
   assert len(set(np.round(np.asarray(n1), 6))) > 1  # norms differ per row
 
 
-def test_differential_scores_sharded_over_sequences(model, mesh):
-  dlib = pytest.importorskip('leakjax.attacks.differential')
+def test_differential_scores_sharded_over_sequences(tiny, mesh):
+  model, params = tiny
   # M' = M with perturbed weights (an "update"), same architecture.
-  leaves, tree = jax.tree.flatten(model.params)
+  leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(1), len(leaves))
   params_prime = jax.tree.unflatten(
     tree,
@@ -122,8 +131,8 @@ def test_differential_scores_sharded_over_sequences(model, mesh):
     )
     return out.ds, out.rel_ds
 
-  params = (model.params, params_prime)
-  (ds1, rel1), (ds8, rel8) = _run_both(scores, params, (ids, mask), mesh)
+  pair = (params, params_prime)
+  (ds1, rel1), (ds8, rel8) = _run_both(scores, pair, (ids, mask), mesh)
   _assert_spread(ds8)
   # Per-device batches of 2 rows block the matmuls differently from one
   # batch of 16: float32 rounding, amplified by the sums of (M'-M)/M.
@@ -132,8 +141,8 @@ def test_differential_scores_sharded_over_sequences(model, mesh):
   assert np.abs(np.asarray(ds1)).max() > 0  # the two snapshots differ
 
 
-def test_embedding_inversion_sharded_over_batch(model, mesh):
-  ei = pytest.importorskip('leakjax.attacks.embedding_inversion')
+def test_embedding_inversion_sharded_over_batch(tiny, mesh):
+  model, params = tiny
   ids, mask = _batch(NUM_DEVICES, 10, seed=3)
 
   def invert(params, ids, mask):
@@ -141,9 +150,7 @@ def test_embedding_inversion_sharded_over_batch(model, mesh):
     emb = model.word_embeddings(params)
     return ei.hei_ids(states, emb), ei.bei_ids(model, params, states)
 
-  (hei1, bei1), (hei8, bei8) = _run_both(
-    invert, model.params, (ids, mask), mesh
-  )
+  (hei1, bei1), (hei8, bei8) = _run_both(invert, params, (ids, mask), mesh)
   # states [layers, B, T, D]: the batch is axis 1 of the outputs.
   assert hei8.shape == (3, NUM_DEVICES, 10)
   assert len(hei8.sharding.device_set) == NUM_DEVICES
@@ -154,26 +161,26 @@ def test_embedding_inversion_sharded_over_batch(model, mesh):
 
 
 def _random_lstm(seed: int, vocab: int = 37):
-  """A tiny word LSTM with O(1) random weights: DS differs a lot per word."""
-  from leakjax.models import lstm  # pylint: disable=g-import-not-at-top
-  from leakjax.tokenization import WordTokenizer  # pylint: disable=g-import-not-at-top
-
+  """`(model, params)`: a tiny word LSTM with O(1) random weights, so DS
+  differs a lot per word. Every seed gives the same (equal) model."""
   config = lstm.LSTMConfig(
     vocab_size=vocab, embed_dim=8, hidden_size=16, num_layers=2
   )
   words = WordTokenizer.build([' '.join(f'w{i}' for i in range(vocab))], vocab)
-  model = lstm.init_model(config, key=jax.random.key(seed), tokenizer=words)
-  leaves, tree = jax.tree.flatten(model.params)
+  model, params = lstm.init_model(
+    config, key=jax.random.key(seed), tokenizer=words
+  )
+  leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
   leaves = [
     x + 0.8 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)
   ]
-  return model.replace(params=jax.tree.unflatten(tree, leaves))
+  return model, jax.tree.unflatten(tree, leaves)
 
 
-def _head_rows(jitted, args, vocab: int = 37) -> set[int]:
+def _head_rows(jitted, args, vocab: int = 37, **kwargs) -> set[int]:
   """Row counts of the `[rows, vocab]` output-layer matmuls, per device."""
-  hlo = jitted.lower(*args).compile().as_text()
+  hlo = jitted.lower(*args, **kwargs).compile().as_text()
   return {int(r) for r in re.findall(rf'f32\[(\d+),{vocab}\]\S* dot\(', hlo)}
 
 
@@ -189,16 +196,15 @@ def _head_rows(jitted, args, vocab: int = 37) -> set[int]:
 def test_differential_rank_search_sharded_over_beams(
   mesh, groups, score, context, tokens, chunk_rows
 ):
-  dlib = pytest.importorskip('leakjax.attacks.differential')
-  m, mp = _random_lstm(0), _random_lstm(1)
-  num_tokens = m.config.vocab_size if tokens is None else len(tokens)
+  (m, params), (_, params_prime) = _random_lstm(0), _random_lstm(1)
+  num_tokens = m.vocab_size if tokens is None else len(tokens)
   widths = dlib.halving_widths(num_tokens, 3, num_groups=groups)
   tokens = None if tokens is None else jnp.asarray(tokens, jnp.int32)
 
   def search(params, params_prime, context, *, mesh=None):
-    result = dlib.beam_search(
+    result = dlib.rank_beam_search(
       m,
-      mp,
+      m,
       params,
       params_prime,
       context,
@@ -215,12 +221,12 @@ def test_differential_rank_search_sharded_over_beams(
   context = jnp.asarray(context, jnp.int32)
   single = jax.jit(search)
   sharded = jax.jit(functools.partial(search, mesh=mesh))
-  seq1, ds1, rel1 = single(m.params, mp.params, context)
-  seq8, ds8, rel8 = sharded(m.params, mp.params, context)
+  seq1, ds1, rel1 = single(params, params_prime, context)
+  seq8, ds8, rel8 = sharded(params, params_prime, context)
 
   # The candidate scoring really is split: each device decodes 1/8 of the
   # (padded) beam rows of a chunk.
-  args = (m.params, mp.params, context)
+  args = (params, params_prime, context)
   rows1, rows8 = _head_rows(single, args), _head_rows(sharded, args)
   assert max(rows1) > NUM_DEVICES, rows1
   assert max(rows8) <= -(-max(rows1) // NUM_DEVICES), (rows1, rows8)
@@ -237,17 +243,14 @@ def test_differential_rank_search_sharded_over_beams(
 
 
 def test_differential_rank_search_rejects_a_mesh_without_data_axis(mesh):
-  dlib = pytest.importorskip('leakjax.attacks.differential')
-  from leakjax.errors import LeakjaxError  # pylint: disable=g-import-not-at-top
-
-  m = _random_lstm(0, vocab=7)
+  m, params = _random_lstm(0, vocab=7)
   other = jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ('model',))
   with pytest.raises(LeakjaxError, match="'data'"):
-    dlib.beam_search(
+    dlib.rank_beam_search(
       m,
       m,
-      m.params,
-      m.params,
+      params,
+      params,
       jnp.array([1]),
       widths=(7,),
       length=1,
@@ -256,29 +259,29 @@ def test_differential_rank_search_rejects_a_mesh_without_data_axis(mesh):
 
 
 def test_differential_experiment_shards_ds_and_dr_search(mesh):
-  exp = pytest.importorskip('experiments.differential')
-  m, mp = _random_lstm(0), _random_lstm(1)
+  (m, params), (_, params_prime) = _random_lstm(0), _random_lstm(1)
   cfg = exp.DifferentialConfig(data='', vocab_size=37, min_width=16)
   one, eight = exp.Attack(m, cfg), exp.Attack(m, cfg, mesh)
   bos = m.tokenizer.bos_id
   ids = np.asarray(
     [[bos, 3, 4, 5, 6, 7], [bos, 9, 8, 7, 6, 5], [bos, 2, 2, 2, 2, 2]], np.int32
   )  # 3 rows: padded to 8
-  s1 = one.scores(m.params, mp.params, ids, 1)
-  s8 = eight.scores(m.params, mp.params, ids, 1)
+  s1 = one.scores(params, params_prime, ids, 1)
+  s8 = eight.scores(params, params_prime, ids, 1)
   assert s8.ds.shape == (3,)
   np.testing.assert_allclose(s1.ds, s8.ds, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(s1.rel_ds, s8.rel_ds, rtol=1e-5, atol=1e-6)
-  found1 = one.search(m.params, mp.params, [bos, 3], 3)  # widths 37/18/16
-  found8 = eight.search(m.params, mp.params, [bos, 3], 3)
+  found1 = one.search(params, params_prime, [bos, 3], 3)  # widths 37/18/16
+  found8 = eight.search(params, params_prime, [bos, 3], 3)
   assert found1.sequences.shape == (1, 16, 3)
   np.testing.assert_array_equal(found1.sequences, found8.sequences)
   np.testing.assert_allclose(found1.ds, found8.ds, rtol=1e-5, atol=1e-6)
   assert np.unique(np.asarray(found1.ds)).size == 16
   # The experiment's jitted search splits the 37 beam rows of step 2 (padded
   # to 40) over 8 devices.
-  args = (m.params, mp.params, jnp.asarray([bos, 3], jnp.int32))
-  assert max(_head_rows(eight._searches[(2, 3)], args)) == 40 // NUM_DEVICES
+  args = (m, params, params_prime, jnp.asarray([bos, 3], jnp.int32))
+  rows = _head_rows(exp.search_sequences, args, **eight.search_options(3))
+  assert max(rows) == 40 // NUM_DEVICES
 
 
 @pytest.mark.parametrize(
@@ -290,9 +293,6 @@ def test_differential_experiment_shards_ds_and_dr_search(mesh):
   ],
 )
 def test_differential_experiment_mesh_errors(mesh, spec, match):
-  exp = pytest.importorskip('experiments.differential')
-  from leakjax.errors import LeakjaxError  # pylint: disable=g-import-not-at-top
-
   with pytest.raises(LeakjaxError, match=match):
     exp.data_mesh(spec)
   assert exp.data_mesh(None) is None

@@ -19,6 +19,7 @@ from leakjax import models
 from leakjax import train as train_lib
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2
+from leakjax.models.protocol import Bound
 from leakjax.tokenization import Tokenizer
 
 WORDS = (
@@ -43,6 +44,7 @@ def toy_tokenizer() -> Tokenizer:
 
 @functools.cache
 def tiny_model(seed: int = 0):
+  """`(model, params)` of a 1-layer GPT-2 with the toy tokenizer."""
   config = gpt2.GPT2Config.tiny(
     vocab_size=32, n_positions=16, n_embd=32, n_layer=1, n_head=2
   )
@@ -51,16 +53,16 @@ def tiny_model(seed: int = 0):
   )
 
 
+def _logit_dropout(model, params, ids, mask, key):
+  logits = model.logits(params, ids, mask)
+  keep = jax.random.bernoulli(key, 0.8, logits.shape)
+  return jnp.where(keep, logits / 0.8, 0.0)
+
+
 def with_logit_dropout(model):
   """The model with a keyed dropout on its logits, so that training depends
   on the per-step keys (our GPT-2 has no dropout of its own)."""
-
-  def train_logits(params, ids, mask, key):
-    logits = model.logits(params, ids, mask)
-    keep = jax.random.bernoulli(key, 0.8, logits.shape)
-    return jnp.where(keep, logits / 0.8, 0.0)
-
-  return model.replace(_train_logits_fn=train_logits)
+  return model.replace(train_logits_fn=Bound(_logit_dropout, (model,)))
 
 
 def assert_trees_equal(a, b):
@@ -133,7 +135,7 @@ def test_config_errors(kwargs, match):
 # -------------------------------------------------------------- kernels
 def test_sgd_step_is_params_minus_lr_grad():
   """One full-batch SGD step through `train` is exactly p - lr * grad."""
-  model = tiny_model()
+  model, params = tiny_model()
   lr = 0.25
   config = train_lib.TrainConfig(
     optimizer='sgd',
@@ -145,14 +147,14 @@ def test_sgd_step_is_params_minus_lr_grad():
     shuffle=False,
   )
   ids, mask, _ = data_lib.encode_corpus(model.tokenizer, CORPUS, 16)
-  loss, grads = jax.jit(jax.value_and_grad(model.loss))(model.params, ids, mask)
-  expected = jax.tree.map(lambda p, g: p - lr * g, model.params, grads)
+  loss, grads = jax.jit(jax.value_and_grad(model.loss))(params, ids, mask)
+  expected = jax.tree.map(lambda p, g: p - lr * g, params, grads)
 
-  result = train_lib.train(model, CORPUS, config=config, progress=False)
+  result = train_lib.train(model, params, CORPUS, config=config, progress=False)
   assert result.step == 1
   jax.tree.map(
     functools.partial(np.testing.assert_allclose, rtol=0, atol=1e-7),
-    result.model.params,
+    result.params,
     expected,
   )
   row = result.history[-1]
@@ -164,16 +166,16 @@ def test_sgd_step_is_params_minus_lr_grad():
 
 
 def test_evaluate_is_token_weighted_and_ignores_padding():
-  model = tiny_model()
+  model, params = tiny_model()
   texts = ['the cat sat on the mat', 'a big red ball', 'we saw a bird']
   batches = list(data_lib.batches(model.tokenizer, texts, 2, 16, shuffle=False))
   assert batches[-1][1][1].sum() == 0  # a filler row
-  got = train_lib.evaluate(model, model.params, batches)
+  got = train_lib.evaluate(model, params, batches)
   # Reference: all texts in one batch without filler rows, numpy NLL.
   ids, mask, _ = data_lib.encode_corpus(model.tokenizer, texts, 16)
-  logits = np.asarray(
-    jax.jit(model.logits)(model.params, ids, mask), np.float64
-  )[:, :-1]
+  logits = np.asarray(jax.jit(model.logits)(params, ids, mask), np.float64)[
+    :, :-1
+  ]
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp, ids[:, 1:, None], -1)[..., 0]
   lengths = [1 + len(model.tokenizer.encode(t)) for t in texts]
@@ -193,15 +195,25 @@ def test_training_lowers_eval_perplexity_without_retracing(monkeypatch):
   monkeypatch.setattr(
     train_lib, 'eval_step', chex.assert_max_traces(train_lib.eval_step, n=1)
   )
-  model = tiny_model()
-  before = jax.tree.map(np.array, model.params)
+  model, params = tiny_model()
+  before = jax.tree.map(np.array, params)
   # 24 examples in batches of 5: every epoch ends with a padded batch.
   config = train_lib.TrainConfig(
     learning_rate=1e-2, batch_size=5, num_epochs=6, warmup_steps=3, log_every=5
   )
   long_text = ' '.join(CORPUS[:4])  # 24 tokens: cut to the context, 16
   result = train_lib.train(
-    model, CORPUS[:-1] + [long_text], CORPUS[:4], config, progress=False
+    model, params, CORPUS[:-1] + [long_text], CORPUS[:4], config, progress=False
+  )
+  # Other params of the same shapes, another data order and logging: the
+  # jitted steps (static model and optimizer settings) are reused.
+  train_lib.train(
+    model,
+    result.params,
+    CORPUS[:-1] + [long_text],
+    CORPUS[:4],
+    dataclasses.replace(config, seed=1, log_every=10),
+    progress=False,
   )
   monkeypatch.undo()
   assert result.num_truncated == 1
@@ -215,18 +227,18 @@ def test_training_lowers_eval_perplexity_without_retracing(monkeypatch):
   losses = [h['loss'] for h in result.history if 'loss' in h]
   assert len(losses) == 6 and losses[-1] < 0.5 * losses[0]
   assert result.step == 30 and not result.stopped_early
-  # The returned model is the best one; the caller's params are intact.
+  # The returned params are the best ones; the caller's params are intact.
   again = train_lib.evaluate(
     result.model,
-    result.model.params,
+    result.params,
     data_lib.batches(model.tokenizer, CORPUS[:4], 5, 128, shuffle=False),
   )
   np.testing.assert_allclose(again['loss'], best['eval_loss'], rtol=1e-5)
-  assert_trees_equal(jax.tree.map(np.array, model.params), before)
+  assert_trees_equal(jax.tree.map(np.array, params), before)
 
 
 def test_early_stopping_keeps_best_params():
-  model = tiny_model()
+  model, params = tiny_model()
   train_texts = ['the cat sat on the mat'] * 8
   # Reversed word order: what the model learns makes these less likely.
   eval_texts = ['mat the on sat cat the'] * 2
@@ -240,7 +252,7 @@ def test_early_stopping_keeps_best_params():
     add_bos=False,
   )
   result = train_lib.train(
-    model, train_texts, eval_texts, config, progress=False
+    model, params, train_texts, eval_texts, config, progress=False
   )
   evals = eval_rows(result.history)
   assert result.stopped_early and result.step < 60
@@ -250,14 +262,15 @@ def test_early_stopping_keeps_best_params():
   assert best['step'] == result.step - 4
   got = train_lib.evaluate(
     result.model,
-    result.model.params,
+    result.params,
     data_lib.batches(model.tokenizer, eval_texts, 2, 16, add_bos=False),
   )
   np.testing.assert_allclose(got['loss'], best['loss'], rtol=1e-5)
 
 
 def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
-  model = with_logit_dropout(tiny_model())
+  model, params = tiny_model()
+  model = with_logit_dropout(model)
   config = train_lib.TrainConfig(
     learning_rate=1e-2,
     weight_decay=0.1,
@@ -270,7 +283,13 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
   )
   eval_texts = CORPUS[:3]
   whole = train_lib.train(
-    model, CORPUS, eval_texts, config, workdir=tmp_path / 'a', progress=False
+    model,
+    params,
+    CORPUS,
+    eval_texts,
+    config,
+    workdir=tmp_path / 'a',
+    progress=False,
   )
   assert whole.start_step == 0
 
@@ -286,7 +305,13 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
   monkeypatch.setattr(data_lib, 'take_batch', take_then_crash)
   with pytest.raises(KeyboardInterrupt):
     train_lib.train(
-      model, CORPUS, eval_texts, config, workdir=tmp_path / 'b', progress=False
+      model,
+      params,
+      CORPUS,
+      eval_texts,
+      config,
+      workdir=tmp_path / 'b',
+      progress=False,
     )
   monkeypatch.setattr(data_lib, 'take_batch', real_take)
   state = json.loads(
@@ -296,6 +321,7 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
 
   resumed = train_lib.train(
     model,
+    params,
     CORPUS,
     eval_texts,
     dataclasses.replace(config, log_every=2),
@@ -303,7 +329,7 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
     progress=False,
   )
   assert resumed.start_step == 3 and resumed.step == 9
-  assert_trees_equal(resumed.model.params, whole.model.params)
+  assert_trees_equal(resumed.params, whole.params)
   assert resumed.best_eval == whole.best_eval
   assert [h['eval_loss'] for h in eval_rows(resumed.history)] == [
     h['eval_loss'] for h in eval_rows(whole.history)
@@ -311,23 +337,30 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
 
   # A finished run returns at once with the same model.
   done = train_lib.train(
-    model, CORPUS, eval_texts, config, workdir=tmp_path / 'b', progress=False
+    model,
+    params,
+    CORPUS,
+    eval_texts,
+    config,
+    workdir=tmp_path / 'b',
+    progress=False,
   )
   assert done.start_step == done.step == 9
-  assert_trees_equal(done.model.params, whole.model.params)
+  assert_trees_equal(done.params, whole.params)
 
   # The directories load with leakjax.models.load.
   for folder in ('model', 'checkpoint'):
-    loaded = models.load(tmp_path / 'a' / folder)
+    loaded, _ = models.load(tmp_path / 'a' / folder)
     assert loaded.family == 'gpt2'
     assert loaded.tokenizer.encode('the cat') == [3, 4]
-  loaded = models.load(tmp_path / 'a' / 'model')
-  assert_trees_equal(loaded.params, whole.model.params)
+  _, loaded_params = models.load(tmp_path / 'a' / 'model')
+  assert_trees_equal(loaded_params, whole.params)
 
   # Another config or other data is refused.
   with pytest.raises(LeakjaxError, match='different config.*learning_rate'):
     train_lib.train(
       model,
+      params,
       CORPUS,
       eval_texts,
       dataclasses.replace(config, learning_rate=1e-3),
@@ -337,6 +370,7 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
   with pytest.raises(LeakjaxError, match='different data'):
     train_lib.train(
       model,
+      params,
       CORPUS[:-1],
       eval_texts,
       config,
@@ -346,7 +380,7 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
 
 
 def test_nan_loss_names_the_step_with_pretokenized_input():
-  model = tiny_model()
+  model, params = tiny_model()
   ids, mask, _ = data_lib.encode_corpus(model.tokenizer, CORPUS, 16)
   config = train_lib.TrainConfig(
     optimizer='sgd',
@@ -361,35 +395,45 @@ def test_nan_loss_names_the_step_with_pretokenized_input():
     match=r'is (nan|inf) at step \d+ \(learning rate 1e\+04'
     r'\); lower the learning rate',
   ) as e:
-    train_lib.train(model, (ids, mask), config=config, progress=False)
+    train_lib.train(model, params, (ids, mask), config=config, progress=False)
   step = int(str(e.value).split('at step ')[1].split()[0])
   assert 1 < step < 50
 
 
 def test_input_errors():
-  model = tiny_model()
+  model, params = tiny_model()
   config = train_lib.TrainConfig(num_steps=1, batch_size=4)
   with pytest.raises(LeakjaxError, match='training set is empty'):
-    train_lib.train(model, [], config=config, progress=False)
+    train_lib.train(model, params, [], config=config, progress=False)
   with pytest.raises(LeakjaxError, match='training set is empty'):
     train_lib.train(
-      model, (np.zeros((0, 4)), np.zeros((0, 4))), config=config, progress=False
+      model,
+      params,
+      (np.zeros((0, 4)), np.zeros((0, 4))),
+      config=config,
+      progress=False,
     )
   long_text = ' '.join(['the cat sat on the mat'] * 4)  # 25 tokens with BOS
   with pytest.raises(LeakjaxError, match='longer than max_length=16'):
     train_lib.train(
       model,
+      params,
       [long_text, 'a dog'],
       config=dataclasses.replace(config, truncate=False),
       progress=False,
     )
   with pytest.raises(LeakjaxError, match='no tokenizer'):
     train_lib.train(
-      model.replace(tokenizer=None), CORPUS, config=config, progress=False
+      model.replace(tokenizer=None),
+      params,
+      CORPUS,
+      config=config,
+      progress=False,
     )
   with pytest.raises(LeakjaxError, match='nothing to predict'):
     train_lib.train(
       model,
+      params,
       ['the', 'cat'],
       config=dataclasses.replace(config, add_bos=False),
       progress=False,
@@ -397,6 +441,7 @@ def test_input_errors():
   with pytest.raises(LeakjaxError, match='out of range'):
     train_lib.train(
       model,
+      params,
       (np.full((2, 4), 40), np.ones((2, 4))),
       config=config,
       progress=False,
@@ -408,11 +453,16 @@ def test_input_errors():
   ):
     train_lib.train(
       model,
+      params,
       wide,
       config=dataclasses.replace(config, truncate=False),
       progress=False,
     )
   with pytest.raises(LeakjaxError, match=r'shapes \(2, 4\) and \(2, 5\)'):
     train_lib.train(
-      model, (np.ones((2, 4)), np.ones((2, 5))), config=config, progress=False
+      model,
+      params,
+      (np.ones((2, 4)), np.ones((2, 5))),
+      config=config,
+      progress=False,
     )

@@ -1,25 +1,42 @@
 """Privacy attacks on language-model training artefacts.
 
-Each attack is a module of pure, jit-able functions:
+Every attack takes a model through the :class:`leakjax.models.LanguageModel`
+protocol (ours or yours, via `from_functions` / `from_flax`) and explicit
+params. Kernels are pure and jittable with the model as a static argument;
+the host-side conveniences (NumPy bags, strings) are named as such.
 
-* FILM (Gupta et al. 2022): :mod:`bag_of_words`, :mod:`beam_search`,
-  :mod:`reorder`, the pipeline :mod:`film` and its :mod:`metrics`;
-* GBoard next-word prediction (Suliman & Leith): :mod:`gboard`;
-* differential score / rank (Zanella-Béguelin et al. 2020):
-  :mod:`differential`;
-* embedding inversion (Wan et al. 2024): :mod:`embedding_inversion` (BEI,
-  HEI, the DCT defense), :mod:`embed_parrot` and :mod:`text_metrics`.
+FILM (Gupta et al., NeurIPS 2022), sentences from a client's gradient:
 
-The entry points are re-exported here; two modules define a `beam_search`
-(FILM's bag-restricted one and the differential-rank search), so those stay
-behind their module names:
+* :func:`bag_mask` -- kernel: bool `[V]` bag of words from the gradient
+  (untied nonzero rows, DP threshold, tied span/sign/norm tests);
+  :func:`extract_bag` is its host wrapper (a :class:`Bag` of NumPy ids);
+* :func:`bag_beam_search` -- kernel: beam search restricted to a bag;
+* :func:`reorder_scores` -- kernel: gradient-matching + LM scores of
+  candidate orderings;
+* :func:`recover` -- the pipeline (host loop over prompts and reorderings).
+
+GBoard next-word prediction (Suliman & Leith): :func:`recover_words` (the
+output-bias rule), :func:`recover_words_auto` (noise-robust), and the kernel
+:func:`reconstruct_sentences`.
+
+Differential score / rank (Zanella-Béguelin et al., CCS 2020):
+:func:`differential_score` (kernel), :func:`rank_beam_search` (kernel) and
+:func:`differential_rank_lower_bound`.
+
+Embedding inversion (Wan et al. 2024): :func:`bei_ids`, :func:`hei_ids`,
+:func:`bei_hei_ids` (kernels), :func:`make_dct_defense`,
+:func:`apply_dct_defense`; Embed Parrot in :mod:`embed_parrot`.
 
 >>> from leakjax import attacks
->>> result = attacks.recover(model, params, grads, config=attacks.FilmConfig(),
-...                          key=jax.random.key(0))            # doctest: +SKIP
->>> scores = attacks.differential_score(model, params, params_prime,
-...                                     ids)                   # doctest: +SKIP
->>> found = attacks.differential.beam_search(...)              # doctest: +SKIP
+>>> bag = jax.jit(attacks.bag_mask, static_argnames=('model', 'method'))(
+...     model, params, grads, method='tied')                   # doctest: +SKIP
+>>> ds = attacks.differential_score(model, model, params, params_prime,
+...                                 ids)                        # doctest: +SKIP
+
+The modules stay importable for everything else: :mod:`bag_of_words`,
+:mod:`beam_search`, :mod:`reorder`, :mod:`film`, :mod:`metrics`,
+:mod:`gboard`, :mod:`differential`, :mod:`embedding_inversion`,
+:mod:`embed_parrot`, :mod:`text_metrics`.
 """
 
 from leakjax.attacks import (
@@ -34,23 +51,29 @@ from leakjax.attacks import (
   reorder,
   text_metrics,
 )
-from leakjax.attacks.bag_of_words import Bag
-from leakjax.attacks.bag_of_words import bag_of_words as extract_bag
-from leakjax.attacks.beam_search import BeamSearchConfig
+from leakjax.attacks.bag_of_words import Bag, bag_mask, extract_bag
+from leakjax.attacks.beam_search import BeamSearchConfig, bag_beam_search
 from leakjax.attacks.differential import (
   differential_rank_lower_bound,
   differential_score,
+  rank_beam_search,
 )
 from leakjax.attacks.embedding_inversion import (
   apply_dct_defense,
+  bei_hei_ids,
   bei_ids,
   hei_ids,
   layer_states,
   make_dct_defense,
 )
 from leakjax.attacks.film import FilmConfig, FilmResult, recover
-from leakjax.attacks.gboard import reconstruct_sentences, recover_words
+from leakjax.attacks.gboard import (
+  reconstruct_sentences,
+  recover_words,
+  recover_words_auto,
+)
 from leakjax.attacks.reorder import ReorderConfig
+from leakjax.attacks.reorder import candidate_scores as reorder_scores
 
 __all__ = [
   'Bag',
@@ -59,8 +82,11 @@ __all__ = [
   'FilmResult',
   'ReorderConfig',
   'apply_dct_defense',
+  'bag_beam_search',
+  'bag_mask',
   'bag_of_words',
   'beam_search',
+  'bei_hei_ids',
   'bei_ids',
   'differential',
   'differential_rank_lower_bound',
@@ -74,9 +100,12 @@ __all__ = [
   'layer_states',
   'make_dct_defense',
   'metrics',
+  'rank_beam_search',
   'reconstruct_sentences',
   'recover',
   'recover_words',
+  'recover_words_auto',
   'reorder',
+  'reorder_scores',
   'text_metrics',
 ]

@@ -40,6 +40,11 @@ dense output side with three tests, each with (near) zero false positives:
    model predicts often, but their rows point along +(w_v − w̄).
 
 :func:`norm_scores` is the baseline (breaching's norm threshold).
+
+The tests read only the model's declared facts (`paths.attention_inputs`,
+`first_layer_inputs`), never its family. :func:`bag_mask` is the pure,
+jit-able kernel (a bool mask over the vocabulary); :func:`extract_bag`
+is its host wrapper (NumPy ids, the longest sentence, the evidence).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from leakjax.errors import LeakjaxError
-from leakjax.models.base import Model, get_path
+from leakjax.models.protocol import Model, get_path
 
 PyTree = Any
 
@@ -81,9 +86,14 @@ def dp_rows(
     grad_rows: the noisy embedding gradient.
     noise_std: σ, the per-coordinate noise std of the observed gradient;
       for DP-SGD with clip C and noise multiplier z averaged over b
-      sentences (:func:`leakjax.fl.dp_sgd`), σ = z·C/b.
+      sentences (:func:`leakjax.fl.dp_sgd`), σ = z·C/b. A Python number
+      or a (traced) scalar.
   """
-  tau = dp_threshold(noise_std, grad_rows.shape[-1])
+  dim = grad_rows.shape[-1]
+  if isinstance(noise_std, jax.core.Tracer):  # under jit: no float()
+    tau = noise_std * math.sqrt(2.0 * math.log(dim))
+  else:
+    tau = dp_threshold(noise_std, dim)
   return jnp.max(jnp.abs(grad_rows), axis=-1) > tau
 
 
@@ -179,11 +189,13 @@ def layer_norm_span_residuals(
   *,
   min_gap_decades: float = 1.0,
   max_rank_fraction: float = 0.9,
+  num_positions: Int[Array, ''] | None = None,
 ) -> tuple[Float[Array, 'V'], Int[Array, ''], Bool[Array, '']]:
   """:func:`input_span_residuals` for GPT-2: inputs LN(w_v + p_t) per position.
 
-  Each token is tested at every position t < P and keeps its smallest
-  relative residual. The V·P residuals come from inner products (no
+  Each token is tested at every position t < P (t < `num_positions` if
+  given, a possibly traced bound) and keeps its smallest relative
+  residual. The V·P residuals come from inner products (no
   `[V, P, d]` tensor): with c = centred vectors, R = I − QQᵀ,
   A_v = R(γ⊙c_v), B_t = R(γ⊙c_t), C = Rβ and s_vt the LN std,
   R·LN(w_v + p_t) = (A_v + B_t)/s_vt + C.
@@ -221,6 +233,8 @@ def layer_norm_span_residuals(
     + bias @ bias
   )
   rel = jnp.sqrt(jnp.maximum(res2, 0.0) / (full2 + 1e-30))
+  if num_positions is not None:
+    rel = jnp.where(jnp.arange(rel.shape[1]) < num_positions, rel, jnp.inf)
   return rel.min(-1), rank, valid
 
 
@@ -337,50 +351,236 @@ def tied_bag(
 def first_layer_input_grad(model: Model, grads: PyTree) -> jax.Array | None:
   """Gradient of the first block's input projection `[d, out]`, or None.
 
-  Llama: q/k/v kernels of `layers_0` side by side; GPT-2: `h_0` c_attn.
+  The gradients of the kernels the model declares at
+  `model.paths.attention_inputs[0]`, side by side along axis 1 (Llama: the
+  q/k/v kernels of layer 0; GPT-2: h_0's fused c_attn). None when the model
+  declares none.
   """
-  if model.family == 'llama':
-    attn = grads['layers_0']['attn']
-    return jnp.concatenate(
-      [attn[n]['kernel'] for n in ('q_proj', 'k_proj', 'v_proj')], axis=1
-    )
-  if model.family == 'gpt2':
-    return grads['h_0']['attn']['c_attn']['kernel']
-  return None
+  paths = model.paths.attention_inputs
+  if not paths or not paths[0]:
+    return None
+  return jnp.concatenate([get_path(grads, p) for p in paths[0]], axis=1)
 
 
 def span_residuals(
-  model: Model, params: PyTree, grads: PyTree, max_positions: int | None = None
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  max_positions: int | None = None,
+  *,
+  num_positions: Int[Array, ''] | None = None,
 ):
-  """Test 1 of :func:`tied_bag` for the model's family, or None.
+  """Test 1 of :func:`tied_bag` from the model's declared first layer.
+
+  Reads :func:`first_layer_input_grad` and `model.first_layer_inputs`:
+  an RMSNorm without position embeddings (Llama) tests RMSNorm(w_v)·γ
+  (:func:`input_span_residuals`); a LayerNorm with learned positions
+  (GPT-2) tests LN(w_v + p_t) at every position t
+  (:func:`layer_norm_span_residuals`).
+
+  Args:
+    model: the attacked model.
+    params: θ^t.
+    grads: the observed gradient.
+    max_positions: test positions `t < max_positions` only (a static
+      int, e.g. the longest sentence read off the position gradient);
+      None: all positions.
+    num_positions: the same bound as a (traced) int32 scalar: positions
+      at or past it are masked out instead of sliced off, so the shapes
+      stay static under `jax.jit`.
 
   Returns:
-    `(residual [V], rank, valid)` or None when the family is unsupported.
+    `(residual [V], rank, valid)`, or None when the model declares no
+    first-layer attention inputs or no `first_layer_inputs`.
+
+  Raises:
+    LeakjaxError: the declared first-layer inputs are neither an RMSNorm
+      without positions nor a LayerNorm with positions.
   """
   g1 = first_layer_input_grad(model, grads)
   if g1 is None:
     return None
-  w = model.word_embeddings(params)
-  if model.family == 'llama':
-    scale = params['layers_0']['attn_norm']['scale']
-    eps = model.config.rms_norm_eps
-    w32 = w.astype(jnp.float32)
+  inputs = model.first_layer_inputs(params)
+  if inputs is None:
+    return None
+  if inputs.kind == 'rms' and inputs.positions is None:
+    w32 = inputs.tokens.astype(jnp.float32)
     x = (
-      scale * w32 * jax.lax.rsqrt(jnp.mean(w32 * w32, -1, keepdims=True) + eps)
+      inputs.scale
+      * w32
+      * jax.lax.rsqrt(jnp.mean(w32 * w32, -1, keepdims=True) + inputs.eps)
     )
     return input_span_residuals(g1, x)
-  pos = get_path(params, model.paths.position_embeddings)
-  if max_positions is not None:
-    pos = pos[:max_positions]
-  ln = params['h_0']['ln_1']
-  return layer_norm_span_residuals(
-    g1, w, pos, ln['scale'], ln['bias'], model.config.layer_norm_epsilon
+  if inputs.kind == 'layer' and inputs.positions is not None:
+    pos = inputs.positions
+    if max_positions is not None:
+      pos = pos[:max_positions]
+    bias = inputs.bias
+    if bias is None:
+      bias = jnp.zeros_like(inputs.scale)
+    return layer_norm_span_residuals(
+      g1,
+      inputs.tokens,
+      pos,
+      inputs.scale,
+      bias,
+      inputs.eps,
+      num_positions=num_positions,
+    )
+  raise LeakjaxError(
+    f'the span test does not support first-layer inputs of kind'
+    f' {inputs.kind!r} with'
+    f' {"no" if inputs.positions is None else "learned"} position embeddings',
+    "first_layer_inputs must be kind='rms' without positions or"
+    " kind='layer' with positions; or use bag method 'norm' / 'nonzero'",
   )
+
+
+def _tied_head(model: Model) -> bool:
+  return model.paths.lm_head is None and bool(model.tie_word_embeddings)
+
+
+def _noise_given(noise_std) -> bool:
+  """Whether a DP noise std is given (a traced one always counts)."""
+  if noise_std is None:
+    return False
+  if isinstance(noise_std, jax.core.Tracer):
+    return True
+  return bool(noise_std)
+
+
+METHODS = ('auto', 'nonzero', 'dp', 'tied', 'norm')
+
+
+def resolve_method(model: Model, method: str, noise_std=None) -> str:
+  """The rule `method='auto'` stands for (other methods pass through).
+
+  'dp' if a DP noise std is given (not None, non-zero), else 'tied' when
+  the head is tied to the input embedding, else 'nonzero'.
+  """
+  if method not in METHODS:
+    raise LeakjaxError(
+      f'unknown bag-of-words method {method!r}',
+      "use 'auto', 'nonzero', 'dp', 'tied' or 'norm'",
+    )
+  if method != 'auto':
+    return method
+  if _noise_given(noise_std):
+    return 'dp'
+  return 'tied' if _tied_head(model) else 'nonzero'
+
+
+def _bag_arrays(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  *,
+  method: str,
+  noise_std,
+  config: TiedBagConfig,
+  baseline_z,
+  max_positions: int | None,
+  with_evidence: bool,
+) -> tuple[Bool[Array, 'V'], BagEvidence | None]:
+  """`(mask, evidence)` of a resolved method: pure, shapes static.
+
+  `max_positions` (a concrete int) slices the position embeddings of the
+  span test (the host wrapper, as before); None reads the longest sentence
+  off the position gradient as a traced scalar and masks instead.
+  """
+  rows = get_path(grads, model.paths.word_embeddings)
+  if method == 'nonzero':
+    return nonzero_rows(rows), None
+  if method == 'dp':
+    if noise_std is None:
+      raise LeakjaxError(
+        "method='dp' needs noise_std", 'pass the DP noise std of the gradient'
+      )
+    return dp_rows(rows, noise_std), None
+  if method == 'norm':
+    z = robust_z(jnp.log(norm_scores(rows) + 1e-30))
+    return z > baseline_z, None
+  if method != 'tied':
+    raise LeakjaxError(
+      f'unknown bag-of-words method {method!r}',
+      "use 'auto', 'nonzero', 'dp', 'tied' or 'norm'",
+    )
+  w = model.word_embeddings(params)
+  num_positions = None
+  if max_positions is None and model.paths.position_embeddings is not None:
+    num_positions = max_length_from_positions(
+      get_path(grads, model.paths.position_embeddings)
+    )
+  span = span_residuals(
+    model, params, grads, max_positions, num_positions=num_positions
+  )
+  if span is None:
+    res, rank, valid = (
+      jnp.ones(rows.shape[:1]),
+      jnp.array(0),
+      jnp.array(False),
+    )
+  else:
+    res, rank, valid = span
+  mask = tied_bag(rows, w, res, valid, rank, config=config)
+  if not with_evidence:
+    return mask, None
+  evidence = BagEvidence(
+    span_residual=res,
+    span_rank=rank,
+    span_valid=valid,
+    target=target_scores(rows, w),
+    norm_z=robust_z(jnp.log(norm_scores(rows) + 1e-30)),
+  )
+  return mask, evidence
+
+
+def bag_mask(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  *,
+  method: str,
+  noise_std: float | Float[Array, ''] | None = None,
+  config: TiedBagConfig = TiedBagConfig(),
+  baseline_z: float = 8.0,
+) -> Bool[Array, 'V']:
+  """The bag of words as a bool mask over the vocabulary: the pure kernel.
+
+  No host transfer and fixed shapes, so it runs under `jax.jit` with
+  `model`, `method` and `config` static (and `vmap` over gradients):
+
+  >>> fn = jax.jit(bag_mask, static_argnames=('model', 'method', 'config'))
+  >>> mask = fn(model, params, grads, method='tied')       # doctest: +SKIP
+
+  `noise_std` may be static or traced; `baseline_z` too. With learned
+  position embeddings the tied method's span test only considers positions
+  below the longest sentence (:func:`max_length_from_positions`, read here
+  as a traced scalar and masked).
+
+  Args: see :func:`extract_bag` (method 'auto' resolves with
+    :func:`resolve_method`).
+
+  Returns:
+    bool `[V]`, True for the tokens found in the batch.
+  """
+  mask, _ = _bag_arrays(
+    model,
+    params,
+    grads,
+    method=resolve_method(model, method, noise_std),
+    noise_std=noise_std,
+    config=config,
+    baseline_z=baseline_z,
+    max_positions=None,
+    with_evidence=False,
+  )
+  return mask
 
 
 @dataclasses.dataclass
 class Bag:
-  """What :func:`bag_of_words` found.
+  """What :func:`extract_bag` found.
 
   Attributes:
     ids: sorted recovered token ids (numpy int64).
@@ -398,7 +598,7 @@ class Bag:
   evidence: BagEvidence | None = None
 
 
-def bag_of_words(
+def extract_bag(
   model: Model,
   params: PyTree,
   grads: PyTree,
@@ -410,6 +610,12 @@ def bag_of_words(
 ) -> Bag:
   """The bag of words of a batch from its gradient (FILM Sec. 4.2).
 
+  The host wrapper of :func:`bag_mask` (same rules, same numbers): it
+  runs the kernel eagerly and hands back NumPy ids, the longest sentence
+  read off the position gradient (a host int, which also bounds the span
+  test's positions by slicing) and the tied method's evidence. Inside
+  `jax.jit` use :func:`bag_mask`.
+
   Args:
     model: the attacked model (its `paths` locate the embeddings).
     params: θ^t, the parameters the gradient was taken at.
@@ -417,7 +623,7 @@ def bag_of_words(
     method: 'nonzero' (untied, pruning), 'dp' (needs `noise_std`), 'tied',
       'norm' (the baseline: rows whose log-norm has a robust z-score above
       `baseline_z`), or 'auto': 'dp' if noise_std is given, 'tied' if the
-      head is tied, else 'nonzero'.
+      head is tied, else 'nonzero' (:func:`resolve_method`).
     noise_std: DP-SGD per-coordinate noise std of `grads` (see
       :func:`dp_rows`).
     config: thresholds of the tied method.
@@ -426,52 +632,22 @@ def bag_of_words(
   Returns:
     A :class:`Bag`.
   """
-  rows = get_path(grads, model.paths.word_embeddings)
-  tied = model.paths.lm_head is None and getattr(
-    model.config, 'tie_word_embeddings', False
-  )
-  if method == 'auto':
-    method = 'dp' if noise_std else ('tied' if tied else 'nonzero')
+  method = resolve_method(model, method, noise_std)
   max_len = None
   if model.paths.position_embeddings is not None:
     pos_grad = get_path(grads, model.paths.position_embeddings)
     max_len = int(max_length_from_positions(pos_grad))
-  evidence = None
-  if method == 'nonzero':
-    mask = nonzero_rows(rows)
-  elif method == 'dp':
-    if noise_std is None:
-      raise LeakjaxError(
-        "method='dp' needs noise_std", 'pass the DP noise std of the gradient'
-      )
-    mask = dp_rows(rows, noise_std)
-  elif method == 'norm':
-    z = robust_z(jnp.log(norm_scores(rows) + 1e-30))
-    mask = z > baseline_z
-  elif method == 'tied':
-    w = model.word_embeddings(params)
-    span = span_residuals(model, params, grads, max_len)
-    if span is None:
-      res, rank, valid = (
-        jnp.ones(rows.shape[:1]),
-        jnp.array(0),
-        jnp.array(False),
-      )
-    else:
-      res, rank, valid = span
-    mask = tied_bag(rows, w, res, valid, rank, config=config)
-    evidence = BagEvidence(
-      span_residual=res,
-      span_rank=rank,
-      span_valid=valid,
-      target=target_scores(rows, w),
-      norm_z=robust_z(jnp.log(norm_scores(rows) + 1e-30)),
-    )
-  else:
-    raise LeakjaxError(
-      f'unknown bag-of-words method {method!r}',
-      "use 'auto', 'nonzero', 'dp', 'tied' or 'norm'",
-    )
+  mask, evidence = _bag_arrays(
+    model,
+    params,
+    grads,
+    method=method,
+    noise_std=noise_std,
+    config=config,
+    baseline_z=baseline_z,
+    max_positions=max_len,
+    with_evidence=True,
+  )
   mask = np.asarray(mask)
   return Bag(
     ids=np.flatnonzero(mask),
@@ -486,7 +662,8 @@ __all__ = [
   'Bag',
   'BagEvidence',
   'TiedBagConfig',
-  'bag_of_words',
+  'bag_mask',
+  'extract_bag',
   'dp_rows',
   'dp_threshold',
   'first_layer_input_grad',
@@ -495,6 +672,7 @@ __all__ = [
   'max_length_from_positions',
   'nonzero_rows',
   'norm_scores',
+  'resolve_method',
   'robust_z',
   'span_residuals',
   'target_scores',

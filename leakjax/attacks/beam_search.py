@@ -19,20 +19,25 @@ are prefilled into a KV cache once, then a `lax.while_loop` decodes one
 token per step for all beams, restricts the log-probabilities to the bag
 (`[k, vocab] -> [k, bag]`), adds the penalties, selects per group with
 `lax.top_k` and reorders the cache with `tree.map(x[idx])`. It works on any
-:class:`leakjax.models.Model` (GPT-2, Llama, LSTMs). :func:`beam_search` is
-written for one search and batched over searches (different prompt sets)
-with `vmap`:
+:class:`leakjax.models.LanguageModel` (GPT-2, Llama, LSTMs, your own): it
+only calls `init_cache(params, ...)` and `decode(params, cache, ids)`.
+:func:`bag_beam_search` is written for one search and batched over searches
+(different prompt sets) with `vmap`:
 
 >>> config = BeamSearchConfig(num_beams=8, length=20)          # doctest: +SKIP
->>> result = jax.jit(beam_search, static_argnames=('model', 'config'))(
-...     model, model.params, prompts, bag_ids, config=config)  # doctest: +SKIP
+>>> search = jax.jit(bag_beam_search, static_argnames=('model', 'config'))
+>>> result = search(model, params, prompts, bag_ids,
+...                 config=config)                             # doctest: +SKIP
 >>> result.tokens.shape   # [searches, beams, prompt + length]  # +SKIP
+
+(The differential-rank search of :mod:`leakjax.attacks.differential` is a
+different algorithm; this one is FILM's, restricted to a bag of words.)
 
 Cost per search and step: one decode of `k` tokens (≈ 2·k·params FLOPs plus
 attention over the cache), a `[k, bag]` gather, the n-gram test (k·T·bag
 compares) and a top-k over `k/G · bag` candidates per group.
 
-Scale-out (issue 8): with `mesh=` the k beams of every search are split
+Scale-out: with `mesh=` the k beams of every search are split
 over the mesh's `'data'` axis (`with_sharding_constraint` on the tokens,
 scores and KV cache; parameters replicated), so each device decodes k/N
 beams per step. The per-group top-k and the cache reordering gather across
@@ -56,7 +61,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from leakjax import sharding
 from leakjax.errors import LeakjaxError
-from leakjax.models.base import Model
+from leakjax.models.protocol import LanguageModel
 
 PyTree = Any
 _NEG_INF = -jnp.inf
@@ -115,11 +120,11 @@ class BeamSearchConfig:
 
 
 @flax.struct.dataclass
-class BeamState:
+class BagBeamState:
   """The loop carry of one search (k = num_beams, T = prompt + length).
 
   With a mesh, k here is `kp`: num_beams padded to a multiple of the
-  devices with dead beams (see :func:`beam_search`).
+  devices with dead beams (see :func:`bag_beam_search`).
 
   Attributes:
     step: int32 `[]`, tokens generated so far after the prompt.
@@ -263,7 +268,7 @@ def _select(
 
 # ----------------------------------------------------------------- kernel
 def _search_one(
-  model: Model,
+  model: LanguageModel,
   params: PyTree,
   prompts: Int[Array, 'Z P'],
   prompt_mask: Bool[Array, 'Z'],
@@ -301,10 +306,10 @@ def _search_one(
     )
 
   # Prefill: log P(prompt) and the first bag distribution of every prompt.
-  cache = model.init_cache(num_prompts, total_len)
+  cache = model.init_cache(params, num_prompts, total_len)
   if num_prompts % sharding.data_size(mesh) == 0:
     prompts, cache = split_beams((prompts, cache))
-  logits, cache = model.decode(params, prompts, cache)  # [Z, P, V]
+  logits, cache = model.decode(params, cache, prompts)  # [Z, P, V]
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   prompt_scores = jnp.take_along_axis(
     logp[:, :-1], prompts[:, 1:, None], axis=-1
@@ -320,7 +325,7 @@ def _search_one(
   )  # [Z, M]
   source, token, scores = pad_beams(*_select(total0, config, shared=True))
   tokens = tokens0[source].at[:, p].set(bag_ids[token])  # [kp, T]
-  state = BeamState(
+  state = BagBeamState(
     step=jnp.array(1, jnp.int32),
     tokens=tokens,
     scores=scores,
@@ -328,13 +333,13 @@ def _search_one(
   )
   state = _split_state(state, mesh)
 
-  def cond(state: BeamState):
+  def cond(state: BagBeamState):
     return state.step < config.length
 
-  def body(state: BeamState) -> BeamState:
+  def body(state: BagBeamState) -> BagBeamState:
     length = p + state.step
     last = lax.dynamic_slice_in_dim(state.tokens, length - 1, 1, axis=1)
-    logits, cache = model.decode(params, last, state.cache)  # [kp, 1, V]
+    logits, cache = model.decode(params, state.cache, last)  # [kp, 1, V]
     logp = jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1)
     pen = jax.vmap(_penalties, in_axes=(0, None, None, None, None, None))(
       state.tokens, length, bag_ids, prior, prior_lengths, config
@@ -348,7 +353,7 @@ def _search_one(
       tokens, bag_ids[token][:, None], length, axis=1
     )
     return _split_state(
-      BeamState(
+      BagBeamState(
         step=state.step + 1,
         tokens=tokens,
         scores=scores,
@@ -363,7 +368,7 @@ def _search_one(
   return state.tokens[order], scores[order]
 
 
-def _split_state(state: BeamState, mesh: Mesh | None) -> BeamState:
+def _split_state(state: BagBeamState, mesh: Mesh | None) -> BagBeamState:
   """Splits the beam axis of tokens, scores and cache over the mesh."""
   tokens, scores, cache = sharding.constrain_batch(
     (state.tokens, state.scores, state.cache), mesh
@@ -371,8 +376,8 @@ def _split_state(state: BeamState, mesh: Mesh | None) -> BeamState:
   return state.replace(tokens=tokens, scores=scores, cache=cache)
 
 
-def beam_search(
-  model: Model,
+def bag_beam_search(
+  model: LanguageModel,
   params: PyTree,
   prompts: Int[Array, 'S Z P'],
   bag_ids: Int[Array, 'M'],
@@ -401,7 +406,8 @@ def beam_search(
   Results equal the unsharded ones (scores up to float32 rounding).
 
   Args:
-    model: any leakjax model (uses `init_cache` and `decode`).
+    model: any leakjax model (uses `init_cache` and `decode`); static
+      under `jax.jit` (it hashes by value).
     params: its parameters (θ^t, the attacked model).
     prompts: int32 `[S, Z, P]`, e.g. `[BOS, capitalised bag token]`.
     bag_ids: int32 `[M]`, the recovered bag (pad with any id, see mask).
@@ -560,10 +566,10 @@ def best_sequences(
 
 
 __all__ = [
+  'BagBeamState',
   'BeamResult',
   'BeamSearchConfig',
-  'BeamState',
-  'beam_search',
+  'bag_beam_search',
   'best_sequences',
   'capitalised_tokens',
   'make_prompts',

@@ -12,24 +12,30 @@ most from `M` to `M'` reveal the update `D' \\ D`.
     rel_DS(t_1..t_n) = sum_i [M'(t_<i)(t_i) - M(t_<i)(t_i)] / M(t_<i)(t_i)
 
   with `M(t_<i)(t_i)` the probability of `t_i` given the context and prefix.
-* :func:`beam_search` -- Algorithm 1 (beam search for differential rank) with
-  the beam width halved at every step (Sec. 3.2, "Optimizing for Speed") and
-  group beam search (Sec. 3.2, "Optimizing for Diversity"). Each step decodes
-  the `k` beam sequences once on both models with the incremental cache; the
-  full-vocabulary probabilities then give the scores of all `k * |T|`
-  one-token extensions as one array, from which `lax.top_k` keeps the best.
+* :func:`rank_beam_search` -- Algorithm 1 (beam search for differential
+  rank) with the beam width halved at every step (Sec. 3.2, "Optimizing for
+  Speed") and group beam search (Sec. 3.2, "Optimizing for Diversity"). Each
+  step decodes the `k` beam sequences once on both models with the
+  incremental cache; the full-vocabulary probabilities then give the scores
+  of all `k * |T|` one-token extensions as one array, from which
+  `lax.top_k` keeps the best. (Named apart from FILM's bag-restricted
+  :func:`leakjax.attacks.beam_search.beam_search`.)
 * :func:`differential_rank_lower_bound` -- Proposition 3.3: the number of
   returned sequences whose DS exceeds that of a given sequence is a lower
   bound on its differential rank `DR(s) = |{s' in T^n : DS(s') > DS(s)}|`.
 
-All functions are pure; the caller owns `jit` (and the placement of the
-inputs; `beam_search(..., mesh=)` splits each step's beam rows over a mesh's
-`'data'` axis, issue 8):
+All functions are pure and work with any
+:class:`leakjax.models.LanguageModel` (the DS needs `token_log_probs`, the
+search `vocab_size`, `init_cache` and `decode`). The caller owns `jit` and
+the placement of the inputs (`rank_beam_search(..., mesh=)` splits each
+step's beam rows over a mesh's `'data'` axis). A
+:class:`leakjax.models.Model` compares and hashes by value, so it is a
+static argument, and new params of the same shapes never recompile:
 
->>> search = jax.jit(functools.partial(                        # doctest: +SKIP
-...     beam_search, model, model_prime,
-...     widths=halving_widths(10_000, length=5), length=5))
->>> result = search(model.params, model_prime.params, jnp.array([bos]))
+>>> search = jax.jit(rank_beam_search, static_argnames=(       # doctest: +SKIP
+...     'model', 'model_prime', 'widths', 'length'))
+>>> result = search(model, model, params, params_prime, jnp.array([bos]),
+...                 widths=halving_widths(10_000, length=5), length=5)
 
 Cost of one search step with `k` beam sequences, vocabulary `V` and hidden
 width `H` (word-level LSTM): `2 * 2 * k * H * V` FLOPs for the two output
@@ -113,7 +119,8 @@ def differential_score(
   a known prefix for the background-knowledge attack of Sec. 4.3, RQ3).
 
   Args:
-    model: :class:`leakjax.models.Model` M (its pure functions are used).
+    model: M, any :class:`leakjax.models.LanguageModel` (only its pure
+      `token_log_probs` is used).
     model_prime: the updated snapshot M' (same tokenizer as M).
     params: M's parameters.
     params_prime: M''s parameters.
@@ -150,12 +157,13 @@ def differential_score(
 
 # ----------------------------------------------------- search (Algorithm 1)
 @struct.dataclass
-class BeamState:
-  """Search state after step `i` (`i` tokens chosen), per group.
+class RankBeamState:
+  """Differential-rank search state after step `i` (`i` tokens chosen).
 
-  `G` groups of `W` sequences. Caches are those of M and M' after reading
-  the context and all chosen tokens except the last one (which is `last`),
-  so the next step decodes exactly one token per sequence.
+  `G` groups of `W` sequences (named apart from FILM's `BeamState`). Caches
+  are those of M and M' after reading the context and all chosen tokens
+  except the last one (which is `last`), so the next step decodes exactly
+  one token per sequence.
   """
 
   sequences: jax.Array  # int32 [G, W, i]: chosen token ids
@@ -257,7 +265,7 @@ def _next_token(model, params, tokens, last, cache):
   The softmax is written out so that one exponential per logit gives both
   the probabilities and the log-partition.
   """
-  logits, cache = model.decode(params, last[:, None], cache)
+  logits, cache = model.decode(params, cache, last[:, None])
   logits = logits[:, 0].astype(jnp.float32)  # [R, 1, V] -> [R, V]
   top = jax.lax.stop_gradient(logits.max(-1, keepdims=True))
   unnormalized = jnp.exp(logits - top)
@@ -312,12 +320,12 @@ def _search_step(
   params_prime,
   tokens,
   num_tokens: int,
-  state: BeamState,
+  state: RankBeamState,
   width: int,
   chunk_rows: int,
   score: str,
   mesh: Mesh | None = None,
-) -> BeamState:
+) -> RankBeamState:
   """Extends every sequence by every token of T; keeps the best `width`.
 
   Algorithm 1 lines 3-4 for all groups at once: the `G*W*|T|` candidate
@@ -458,7 +466,7 @@ def _search_step(
     [state.sequences[group_ids, parents], token_ids[..., None]], axis=-1
   )
   ds, rel_ds = (values, others) if score == 'ds' else (others, values)
-  return BeamState(
+  return RankBeamState(
     sequences=sequences.astype(jnp.int32),
     ds=ds,
     rel_ds=rel_ds,
@@ -468,12 +476,12 @@ def _search_step(
   )
 
 
-def _split_groups(state: BeamState, num_groups: int) -> BeamState:
+def _split_groups(state: RankBeamState, num_groups: int) -> RankBeamState:
   """[1, W] sorted by score -> [G, W/G]: group g holds ranks g*W/G.. ."""
   width = state.ds.shape[1]
   per = width // num_groups
   split = lambda x: x.reshape((num_groups, per) + x.shape[2:])
-  return BeamState(
+  return RankBeamState(
     sequences=split(state.sequences),
     ds=split(state.ds),
     rel_ds=split(state.rel_ds),
@@ -483,7 +491,7 @@ def _split_groups(state: BeamState, num_groups: int) -> BeamState:
   )
 
 
-def beam_search(
+def rank_beam_search(
   model,
   model_prime,
   params: PyTree,
@@ -518,7 +526,7 @@ def beam_search(
   a transformer, `widths[0]` KV caches of `len(context) + length` tokens,
   so use narrower widths with SmolLM2 than |T| = 49,152).
 
-  Sharding (issue 8): with a `mesh` the search is data-parallel over the
+  Sharding: with a `mesh` the search is data-parallel over the
   beam sequences. Every step's chunk of beam rows is split over the mesh's
   `'data'` axis with `jax.lax.with_sharding_constraint` and the parameters
   are constrained to be replicated, so each device decodes its rows on both
@@ -534,8 +542,8 @@ def beam_search(
   because the beam axis only exists inside the search.
 
   Args:
-    model: :class:`leakjax.models.Model` M (only its pure `init_cache` and
-      `decode` are used).
+    model: M, any :class:`leakjax.models.LanguageModel` (only its
+      `vocab_size` and its pure `init_cache` and `decode` are used).
     model_prime: the updated snapshot M'.
     params: M's parameters.
     params_prime: M''s parameters.
@@ -572,10 +580,10 @@ def beam_search(
       f' {context.shape}',
       'pass at least the BOS token',
     )
-  vocab_size = model.config.vocab_size
-  if model_prime.config.vocab_size != vocab_size:
+  vocab_size = model.vocab_size
+  if model_prime.vocab_size != vocab_size:
     raise LeakjaxError(
-      f"M has {vocab_size} tokens but M' has {model_prime.config.vocab_size}",
+      f"M has {vocab_size} tokens but M' has {model_prime.vocab_size}",
       'compare snapshots of one model',
     )
   num_tokens = vocab_size if tokens is None else int(tokens.shape[0])
@@ -599,14 +607,14 @@ def beam_search(
 
   # Read the context except its last token, which step 1 decodes.
   max_length = context.shape[0] + length
-  cache = model.init_cache(1, max_length)
-  cache_prime = model_prime.init_cache(1, max_length)
+  cache = model.init_cache(params, 1, max_length)
+  cache_prime = model_prime.init_cache(params_prime, 1, max_length)
   if context.shape[0] > 1:
-    _, cache = model.decode(params, context[None, :-1], cache)
+    _, cache = model.decode(params, cache, context[None, :-1])
     _, cache_prime = model_prime.decode(
-      params_prime, context[None, :-1], cache_prime
+      params_prime, cache_prime, context[None, :-1]
     )
-  state = BeamState(
+  state = RankBeamState(
     sequences=jnp.zeros((1, 1, 0), jnp.int32),
     ds=jnp.zeros((1, 1), jnp.float32),
     rel_ds=jnp.zeros((1, 1), jnp.float32),
@@ -668,7 +676,7 @@ def differential_rank_lower_bound(
   differs from `scores` by rounding.
 
   Args:
-    result: the output of :func:`beam_search` (all groups are used).
+    result: the output of :func:`rank_beam_search` (all groups are used).
     sequences: int32 `[batch, n]` the sequences to rank (context excluded).
     scores: float32 `[batch]` their DS (or relative DS), e.g. from
       :func:`differential_score` with the same context.
@@ -703,12 +711,12 @@ def contains(result: SearchResult, sequences: jax.Array) -> jax.Array:
 
 __all__ = [
   'DifferentialScores',
-  'BeamState',
+  'RankBeamState',
   'SearchResult',
   'token_differential_scores',
   'differential_score',
   'halving_widths',
-  'beam_search',
+  'rank_beam_search',
   'ranked',
   'differential_rank_lower_bound',
   'contains',

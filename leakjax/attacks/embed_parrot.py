@@ -40,7 +40,11 @@ skip, training starts from the linear inverse and learns what it misses.
 
 Pure pieces (`EmbedParrot`, `init_variables`, `loss_fn`, `train_step`,
 `predict`) are jit-able; :func:`train` is the thin runner with batches,
-checkpoints and progress.
+checkpoints and progress. Its compiled step is one module-level `jax.jit`
+with the architecture, the optimisation settings and the (hashable) target
+model as static arguments and the target's params as an argument, so equal
+settings compile once per process and the target's weights are never baked
+into the program as constants.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import flax.linen as nn
 import flax.serialization
@@ -67,9 +71,7 @@ from leakjax.attacks import embedding_inversion as ei
 from leakjax.data import batch_indices
 from leakjax.errors import LeakjaxError, check_finite
 from leakjax.models import gpt2
-from leakjax.models.base import Model
-
-PyTree = Any
+from leakjax.models.protocol import Model, PyTree
 
 
 # ------------------------------------------------------------------ model
@@ -422,6 +424,43 @@ def train_step(
   ), metrics
 
 
+@functools.partial(
+  jax.jit, static_argnames=('config', 'train_config', 'target_model')
+)
+def _train_step_jit(
+  state: TrainState,
+  stats,
+  batch: Batch,
+  target_params: PyTree,
+  *,
+  config: EmbedParrotConfig,
+  train_config: TrainConfig,
+  target_model: Model | None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """:func:`train_step` with the optimizer and PPL term of `train_config`.
+
+  `target_model`/`target_params` are the attacked model when
+  `train_config.ppl_weight > 0` (else None).
+  """
+  ppl = None
+  if train_config.ppl_weight > 0:
+    ppl = functools.partial(
+      ppl_term,
+      target_model,
+      target_params,
+      temperature=train_config.ppl_temperature,
+    )
+  return train_step(
+    state,
+    stats,
+    batch,
+    config=config,
+    optimizer=make_optimizer(train_config),
+    ppl=ppl,
+    ppl_weight=train_config.ppl_weight,
+  )
+
+
 def _save_checkpoint(path: Path, state: TrainState, stats) -> None:
   payload = flax.serialization.to_bytes({'state': state, 'stats': stats})
   io_lib.atomic_write_bytes(path, payload)
@@ -466,7 +505,7 @@ def train(
     checkpoint: a file; written every `cfg.checkpoint_every` steps and at the
       end (atomically), and resumed from if it exists.
     target_model: the attacked model, needed when `cfg.ppl_weight > 0`.
-    target_params: its parameters (default `target_model.params`).
+    target_params: its parameters, needed with `target_model`.
     init: start from these `{'params', 'stats'}` (e.g. a trained EP that is
       fine-tuned with the PPL term) instead of a fresh initialisation.
     on_log: called with `(step, metrics)` at every progress line.
@@ -491,16 +530,14 @@ def train(
       f'batch_size={cfg.batch_size} exceeds the {n} training sequences',
       'use a smaller batch',
     )
-  ppl = None
   if cfg.ppl_weight > 0:
-    if target_model is None:
-      raise LeakjaxError('ppl_weight > 0 needs the target model')
-    tparams = (
-      target_params if target_params is not None else (target_model.params)
-    )
-    ppl = lambda pred, m: ppl_term(
-      target_model, tparams, pred, m, temperature=cfg.ppl_temperature
-    )
+    if target_model is None or target_params is None:
+      raise LeakjaxError(
+        'ppl_weight > 0 needs the target model and its params',
+        'pass target_model= and target_params=',
+      )
+  else:  # the plain cosine loss reads neither: one compile for every target
+    target_model, target_params = None, None
   if init is not None:
     variables = jax.tree.map(jnp.asarray, init)
   else:
@@ -526,14 +563,12 @@ def train(
     logging.info(
       'Embed Parrot: resumed from %s at step %d', ckpt, int(state.step)
     )
-  step_fn = jax.jit(
-    functools.partial(
-      train_step,
-      config=config,
-      optimizer=optimizer,
-      ppl=ppl,
-      ppl_weight=cfg.ppl_weight,
-    )
+  step_fn = functools.partial(
+    _train_step_jit,
+    target_params=target_params,
+    config=config,
+    train_config=cfg,
+    target_model=target_model,
   )
   per_epoch = n // cfg.batch_size
   # Right padding: the last real position + 1 of each sequence.
@@ -598,7 +633,7 @@ def train(
   return variables, history
 
 
-_predict_jit = jax.jit(predict, static_argnums=0)
+_predict_jit = functools.partial(jax.jit, static_argnames=('config',))(predict)
 
 
 def predict_batches(

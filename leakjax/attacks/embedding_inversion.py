@@ -17,7 +17,7 @@ language model to the model provider; the provider reconstructs the text.
 * **HEI** (Sec. 4.2, Eq. 9), :func:`hei_ids`: `argmax_v cos(H^i_t, W_v)`
   over the rows of the input embedding matrix W, one batched matmul. It has
   no model argument, so the caller may shard `hidden` along its batch axis
-  and replicate W (issue 8): rows are independent, results are identical.
+  and replicate W: rows are independent, results are identical.
 * **DCT defense** (Sec. 5.3.1), :func:`make_dct_defense` and
   :func:`apply_dct_defense`: `E_trans = IDCT(DCT(E) O_s)` with an orthonormal
   DCT-II over the feature axis and a random overlap matrix `O_s`;
@@ -25,25 +25,31 @@ language model to the model provider; the provider reconstructs the text.
   applied to the hidden states of layer i, :func:`sequence_nll` gives the
   perplexity cost (Table 6, "PPL(origin/defense)").
 
-Everything is a pure function of arrays (and of a :class:`Model`, whose
-hidden states and head are pure); jit, vmap and sharding belong to the
-caller. Running the model from, or with a change at, layer i uses Flax's
-method interception on the model's i-th block, so it works for every
-family whose blocks are linen submodules named `<prefix>_<i>` (GPT-2's
-`h_i`, Llama's `layers_i`).
+Everything is a pure function of arrays and of a :class:`Model` (hashable,
+so a valid static argument of `jax.jit`) with explicit `params`; jit, vmap
+and sharding belong to the caller. Attacks read only what the model
+declares: `hidden_states` and `lm_head` for the layer states and BEI,
+`tie_word_embeddings` and `paths` for the one-matmul BEI+HEI. Running the
+model from, or with a change at, layer i (the DCT defense's perplexity,
+EP+PPL) uses Flax's method interception on the module whose `__call__` is
+block i: block 0 is the outermost module call of `hidden_states` that holds
+the kernels `paths.attention_inputs[0]` declares, and block i + 1 the next
+module call that reads block i's output. Models that declare no
+`attention_inputs`, or do not run their blocks as Flax modules, get a
+LeakjaxError there (and only there).
 
->>> states = layer_states(model, model.params, ids, mask, (0, 25, 'last'))  # doctest: +SKIP
->>> guess = hei_ids(states[1], model.word_embeddings(model.params))  # +SKIP
->>> texts = decode_ids(model.tokenizer, guess, mask)                  # +SKIP
+>>> states = layer_states(model, params, ids, mask, (0, 25, 'last'))  # doctest: +SKIP
+>>> guess = hei_ids(states[1], model.word_embeddings(params))  # doctest: +SKIP
+>>> texts = decode_ids(model.tokenizer, guess, mask)                  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import functools
 import math
 import re
-from typing import Callable, Mapping, Sequence, Union
+from typing import Callable, Sequence, Union
 
 import flax.linen as nn
 import flax.struct
@@ -52,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from leakjax.errors import LeakjaxError
-from leakjax.models.base import Model
+from leakjax.models.protocol import Model
 
 Layer = Union[int, str]  # 0..num_layers, or 'last'
 LAST = 'last'
@@ -60,6 +66,16 @@ ModulePath = tuple[str, ...]
 
 
 # ------------------------------------------------------------------ layers
+def _num_layers(model: Model) -> int:
+  n = model.num_layers
+  if not isinstance(n, (int, np.integer)) or n < 0:
+    raise LeakjaxError(
+      f'this model declares num_layers={n!r}; layer specs need it',
+      'pass num_layers= to from_functions / from_flax',
+    )
+  return int(n)
+
+
 def parse_layer(model: Model, layer: Layer) -> Layer:
   """Validates a layer spec: an int in [0, num_layers] (or its string), or 'last'."""
   if isinstance(layer, str):
@@ -71,7 +87,7 @@ def parse_layer(model: Model, layer: Layer) -> Layer:
         'pass layers like 0,5,10,last',
       )
     layer = int(layer)
-  n = model.config.num_layers
+  n = _num_layers(model)
   if not isinstance(layer, (int, np.integer)) or not 0 <= layer <= n:
     raise LeakjaxError(
       f'layer {layer!r} is outside 0..{n} for a model with {n} blocks',
@@ -80,67 +96,180 @@ def parse_layer(model: Model, layer: Layer) -> Layer:
   return int(layer)
 
 
-def _module_paths_in_head(
-  model: Model, dim: int
-) -> list[tuple[ModulePath, str]]:
-  """(path, class name) of every module `__call__` inside `Model.lm_head`."""
-  calls = []
+def _shapes(tree):
+  """`tree` as `jax.ShapeDtypeStruct`s (works on tracers), for eval_shape."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+@dataclasses.dataclass
+class _Call:
+  """One module `__call__` seen by :func:`_recorder`, in call order."""
+
+  index: int
+  path: ModulePath
+  cls: str
+  arg: object = None  # first positional argument
+  out: object = None  # output (its first element if a tuple)
+
+
+def _recorder(calls: list[_Call]):
+  """A linen interceptor appending every module `__call__` to `calls`."""
 
   def record(next_fun, args, kwargs, context):
-    if context.method_name == '__call__':
-      calls.append((tuple(context.module.path), type(context.module).__name__))
-    return next_fun(*args, **kwargs)
-
-  with nn.intercept_methods(record):
-    jax.eval_shape(
-      lambda p: model.lm_head(p, jnp.zeros((1, 1, dim))), model.params
+    if context.method_name != '__call__':
+      return next_fun(*args, **kwargs)
+    call = _Call(
+      len(calls),
+      tuple(context.module.path),
+      type(context.module).__name__,
+      args[0] if args else None,
     )
-  return calls
+    calls.append(call)
+    out = next_fun(*args, **kwargs)
+    call.out = out[0] if isinstance(out, tuple) and out else out
+    return out
+
+  return record
 
 
-def final_norm_path(model: Model) -> ModulePath | None:
+def _module_calls_in_head(model: Model, params) -> list[_Call]:
+  """Every module `__call__` inside `Model.lm_head` (traced, no compute)."""
+  dim = model.hidden_size
+  if not isinstance(dim, (int, np.integer)) or dim < 1:
+    raise LeakjaxError(
+      f'this model declares hidden_size={dim!r}; the final norm needs it',
+      'pass hidden_size= to from_functions / from_flax',
+    )
+  calls: list[_Call] = []
+
+  def run(p):
+    with nn.intercept_methods(_recorder(calls)):
+      return model.lm_head(p, jnp.zeros((1, 1, dim), jnp.float32))
+
+  jax.eval_shape(run, _shapes(params))
+  return [dataclasses.replace(c, arg=None, out=None) for c in calls]
+
+
+def final_norm_path(model: Model, params) -> ModulePath | None:
   """Module path of the final norm (GPT-2's `ln_f`, Llama's `final_norm`).
 
-  Found as the first `...Norm` module that `Model.lm_head` calls; None if
-  the family has no final norm (the LSTMs).
+  Found as the first module whose class name contains `Norm` among those
+  `Model.lm_head` calls; None if the head calls modules but no norm (the
+  LSTMs).
+
+  Raises:
+    LeakjaxError: if `lm_head` runs no Flax module at all (e.g. a model
+      from plain functions): its final norm cannot be told from the head.
   """
-  dim = model.config.hidden_size
-  for path, cls in _module_paths_in_head(model, dim):
-    if 'Norm' in cls:
-      return path
+  calls = _module_calls_in_head(model, params)
+  if not calls:
+    raise LeakjaxError(
+      "this model's lm_head runs no Flax module, so its final norm cannot"
+      ' be separated from the head',
+      'use apply_final_norm=True and integer layers (not "last"), or build'
+      ' the model with from_flax',
+    )
+  for call in calls:
+    if 'Norm' in call.cls:
+      return call.path
   return None
 
 
-def block_paths(model: Model) -> tuple[ModulePath, ...]:
+def _within(path: ModulePath, param_path: Sequence[str]) -> bool:
+  """Whether the module at `path` holds the parameter at `param_path`."""
+  prefix = tuple(param_path[: len(path)])
+  return 0 < len(path) < len(param_path) and prefix == path
+
+
+def _block_chain(
+  calls: list[_Call], n: int, shape: tuple[int, ...], anchors
+) -> tuple[ModulePath, ...] | None:
+  """The `n` block calls of a `hidden_states` trace, see the module doc."""
+
+  def residual(c: _Call) -> bool:
+    return all(
+      tuple(getattr(x, 'shape', ())) == shape
+      and jnp.issubdtype(x.dtype, jnp.floating)
+      for x in (c.arg, c.out)
+    )
+
+  def holds(c: _Call, layer: int) -> bool:
+    return layer >= len(anchors) or all(
+      _within(c.path, p) for p in anchors[layer]
+    )
+
+  order = lambda c: (len(c.path), c.index)
+  for first in sorted(
+    (c for c in calls if residual(c) and holds(c, 0)), key=order
+  ):
+    chain = [first]
+    while len(chain) < n:
+      last = chain[-1]
+      nxt = [
+        c
+        for c in calls
+        if c.index > last.index
+        and c.arg is last.out
+        and residual(c)
+        and c.path[: len(last.path)] != last.path
+      ]
+      if not nxt:
+        break
+      chain.append(min(nxt, key=order))
+    paths = tuple(c.path for c in chain)
+    if (
+      len(chain) == n
+      and len(set(paths)) == n
+      and all(holds(c, i) for i, c in enumerate(chain))
+    ):
+      return paths
+  return None
+
+
+def block_paths(model: Model, params) -> tuple[ModulePath, ...]:
   """Module paths of the transformer blocks, in order (`h_0`, `h_1`, ...).
 
+  Block 0 is the outermost module call of `Model.hidden_states` that maps
+  `[B, T, D]` to `[B, T, D]` and holds every kernel of the declared
+  `paths.attention_inputs[0]`; block i + 1 is the outermost later call that
+  reads block i's output (and holds `attention_inputs[i + 1]` if declared).
+  Found by tracing `hidden_states` on a dummy input (no compute), so it
+  works under `jit` with traced `params`.
+
   Raises:
-    LeakjaxError: if no unique group of `num_layers` parameter subtrees named
-      `<prefix>_<i>` exists (e.g. layers stacked with `nn.scan`).
+    LeakjaxError: if the model declares no `attention_inputs` or
+      `num_layers`, or no chain of `num_layers` distinct module calls fits
+      (e.g. blocks that are not Flax modules, or stacked with `nn.scan`).
   """
-  n = model.config.num_layers
+  n = _num_layers(model)
+  anchors = model.paths.attention_inputs
+  if not anchors:
+    raise LeakjaxError(
+      'this model declares no attention_inputs, so its transformer blocks'
+      ' cannot be located for a per-layer intervention',
+      "declare attention_inputs= (the first blocks' attention kernels) when"
+      ' building the model',
+    )
+  if n == 0:
+    return ()
   found = []
 
-  def visit(tree, path):
-    if not isinstance(tree, Mapping):
-      return
-    groups: dict[str, dict[int, str]] = collections.defaultdict(dict)
-    for k in tree:
-      m = re.fullmatch(r'(.*?)_?(\d+)', str(k))
-      if m and isinstance(tree[k], Mapping):
-        groups[m.group(1)][int(m.group(2))] = k
-    for idx in groups.values():
-      if sorted(idx) == list(range(n)):
-        found.append(tuple(path + (idx[i],) for i in range(n)))
-    for k, v in tree.items():
-      visit(v, path + (str(k),))
+  def run(p):
+    calls: list[_Call] = []
+    ids = jnp.zeros((1, 2), jnp.int32)
+    with nn.intercept_methods(_recorder(calls)):
+      hs = model.hidden_states(p, ids, jnp.ones((1, 2), jnp.int32))
+    found.append(_block_chain(calls, n, tuple(hs.shape[1:]), anchors))
+    return hs
 
-  visit(model.params, ())
-  if len(found) != 1:
+  jax.eval_shape(run, _shapes(params))
+  if found[0] is None:
     raise LeakjaxError(
-      f'cannot locate the {n} transformer blocks of this {model.family}'
-      f' model in its parameters ({len(found)} candidate groups)',
-      'per-layer interventions need blocks named <prefix>_<i>',
+      f'cannot locate the {n} transformer blocks of this model: no chain of'
+      f' {n} Flax module calls in hidden_states starts at the module holding'
+      f' {"/".join(anchors[0][0])} and passes the hidden state on',
+      'per-layer interventions need each block to be a Flax module called on'
+      " the previous block's output",
     )
   return found[0]
 
@@ -174,9 +303,9 @@ def final_norm(model: Model, params, hidden: jax.Array) -> jax.Array:
   """The model's final norm alone: `[..., D] -> [..., D]`.
 
   Runs `Model.lm_head` and keeps the norm's output; under `jit` the unused
-  head matmul is removed by XLA. Identity if the family has no final norm.
+  head matmul is removed by XLA. Identity if the head has no final norm.
   """
-  path = final_norm_path(model)
+  path = final_norm_path(model, params)
   if path is None:
     return hidden
   captured = []
@@ -227,7 +356,7 @@ def head_logits(
     apply_final_norm: run the final norm first (i.e. `Model.lm_head`); the
       default False is the paper's BEI, see the module docstring.
   """
-  path = None if apply_final_norm else final_norm_path(model)
+  path = None if apply_final_norm else final_norm_path(model, params)
   if path is None:
     return model.lm_head(params, hidden)
   with nn.intercept_methods(_intercept(path, skip=True)):
@@ -279,9 +408,12 @@ def hei_ids(hidden: jax.Array, embeddings: jax.Array) -> jax.Array:
 
 
 def has_tied_linear_head(model: Model) -> bool:
-  """True if `logits = norm(H) W^T` with W the input embedding, no bias."""
+  """True if `logits = norm(H) W^T` with W the input embedding, no bias.
+
+  Read from the declared facts `tie_word_embeddings` and `paths`.
+  """
   return bool(
-    getattr(model.config, 'tie_word_embeddings', False)
+    model.tie_word_embeddings
     and model.paths.lm_head is None
     and model.paths.output_bias is None
   )
@@ -307,6 +439,24 @@ def tied_bei_hei_ids(
     jnp.int32
   )
   return bei, hei
+
+
+def bei_hei_ids(
+  model: Model, params, hidden: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """BEI (no final norm, the paper's) and HEI ids of `hidden [..., D]`.
+
+  Equal to `(bei_ids(model, params, hidden), hei_ids(hidden, W))`; with a
+  tied linear head (:func:`has_tied_linear_head`) both come from the one
+  matmul of :func:`tied_bei_hei_ids`. Pure: jit it with `model` static.
+
+  Returns:
+    `(bei_ids, hei_ids)`, each int32 `[...]`.
+  """
+  emb = model.word_embeddings(params)
+  if has_tied_linear_head(model):
+    return tied_bei_hei_ids(hidden, emb)
+  return bei_ids(model, params, hidden), hei_ids(hidden, emb)
 
 
 def decode_ids(tokenizer, ids, mask) -> list[str]:
@@ -453,16 +603,18 @@ def logits_with_transform(
     transform: `[B, T, D] -> [B, T, D]`.
   """
   layer = parse_layer(model, layer)
-  n = model.config.num_layers
+  n = _num_layers(model)
   if layer == LAST or layer == n:
-    norm = final_norm_path(model)
+    norm = final_norm_path(model, params)
     if norm is None:
       hidden = model.hidden_states(params, ids, mask)[-1]
       return model.lm_head(params, transform(hidden))
     where = dict(after=transform) if layer == LAST else dict(before=transform)
     interceptor = _intercept(norm, **where)
   else:
-    interceptor = _intercept(block_paths(model)[layer], before=transform)
+    interceptor = _intercept(
+      block_paths(model, params)[layer], before=transform
+    )
   with nn.intercept_methods(interceptor):
     return model.logits(params, ids, mask)
 
@@ -537,6 +689,7 @@ __all__ = [
   'hei_ids',
   'has_tied_linear_head',
   'tied_bei_hei_ids',
+  'bei_hei_ids',
   'decode_ids',
   'dct_matrix',
   'dct',

@@ -5,18 +5,22 @@ taken at:
 
 1. bag of words (Sec. 4.2, :mod:`leakjax.attacks.bag_of_words`);
 2. beam search over the bag from capitalised start words (Sec. 4.3,
-   :mod:`leakjax.attacks.beam_search`), repeated with a penalty on the
-   n-grams of earlier results to recover several sentences (Sec. 4.5);
+   :func:`leakjax.attacks.beam_search.bag_beam_search`), repeated with a
+   penalty on the n-grams of earlier results to recover several sentences
+   (Sec. 4.5);
 3. prior-guided reordering of each result (Sec. 4.4,
    :mod:`leakjax.attacks.reorder`).
 
->>> result = recover(model, model.params, grads, config=FilmConfig(),
+>>> model, params = leakjax.models.load('smollm2-135m')       # doctest: +SKIP
+>>> result = recover(model, params, grads, config=FilmConfig(),
 ...                  key=jax.random.key(0))                   # doctest: +SKIP
 >>> result.sentences[0]                                       # +SKIP
 'Volume mgmt is trying to clear up these issues.'
 
-The jitted kernels are cached per (model, config, mesh), so attacking many
-batches compiles each kernel once per bag size bucket (bags are padded to
+The kernels are module-level `jax.jit` functions with the model, the
+configs and the mesh static (a model hashes by value and holds no
+weights), so attacking many batches, or new parameters of the same
+shapes, compiles each kernel once per bag size bucket (bags are padded to
 a multiple of `bag_bucket`).
 
 On several devices, `recover(..., mesh=make_mesh('data:N'))` splits the
@@ -40,7 +44,7 @@ from leakjax.attacks import bag_of_words as bow
 from leakjax.attacks import beam_search as bs
 from leakjax.attacks import reorder as ro
 from leakjax.errors import LeakjaxError
-from leakjax.models.base import Model
+from leakjax.models.protocol import Model
 
 PyTree = Any
 
@@ -50,7 +54,7 @@ class FilmConfig:
   """The attack's settings (hashable).
 
   Attributes:
-    bag_method: see :func:`leakjax.attacks.bag_of_words.bag_of_words`.
+    bag_method: see :func:`leakjax.attacks.bag_of_words.extract_bag`.
     tied: thresholds of the tied-embedding bag method.
     beam: beam-search settings (FILM Sec. 4.3, 7: k = 32, n = 2).
     reorder: reordering settings (Sec. 4.4); None skips reordering.
@@ -125,28 +129,70 @@ class FilmResult:
     return [r.text for r in self.recoveries]
 
 
-# ------------------------------------------------------------ jit caches
-@functools.lru_cache(maxsize=32)
-def _beam_fn(model: Model, config: bs.BeamSearchConfig, mesh: Mesh | None):
-  return jax.jit(
-    functools.partial(bs.beam_search, model, config=config, mesh=mesh)
+# ---------------------------------------------------------- jitted kernels
+@functools.partial(jax.jit, static_argnames=('model', 'config', 'mesh'))
+def _beam_search(
+  model: Model,
+  params: PyTree,
+  prompts,
+  bag_ids,
+  *,
+  prompt_mask,
+  bag_mask,
+  prior,
+  prior_lengths,
+  config: bs.BeamSearchConfig,
+  mesh: Mesh | None,
+) -> bs.BeamResult:
+  return bs.bag_beam_search(
+    model,
+    params,
+    prompts,
+    bag_ids,
+    config=config,
+    prompt_mask=prompt_mask,
+    bag_mask=bag_mask,
+    prior=prior,
+    prior_lengths=prior_lengths,
+    mesh=mesh,
   )
 
 
-@functools.lru_cache(maxsize=32)
-def _reorder_fn(
-  model: Model, config: ro.ReorderConfig, grad_paths, mesh: Mesh | None
-):
-  return jax.jit(
-    functools.partial(
-      ro.reorder, model, config=config, grad_paths=grad_paths, mesh=mesh
-    )
+@functools.partial(
+  jax.jit, static_argnames=('model', 'config', 'grad_paths', 'mesh')
+)
+def _reorder(
+  model: Model,
+  params: PyTree,
+  tokens,
+  length,
+  bag_ids,
+  *,
+  key,
+  is_end,
+  bag_mask,
+  config: ro.ReorderConfig,
+  grad_paths,
+  mesh: Mesh | None,
+) -> ro.ReorderState:
+  return ro.reorder(
+    model,
+    params,
+    tokens,
+    length,
+    bag_ids,
+    key=key,
+    config=config,
+    is_end=is_end,
+    bag_mask=bag_mask,
+    grad_paths=grad_paths,
+    mesh=mesh,
   )
 
 
-@functools.lru_cache(maxsize=32)
-def _log_prob_fn(model: Model):
-  return jax.jit(model.token_log_probs)
+@functools.partial(jax.jit, static_argnames=('model',))
+def _token_log_probs(model: Model, params: PyTree, ids):
+  return model.token_log_probs(params, ids)
 
 
 def _pad(ids: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
@@ -169,7 +215,7 @@ def _rank_prompts(
   # Rows padded to a multiple of 64 (one compilation for most batches).
   rows = -(-len(prompts) // 64) * 64
   ids = np.asarray(prompts + [prompts[0]] * (rows - len(prompts)), np.int32)
-  logp = _log_prob_fn(model)(params, jnp.asarray(ids)).sum(-1)
+  logp = _token_log_probs(model, params, jnp.asarray(ids)).sum(-1)
   order = np.argsort(-np.asarray(logp)[: len(prompts)], kind='stable')
   order = order[:limit]
   return [prompts[i] for i in sorted(order)]
@@ -217,7 +263,7 @@ def recover(
       'load the model with its tokenizer',
     )
   if bag is None:
-    bag = bow.bag_of_words(
+    bag = bow.extract_bag(
       model,
       params,
       grads,
@@ -250,11 +296,11 @@ def recover(
   width = prompt_arr.shape[-1] + beam_cfg.length
   prior = np.zeros((max(1, config.repetitions), width), np.int32)
   prior_len = np.zeros((max(1, config.repetitions),), np.int32)
-  beam_fn = _beam_fn(model, beam_cfg, mesh)
   recoveries = []
   for rep in range(config.repetitions):
     use_prior = config.repetitions > 1
-    out = beam_fn(
+    out = _beam_search(
+      model,
       params,
       jnp.asarray(prompt_arr),
       jnp.asarray(bag_arr),
@@ -262,6 +308,8 @@ def recover(
       bag_mask=jnp.asarray(bag_mask),
       prior=jnp.asarray(prior) if use_prior else None,
       prior_lengths=jnp.asarray(prior_len) if use_prior else None,
+      config=beam_cfg,
+      mesh=mesh,
     )
     best = bs.best_sequences(out, top=1)
     if not best:
@@ -280,11 +328,11 @@ def recover(
     rcfg = config.reorder
     fixed = min(rcfg.fixed_prefix, prompt_arr.shape[-1])
     rcfg = dataclasses.replace(rcfg, fixed_prefix=max(1, fixed))
-    reorder_fn = _reorder_fn(model, rcfg, config.grad_paths, mesh)
-    is_end = jnp.asarray(ro.sentence_end_mask(tok, model.config.vocab_size))
+    is_end = jnp.asarray(ro.sentence_end_mask(tok, model.vocab_size))
     for i, rec in enumerate(recoveries[: config.reorder_top]):
       toks, length = ro.pad_sequences([rec.tokens], width + 8)
-      state = reorder_fn(
+      state = _reorder(
+        model,
         params,
         jnp.asarray(toks[0]),
         jnp.asarray(length[0]),
@@ -292,6 +340,9 @@ def recover(
         key=jax.random.fold_in(key, i),
         is_end=is_end,
         bag_mask=jnp.asarray(bag_mask),
+        config=rcfg,
+        grad_paths=config.grad_paths,
+        mesh=mesh,
       )
       new = np.asarray(state.tokens)[: int(state.length)].tolist()
       rec.tokens = new

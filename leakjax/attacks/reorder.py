@@ -25,7 +25,7 @@ final norm (:func:`default_grad_paths`): it costs one forward pass plus a
 backward pass through one block, and the authors' implementation also
 takes the norm of a single layer's gradient.
 
-Scale-out (issue 8): with `mesh=` the C candidates of every step are split
+Scale-out: with `mesh=` the C candidates of every step are split
 over the mesh's `'data'` axis and the parameters replicated, so each device
 takes the gradients of C/N candidates; C need not divide evenly (padding,
 see :func:`candidate_scores`).
@@ -34,7 +34,6 @@ see :func:`candidate_scores`).
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Sequence
 
 import flax.struct
@@ -48,7 +47,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from leakjax import sharding
 from leakjax.errors import LeakjaxError
-from leakjax.models.base import Model, lm_loss
+from leakjax.models.protocol import LanguageModel, lm_loss
 
 PyTree = Any
 ParamPath = tuple[str, ...]
@@ -119,23 +118,14 @@ class ReorderState:
 
 
 # ------------------------------------------------------------- parameters
-def default_grad_paths(params: PyTree) -> tuple[ParamPath, ...]:
-  """The last transformer block and the final norm (see module docstring).
+def default_grad_paths(model: LanguageModel) -> tuple[ParamPath, ...]:
+  """What the model declares in `paths.last_layers`, else every parameter.
 
-  Blocks are the top-level entries named `<name>_<index>` (`layers_29`,
-  `h_11`); the final norm is `final_norm` or `ln_f` if present. A model
-  without numbered blocks (LSTMs) uses all parameters.
+  Our GPT-2 and Llama declare their last block and final norm (see the
+  module docstring); a model that declares nothing is scored on the
+  gradient of all its parameters (exact, slower).
   """
-  numbered = [
-    (int(m.group(2)), k)
-    for k in params
-    if (m := re.fullmatch(r'(.*)_(\d+)', k))
-  ]
-  if not numbered:
-    return ((),)
-  paths = [(max(numbered)[1],)]
-  paths += [(k,) for k in ('final_norm', 'ln_f') if k in params]
-  return tuple(paths)
+  return tuple(model.paths.last_layers) or ((),)
 
 
 def _selected(path: ParamPath, prefixes: Sequence[ParamPath]) -> bool:
@@ -151,7 +141,7 @@ def split_params(
   if not subset:
     raise LeakjaxError(
       f'no parameter under {list(prefixes)}',
-      'pick paths that exist in model.params',
+      'pick paths that exist in params',
     )
   rest = {k: v for k, v in flat.items() if k not in subset}
   return subset, rest
@@ -159,7 +149,7 @@ def split_params(
 
 # ---------------------------------------------------------------- scoring
 def candidate_scores(
-  model: Model,
+  model: LanguageModel,
   params: PyTree,
   ids: Int[Array, 'C T'],
   mask: Int[Array, 'C T'],
@@ -194,7 +184,7 @@ def candidate_scores(
     mask, _ = sharding.pad_to_multiple(mask, n)
     ids, mask = sharding.constrain_batch((ids, mask), mesh)
     params = sharding.constrain_replicated(params, mesh)
-  paths = default_grad_paths(params) if grad_paths is None else grad_paths
+  paths = default_grad_paths(model) if grad_paths is None else grad_paths
   subset, rest = split_params(params, paths)
 
   def one(ids1, mask1):
@@ -351,7 +341,7 @@ def truncate_at_punctuation(
 
 # ------------------------------------------------------------------ search
 def reorder(
-  model: Model,
+  model: LanguageModel,
   params: PyTree,
   tokens: Int[Array, 'T'],
   length: Int[Array, ''],

@@ -11,11 +11,14 @@ What an eavesdropper sees is what a client sends:
   (Zhu et al.), combined with `|`; they apply to FedSGD and FedAvg alike;
 * :func:`epsilon`, :func:`sigma_for_epsilon` -- DP-SGD accounting;
 * :func:`fl_round`, :func:`train_federated` -- N clients with server
-  averaging (FILM Eq. 3), snapshots θ^t for attacks at iteration t.
+  averaging (FILM Eq. 3), snapshots θ^t for attacks at iteration t;
+* :func:`make_python_loop_client_update` -- the same client update as a
+  Python loop over one jitted step (the reference and benchmark peer).
 
+>>> model, params = leakjax.models.load('smollm2-135m')  # doctest: +SKIP
 >>> config = fl.ClientConfig(epochs=1, batch_size=32, learning_rate=1e-3,
 ...                          defense=fl.dp_sgd(1.0, 1.1))   # doctest: +SKIP
->>> result = fl.client_update(model, model.params, ids, mask, config,
+>>> result = fl.client_update(model, params, ids, mask, config,
 ...                           key=jax.random.key(0))        # doctest: +SKIP
 """
 
@@ -37,6 +40,7 @@ from leakjax.fl.defenses import (
   prune_by_magnitude,
   single_noise,
 )
+from leakjax.fl.reference import make_python_loop_client_update
 from leakjax.fl.simulation import (
   FederatedRun,
   RoundResult,
@@ -61,6 +65,7 @@ __all__ = [
   'fl_round',
   'freeze_embeddings',
   'gradient_pruning',
+  'make_python_loop_client_update',
   'prune_by_magnitude',
   'sigma_for_epsilon',
   'single_noise',

@@ -10,11 +10,12 @@
 
 Both work for any :class:`leakjax.models.Model` and apply a
 :class:`leakjax.fl.Defense` the same way (see :mod:`leakjax.fl.defenses`).
-They are pure; the caller owns `jit` (model and config are static):
+They are pure; the caller owns `jit` (model and config are static, and
+hashable, so new params of the same shapes never recompile):
 
->>> update = jax.jit(client_update, static_argnums=(0, 4))(   # doctest: +SKIP
-...     model, model.params, ids, mask, ClientConfig(epochs=5, batch_size=32),
-...     key=jax.random.key(0))
+>>> update = jax.jit(client_update, static_argnames=('model', 'config'))  # doctest: +SKIP
+>>> result = update(model, params, ids, mask,                 # doctest: +SKIP
+...                 ClientConfig(epochs=5, batch_size=32), key=jax.random.key(0))
 
 Loss. Without DP-SGD a step minimizes the mean next-token cross-entropy
 over all real target tokens of the batch (`leakjax.models.lm_loss`). DP-SGD
@@ -43,7 +44,7 @@ from leakjax.errors import LeakjaxError
 from leakjax.fl import batching
 from leakjax.fl import defenses as defenses_lib
 from leakjax.fl.defenses import Defense
-from leakjax.models.base import Model, lm_loss
+from leakjax.models.protocol import Model, lm_loss
 
 PyTree = Any
 NO_DEFENSE = Defense()
@@ -465,7 +466,7 @@ def client_gradient(
 @dataclasses.dataclass(frozen=True)
 class LocalTraining:
   """The pieces of :func:`client_update`, shared with the Python-loop
-  reference (`leakjax.fl._reference`), so both run the very same step."""
+  reference (:mod:`leakjax.fl.reference`), so both run the very same step."""
 
   model: Model
   config: ClientConfig

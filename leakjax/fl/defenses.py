@@ -70,7 +70,7 @@ import numpy as np
 from jax import lax
 
 from leakjax.errors import LeakjaxError
-from leakjax.models.base import Model, ParamPath
+from leakjax.models.protocol import Model, ParamPath
 
 PyTree = Any
 

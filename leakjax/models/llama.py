@@ -8,8 +8,8 @@ and a tied or untied LM head. Numerics follow transformers'
 >>> config = LlamaConfig(vocab_size=200, hidden_size=64,
 ...                      intermediate_size=128, num_hidden_layers=2,
 ...                      num_attention_heads=4, num_key_value_heads=2)
->>> model = init_model(config, key=jax.random.key(0))
->>> model.logits(model.params, jnp.zeros((1, 5), jnp.int32)).shape
+>>> model, params = init_model(config, key=jax.random.key(0))
+>>> model.logits(params, jnp.zeros((1, 5), jnp.int32)).shape
 (1, 5, 200)
 """
 
@@ -29,8 +29,15 @@ import numpy as np
 
 from leakjax.errors import LeakjaxError, check_length, check_token_ids
 from leakjax.models import hf_checkpoint
-from leakjax.models.base import Model, ParamPaths, require_family
 from leakjax.models.hf_checkpoint import TensorSpec
+from leakjax.models.protocol import (
+  Bound,
+  FirstLayerInputs,
+  Model,
+  ParamPaths,
+  PyTree,
+  require_family,
+)
 
 FAMILY = 'llama'
 _HF_MODEL_TYPES = ('llama', 'mistral', 'qwen2_no_bias')
@@ -463,80 +470,123 @@ def _is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
-def make_model(config: LlamaConfig, params, tokenizer=None) -> Model:
-  """Wraps Llama `params` (any dtype) as a :class:`Model`.
+def _check_ids(config: LlamaConfig, ids, what='input'):
+  check_length(ids.shape[-1], config.max_position_embeddings, f'the {what}')
+  if _is_concrete(ids):
+    check_token_ids(ids, config.vocab_size)
 
-  The compute dtype is the dtype of the embedding matrix; logits are float32.
+
+def _llama_logits(config: LlamaConfig, dtype, params, ids, mask=None):
+  _check_ids(config, ids)
+  return Llama(config, dtype=dtype).apply({'params': params}, ids, mask)
+
+
+def _llama_hidden(config: LlamaConfig, dtype, params, ids, mask=None):
+  _check_ids(config, ids)
+  return Llama(config, dtype=dtype).apply(
+    {'params': params}, ids, mask, method=Llama.hidden_states
+  )
+
+
+def _llama_head(config: LlamaConfig, dtype, params, hidden):
+  return Llama(config, dtype=dtype).apply(
+    {'params': params}, hidden, method=Llama.head
+  )
+
+
+def _llama_init_cache(
+  config: LlamaConfig, dtype, params, batch_size: int, max_length: int
+) -> LlamaCache:
+  del params
+  check_length(max_length, config.max_position_embeddings, 'the decoding cache')
+  shape = (
+    batch_size,
+    max_length,
+    config.num_key_value_heads,
+    config.head_dim,
+  )
+  empty = tuple(
+    jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers)
+  )
+  return LlamaCache(
+    keys=empty, values=empty, index=jnp.zeros((batch_size,), jnp.int32)
+  )
+
+
+def _llama_decode(config: LlamaConfig, dtype, params, cache: LlamaCache, ids):
+  max_len = cache.keys[0].shape[1]
+  if _is_concrete(ids):
+    check_token_ids(ids, config.vocab_size)
+  # Under jit the index is unknown; writes past the end are then clamped.
+  start = (
+    int(np.max(np.asarray(cache.index))) if _is_concrete(cache.index) else 0
+  )
+  if start + ids.shape[1] > max_len:
+    raise LeakjaxError(
+      f'the decoding cache holds {max_len} tokens; appending'
+      f' {ids.shape[1]} at position {start} overflows it',
+      'make a longer cache with init_cache(params, batch_size, max_length)',
+    )
+  return Llama(config, dtype=dtype).apply(
+    {'params': params}, ids, cache, method=Llama.decode
+  )
+
+
+def _llama_first_layer(config: LlamaConfig, params) -> FirstLayerInputs:
+  return FirstLayerInputs(
+    tokens=params['embed']['embedding'],
+    positions=None,
+    scale=params['layers_0']['attn_norm']['scale'],
+    bias=None,
+    eps=config.rms_norm_eps,
+    kind='rms',
+  )
+
+
+def make_model(
+  config: LlamaConfig, tokenizer=None, *, dtype=jnp.float32
+) -> Model:
+  """Llama of `config` as a :class:`Model` (no weights).
+
+  Args:
+    config: the architecture.
+    tokenizer: a :class:`leakjax.tokenization.Tokenizer` or None.
+    dtype: the compute dtype, which must be the dtype of the params'
+      embedding matrix; logits are float32.
+
+  Returns:
+    A Model with family 'llama'; equal configs and dtypes give equal models.
   """
-  params = jax.tree.map(jnp.asarray, params)
-  dtype = params['embed']['embedding'].dtype
-  module = Llama(config, dtype=dtype)
-
-  def check_ids(ids, what='input'):
-    check_length(ids.shape[-1], config.max_position_embeddings, f'the {what}')
-    if _is_concrete(ids):
-      check_token_ids(ids, config.vocab_size)
-
-  def logits_fn(p, ids, mask):
-    check_ids(ids)
-    return module.apply({'params': p}, ids, mask)
-
-  def hidden_fn(p, ids, mask):
-    check_ids(ids)
-    return module.apply({'params': p}, ids, mask, method=Llama.hidden_states)
-
-  def head_fn(p, h):
-    return module.apply({'params': p}, h, method=Llama.head)
-
-  def init_cache_fn(batch_size: int, max_length: int) -> LlamaCache:
-    check_length(
-      max_length, config.max_position_embeddings, 'the decoding cache'
-    )
-    shape = (
-      batch_size,
-      max_length,
-      config.num_key_value_heads,
-      config.head_dim,
-    )
-    empty = tuple(
-      jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers)
-    )
-    return LlamaCache(
-      keys=empty, values=empty, index=jnp.zeros((batch_size,), jnp.int32)
-    )
-
-  def decode_fn(p, ids, cache: LlamaCache):
-    max_len = cache.keys[0].shape[1]
-    if _is_concrete(ids):
-      check_token_ids(ids, config.vocab_size)
-    # Under jit the index is unknown; writes past the end are then clamped.
-    start = (
-      int(np.max(np.asarray(cache.index))) if _is_concrete(cache.index) else 0
-    )
-    if start + ids.shape[1] > max_len:
-      raise LeakjaxError(
-        f'the decoding cache holds {max_len} tokens; appending'
-        f' {ids.shape[1]} at position {start} overflows it',
-        'make a longer cache with init_cache(batch_size, max_length)',
-      )
-    return module.apply({'params': p}, ids, cache, method=Llama.decode)
-
+  dtype = jnp.dtype(dtype)
   paths = ParamPaths(
     word_embeddings=('embed', 'embedding'),
     lm_head=None if config.tie_word_embeddings else ('lm_head', 'kernel'),
+    attention_inputs=tuple(
+      tuple(
+        (f'layers_{i}', 'attn', n, 'kernel')
+        for n in ('q_proj', 'k_proj', 'v_proj')
+      )
+      for i in range(min(2, config.num_hidden_layers))
+    ),
+    last_layers=((f'layers_{config.num_hidden_layers - 1}',), ('final_norm',)),
   )
+  static = (config, dtype)
   return Model(
+    vocab_size=config.vocab_size,
+    hidden_size=config.hidden_size,
+    num_layers=config.num_layers,
+    max_length=config.max_position_embeddings,
+    tie_word_embeddings=config.tie_word_embeddings,
     family=FAMILY,
     config=config,
-    module=module,
-    params=params,
     tokenizer=tokenizer,
     paths=paths,
-    _logits_fn=logits_fn,
-    _hidden_fn=hidden_fn,
-    _head_fn=head_fn,
-    _init_cache_fn=init_cache_fn,
-    _decode_fn=decode_fn,
+    logits_fn=Bound(_llama_logits, static),
+    hidden_fn=Bound(_llama_hidden, static),
+    head_fn=Bound(_llama_head, static),
+    init_cache_fn=Bound(_llama_init_cache, static),
+    decode_fn=Bound(_llama_decode, static),
+    first_layer_fn=Bound(_llama_first_layer, (config,)),
   )
 
 
@@ -551,12 +601,23 @@ def abstract_params(config: LlamaConfig, dtype=jnp.float32):
 
 def init_model(
   config: LlamaConfig, *, key, tokenizer=None, dtype=jnp.float32
-) -> Model:
-  """A randomly initialised model (normal(0.02) weights, unit norms)."""
+) -> tuple[Model, PyTree]:
+  """A randomly initialised model (normal(0.02) weights, unit norms).
+
+  Returns:
+    `(model, params)`.
+  """
   module = Llama(config, dtype=dtype)
   # One compiled init instead of one eager op per parameter.
   init = jax.jit(lambda k: module.init(k, jnp.zeros((1, 1), jnp.int32)))
-  return make_model(config, init(key)['params'], tokenizer)
+  return make_model(config, tokenizer, dtype=dtype), init(key)['params']
+
+
+def from_params(config: LlamaConfig, params, tokenizer=None):
+  """`(model, params)` for Llama weights of any dtype (the embedding's)."""
+  params = jax.tree.map(jnp.asarray, params)
+  dtype = params['embed']['embedding'].dtype
+  return make_model(config, tokenizer, dtype=dtype), params
 
 
 # ----------------------------------------------------------- HF weights
@@ -618,7 +679,7 @@ def params_from_hf_tensors(
 
 def from_hf_directory(
   path: str | os.PathLike, config_dict: Mapping[str, Any], *, dtype=jnp.float32
-) -> Model:
+) -> tuple[Model, PyTree]:
   """Loads an HF Llama checkpoint directory (+ `tokenizer.json` if present).
 
   Args:
@@ -627,7 +688,7 @@ def from_hf_directory(
     dtype: parameter dtype.
 
   Returns:
-    A :class:`Model` of family 'llama'.
+    `(model, params)`, the model of family 'llama'.
   """
   from leakjax import tokenization  # pylint: disable=g-import-not-at-top
 
@@ -644,11 +705,13 @@ def from_hf_directory(
     if tokenizer.eos_id is None:
       tokenizer.eos_id = config.eos_token_id
     tokenization.check_vocab(tokenizer, config.vocab_size, str(path))
-  return make_model(config, params, tokenizer)
+  return from_params(config, params, tokenizer)
 
 
-def to_hf_directory(model: Model, directory: str | os.PathLike) -> None:
-  """Writes `model` so that transformers' `LlamaForCausalLM` loads it.
+def to_hf_directory(
+  model: Model, params: PyTree, directory: str | os.PathLike
+) -> None:
+  """Writes `model` with `params` so that transformers' `LlamaForCausalLM` loads it.
 
   Writes `config.json`, `model.safetensors` and, when the model has a
   subword tokenizer, `tokenizer.json` + `tokenizer_config.json`.
@@ -658,7 +721,7 @@ def to_hf_directory(model: Model, directory: str | os.PathLike) -> None:
   require_family(model, FAMILY)
   directory = Path(directory)
   config: LlamaConfig = model.config
-  tensors = hf_checkpoint.params_to_hf(model.params, hf_name_map(config))
+  tensors = hf_checkpoint.params_to_hf(params, hf_name_map(config))
   hf_config = config.to_hf_dict()
   tok = model.tokenizer
   backend = getattr(tok, 'backend', None)
@@ -692,6 +755,7 @@ __all__ = [
   'Llama',
   'init_model',
   'make_model',
+  'from_params',
   'hf_name_map',
   'from_hf_directory',
   'to_hf_directory',

@@ -17,7 +17,7 @@ the embeddings (zero-padded on the right when `embed_dim < hidden_size`, as
 in `medium_512`), index k the (projected) output `h_t` of layer k. The
 GBoard cell state `C_t` (670 wide) is not part of it.
 
-Parameters (`Model.params`), with `G` gates (3 for CIFG, 4 for LSTM), `U`
+Parameters (the params pytree), with `G` gates (3 for CIFG, 4 for LSTM), `U`
 units and `P` the layer output width (`proj_dim`, or `U` without
 projection)::
 
@@ -51,7 +51,7 @@ from flax import struct
 
 from leakjax.errors import LeakjaxError
 from leakjax.models import hf_checkpoint
-from leakjax.models.base import Model, ParamPaths
+from leakjax.models.protocol import Bound, Model, ParamPaths, PyTree
 from leakjax.tokenization import WordTokenizer
 
 MODEL_TYPES = {'cifg_lstm': 'leakjax_cifg_lstm', 'lstm': 'leakjax_lstm'}
@@ -544,7 +544,7 @@ def init_model(
   key: jax.Array,
   tokenizer: WordTokenizer | None = None,
   dtype=jnp.float32,
-) -> Model:
+) -> tuple[Model, PyTree]:
   """A randomly initialized model (forget-gate bias 1 for standard LSTMs).
 
   Args:
@@ -555,10 +555,10 @@ def init_model(
     dtype: parameter dtype.
 
   Returns:
-    A :class:`Model` of family 'cifg_lstm' or 'lstm'.
+    `(model, params)`, the model of family 'cifg_lstm' or 'lstm'.
   """
   params = _init_params(config, dtype, key)
-  return make_model(config, params, tokenizer, dtype=dtype)
+  return make_model(config, tokenizer, dtype=dtype), params
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -567,61 +567,79 @@ def _init_params(config: LSTMFamilyConfig, dtype, key):
   return module.init(key, method=LSTMLanguageModel.create_params)['params']
 
 
+def _lstm_apply(config, dtype, method, params, *args, **kwargs):
+  module = LSTMLanguageModel(config, param_dtype=dtype)
+  return module.apply({'params': params}, *args, method=method, **kwargs)
+
+
+def _lstm_logits(config, dtype, params, ids, mask=None):
+  return _lstm_apply(config, dtype, None, params, ids, mask)
+
+
+def _lstm_train_logits(config, dtype, params, ids, mask, key):
+  return _lstm_apply(
+    config, dtype, None, params, ids, mask, deterministic=False,
+    rngs={'dropout': key},
+  )  # fmt: skip
+
+
+def _lstm_hidden(config, dtype, params, ids, mask=None):
+  return _lstm_apply(
+    config, dtype, LSTMLanguageModel.hidden_states, params, ids, mask
+  )
+
+
+def _lstm_head(config, dtype, params, hidden):
+  return _lstm_apply(config, dtype, LSTMLanguageModel.lm_head, params, hidden)
+
+
+def _lstm_init_cache(config, params, batch_size, max_length=None):
+  del params, max_length  # the state has a fixed size
+  return LSTMCache(
+    layers=zero_state(config, batch_size),
+    index=jnp.zeros((batch_size,), jnp.int32),
+  )
+
+
+def _lstm_decode(config, dtype, params, cache, ids):
+  return _lstm_apply(
+    config, dtype, LSTMLanguageModel.decode, params, ids, cache
+  )
+
+
 def make_model(
   config: LSTMFamilyConfig,
-  params,
   tokenizer: WordTokenizer | None = None,
   *,
   dtype=jnp.float32,
 ) -> Model:
-  """Wraps `params` of `LSTMLanguageModel(config)` as a :class:`Model`."""
+  """`LSTMLanguageModel(config)` as a :class:`Model` (no weights)."""
   _check_tokenizer(tokenizer, config.vocab_size, 'model')
-  module = LSTMLanguageModel(config, param_dtype=dtype)
-  apply = lambda p, *a, **kw: module.apply({'params': p}, *a, **kw)
-
-  def logits(p, ids, mask=None):
-    return apply(p, ids, mask)
-
-  def hidden(p, ids, mask=None):
-    return apply(p, ids, mask, method=LSTMLanguageModel.hidden_states)
-
-  def head(p, h):
-    return apply(p, h, method=LSTMLanguageModel.lm_head)
-
-  def init_cache(batch_size, max_length=None):
-    del max_length  # the state has a fixed size
-    return LSTMCache(
-      layers=zero_state(config, batch_size),
-      index=jnp.zeros((batch_size,), jnp.int32),
-    )
-
-  def decode(p, ids, cache):
-    return apply(p, ids, cache, method=LSTMLanguageModel.decode)
-
-  train_logits = None
-  if config.dropout_keep < 1.0:
-
-    def train_logits(p, ids, mask, key):
-      return apply(p, ids, mask, deterministic=False, rngs={'dropout': key})
-
+  dtype = jnp.dtype(dtype)
+  static = (config, dtype)
   paths = ParamPaths(
     word_embeddings=('embed', 'embedding'),
     lm_head=None if config.tie_word_embeddings else ('head', 'kernel'),
     output_bias=('head', 'bias'),
   )
   return Model(
+    vocab_size=config.vocab_size,
+    hidden_size=config.hidden_size,
+    num_layers=config.num_layers,
+    max_length=None,
+    tie_word_embeddings=config.tie_word_embeddings,
     family=config.family,
     config=config,
-    module=module,
-    params=params,
     tokenizer=tokenizer,
     paths=paths,
-    _logits_fn=logits,
-    _hidden_fn=hidden,
-    _head_fn=head,
-    _init_cache_fn=init_cache,
-    _decode_fn=decode,
-    _train_logits_fn=train_logits,
+    logits_fn=Bound(_lstm_logits, static),
+    hidden_fn=Bound(_lstm_hidden, static),
+    head_fn=Bound(_lstm_head, static),
+    init_cache_fn=Bound(_lstm_init_cache, (config,)),
+    decode_fn=Bound(_lstm_decode, static),
+    train_logits_fn=(
+      Bound(_lstm_train_logits, static) if config.dropout_keep < 1.0 else None
+    ),
   )
 
 
@@ -689,7 +707,9 @@ def config_from_dict(config_dict: Mapping[str, Any]) -> LSTMFamilyConfig:
     raise LeakjaxError(f'config.json of a {model_type}: {e}') from None
 
 
-def to_directory(model: Model, directory: str | os.PathLike) -> None:
+def to_directory(
+  model: Model, params: PyTree, directory: str | os.PathLike
+) -> None:
   """Writes config.json, model.safetensors and words.json (if a tokenizer)."""
   if model.family not in MODEL_TYPES:
     raise LeakjaxError(f'lstm.to_directory got a {model.family} model')
@@ -700,7 +720,7 @@ def to_directory(model: Model, directory: str | os.PathLike) -> None:
         f'an LSTM model needs a WordTokenizer, got {model.tokenizer!r}'
       )
     _check_tokenizer(model.tokenizer, model.config.vocab_size, 'model')
-  tensors = hf_checkpoint.params_to_hf(model.params, tensor_specs(model.config))
+  tensors = hf_checkpoint.params_to_hf(params, tensor_specs(model.config))
   hf_checkpoint.write_checkpoint(
     directory, tensors, config_to_dict(model.config)
   )
@@ -713,7 +733,7 @@ def from_directory(
   config_dict: Mapping[str, Any] | None = None,
   *,
   dtype=jnp.float32,
-) -> Model:
+) -> tuple[Model, PyTree]:
   """Loads a directory written by :func:`to_directory`.
 
   Args:
@@ -722,7 +742,7 @@ def from_directory(
     dtype: parameter dtype.
 
   Returns:
-    A :class:`Model`; its tokenizer is None if there is no words.json.
+    `(model, params)`; the tokenizer is None if there is no words.json.
   """
   path = Path(path)
   if config_dict is None:
@@ -745,7 +765,7 @@ def from_directory(
     dtype=dtype,
   )
   params = jax.tree.map(jnp.asarray, params)
-  return make_model(config, params, tokenizer, dtype=dtype)
+  return make_model(config, tokenizer, dtype=dtype), params
 
 
 __all__ = [

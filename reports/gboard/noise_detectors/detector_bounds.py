@@ -71,8 +71,7 @@ def main(argv):
   cfg = G.config_from_flags(G.FLAGS)
   workdir = Path(G.FLAGS.workdir)
   corpora = G.load_corpora(cfg)
-  model, _ = G.pretrain(cfg, corpora, workdir)
-  params0, bare = model.params, model.replace(params=None)
+  model, params0, _ = G.pretrain(cfg, corpora, workdir)
   tok = model.tokenizer
   cand = np.asarray(gboard.candidate_mask(tok.vocab_size,
                                           (tok.unk_id, tok.bos_id)))
@@ -80,9 +79,10 @@ def main(argv):
   datasets = {d.n_k: d for d in G.make_datasets(cfg, corpora.pool, tok)}
 
   def update(name, e):
-    p1 = G._load_params(workdir / 'snapshots' / f'{name}_E{e}.npz', params0)
-    return (np.asarray(gboard.bias_update(bare, params0, p1)),
-            np.asarray(gboard.output_rows_update(bare, params0, p1)))
+    p1 = gboard.load_snapshot(
+        workdir / 'snapshots' / f'{name}_E{e}.npz', params0)
+    return (np.asarray(gboard.bias_update(model, params0, p1)),
+            np.asarray(gboard.output_rows_update(model, params0, p1)))
 
   out = {}
   for n_k, batch, epochs in _settings():

@@ -2,9 +2,12 @@
 
 Runs the very same step function as :func:`leakjax.fl.client_update`
 (`LocalTraining.step`), with the same schedule and keys, but dispatches one
-compiled step per iteration from Python instead of one `lax.scan`. Used by
-the tests (scan == loop) and by `benchmarks/client_update.py` (scan vs loop
-timing). Not part of the public API.
+compiled step per iteration from Python instead of one `lax.scan` -- the
+usual way to write a training loop. The tests check scan == loop exactly;
+`benchmarks/client_update.py` times the two against each other.
+
+>>> update = make_python_loop_client_update(model, params, config)  # doctest: +SKIP
+>>> result = update(params, ids, mask, key=jax.random.key(0))       # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from leakjax.fl.client import (
   LocalTraining,
   split_client_key,
 )
-from leakjax.models.base import Model
+from leakjax.models.protocol import Model
 
 
 def make_python_loop_client_update(
@@ -29,9 +32,17 @@ def make_python_loop_client_update(
 ):
   """Returns `update(params, ids, mask, *, key) -> ClientResult`.
 
-  The step, the schedule and the finish are jitted once each (for the
-  shapes of the first call) with `jit` (e.g. `jax.jit` with compiler
-  options); the loop over steps runs in Python.
+  Equals `client_update(model, params, ids, mask, config, key=key)`. The
+  step, the schedule and the finish are jitted once each per returned
+  function (for the shapes of the first call) with `jit` (e.g. `jax.jit`
+  with compiler options); the loop over steps runs in Python.
+
+  Args:
+    model: any leakjax model.
+    params: parameters of the shapes the updates will get (only their
+      structure is read, to split trainable from frozen leaves).
+    config: the client's local training.
+    jit: how to jit the pieces.
   """
   training = LocalTraining.create(model, params, config)
 
@@ -82,3 +93,6 @@ def make_python_loop_client_update(
     return finish(train0, train, frozen, jnp.stack(losses), transmit_key)
 
   return update
+
+
+__all__ = ['make_python_loop_client_update']

@@ -1,0 +1,606 @@
+"""The model protocol every leakjax attack uses, and constructors for your own.
+
+A language model is pure functions over an explicit params pytree plus a few
+static facts. :class:`LanguageModel` is the contract; :class:`Model` is the one
+implementation, built by our families (:func:`leakjax.models.load`) and by
+
+* :func:`from_functions` -- your own `logits(params, ids, mask)` (and, if you
+  have them, `init_cache` / `decode`; without them decoding recomputes the
+  prefix, which is exact and slower);
+* :func:`from_flax` -- your own Flax linen module.
+
+A model holds no arrays and compares and hashes by value, so it is a valid
+static argument of `jax.jit`: new params of the same shapes never recompile,
+and the jit cache never keeps weights alive.
+
+>>> model, params = leakjax.models.load('smollm2-135m')         # doctest: +SKIP
+>>> logits = jax.jit(model.logits)(params, ids, mask)           # doctest: +SKIP
+>>> cache = model.init_cache(params, batch_size=8, max_length=40)  # doctest: +SKIP
+>>> logits, cache = model.decode(params, cache, ids[:, :3])     # doctest: +SKIP
+
+Shapes: `ids` is int32 `[batch, time]`; `mask` is `[batch, time]` with 1 for
+real tokens and 0 for padding (right padding). Padding never influences real
+positions. A decoding cache is a pytree whose every leaf has the batch as its
+leading axis, so reordering beams is `jax.tree.map(lambda x: x[idx], cache)`;
+rows may sit at different positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from leakjax.errors import LeakjaxError
+
+PyTree = Any
+ParamPath = tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamPaths:
+  """Where attacks find the parameters that leak, as paths of dict keys.
+
+  Attributes:
+    word_embeddings: the input token embedding matrix, `[vocab, dim]`.
+    position_embeddings: learned position embeddings `[max_len, dim]`
+      (GPT-2), or None.
+    lm_head: an untied output projection laid out `[dim, vocab]` (a Dense
+      kernel); None when the head is tied to `word_embeddings` or absent.
+    output_bias: the output bias `[vocab]` (the LSTM families), or None.
+    attention_inputs: for the first blocks, in order, the kernels `[dim, out]`
+      that read the block's (normalised) input: Llama's q/k/v projections,
+      GPT-2's fused `c_attn`. Span tests (the tied bag of words, DAGER) use
+      the gradients of these; `()` when the model declares none.
+    last_layers: the subtrees whose gradient FILM's reordering scores (the
+      last block and the final norm: one backward pass through one block);
+      `()` means every parameter.
+  """
+
+  word_embeddings: ParamPath
+  position_embeddings: ParamPath | None = None
+  lm_head: ParamPath | None = None
+  output_bias: ParamPath | None = None
+  attention_inputs: tuple[tuple[ParamPath, ...], ...] = ()
+  last_layers: tuple[ParamPath, ...] = ()
+
+
+@flax.struct.dataclass
+class FirstLayerInputs:
+  """What the first block's attention projections read for each token.
+
+  The input of token `v` at position `t` is
+  `norm(tokens[v] + positions[t]) * scale + bias`, with `norm` a LayerNorm
+  (`kind='layer'`: centred, divided by the std) or an RMSNorm (`'rms'`).
+  Pre-norm transformers (GPT-2, Llama, Qwen, Mistral, ...) all fit.
+
+  Attributes:
+    tokens: float `[vocab, dim]`, the token embeddings.
+    positions: float `[max_len, dim]` added before the norm, or None
+      (rotary models apply positions after the projection).
+    scale: float `[dim]`, the norm's gain.
+    bias: float `[dim]` or None (RMSNorm has none).
+    eps: the norm's epsilon.
+    kind: 'layer' or 'rms'.
+  """
+
+  tokens: Float[Array, 'V d']
+  positions: Float[Array, 'P d'] | None
+  scale: Float[Array, ' d']
+  bias: Float[Array, ' d'] | None
+  eps: float = flax.struct.field(pytree_node=False)
+  kind: str = flax.struct.field(pytree_node=False)
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+  """The contract between a language model and every leakjax attack.
+
+  All methods are pure functions of an explicit `params` pytree, so callers
+  may `jax.jit`, `jax.grad` and `jax.vmap` them; the attributes are static
+  facts (plain Python values), never family names for attacks to branch on.
+
+  Attributes:
+    vocab_size: number of token ids.
+    hidden_size: width of the hidden states (None if unknown).
+    num_layers: number of blocks (None if unknown).
+    max_length: longest sequence the model accepts, None if unbounded.
+    tie_word_embeddings: whether the output head is the input embedding.
+    paths: where the embeddings, head and first attention kernels sit in
+      the params pytree, see :class:`ParamPaths`.
+    tokenizer: a :class:`leakjax.tokenization.Tokenizer` or None (host side,
+      not part of the model's identity).
+  """
+
+  vocab_size: int
+  hidden_size: int | None
+  num_layers: int | None
+  max_length: int | None
+  tie_word_embeddings: bool
+  paths: ParamPaths
+  tokenizer: Any
+
+  def logits(self, params, ids, mask=None) -> Float[Array, 'b t V']:
+    """Next-token logits, float32 `[batch, time, vocab]`."""
+    ...
+
+  def token_log_probs(
+    self, params, ids, mask=None
+  ) -> Float[Array, 'b t_minus_1']:
+    """log p(ids[:, t] | ids[:, :t]) for t >= 1, `[batch, time - 1]`."""
+    ...
+
+  def init_cache(self, params, batch_size: int, max_length: int) -> PyTree:
+    """An empty decoding cache for `batch_size` rows of `max_length` tokens."""
+    ...
+
+  def decode(self, params, cache, ids) -> tuple[Float[Array, 'b t V'], PyTree]:
+    """Appends `ids [batch, t]` to the cache: `(logits [batch, t, V], cache)`."""
+    ...
+
+
+# ----------------------------------------------------------------- helpers
+@dataclasses.dataclass(frozen=True)
+class Bound:
+  """`fn` with leading static arguments, compared and hashed by value.
+
+  `functools.partial` compares by identity; a model built twice from the
+  same config must be the same static argument, so our families bind their
+  configs with this instead.
+  """
+
+  fn: Callable[..., Any]
+  static: tuple[Any, ...] = ()
+
+  def __call__(self, *args, **kwargs):
+    return self.fn(*self.static, *args, **kwargs)
+
+
+def get_path(tree: PyTree, path: ParamPath) -> jax.Array:
+  """Returns `tree[path[0]][path[1]]...`."""
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def set_path(tree: PyTree, path: ParamPath, value) -> PyTree:
+  """Returns a copy of nested dict `tree` with `value` at `path`."""
+  if not path:
+    return value
+  new = dict(tree)
+  new[path[0]] = set_path(tree[path[0]], path[1:], value)
+  return new
+
+
+def num_params(params: PyTree) -> int:
+  """Number of scalars in a params pytree."""
+  return sum(x.size for x in jax.tree_util.tree_leaves(params))
+
+
+def lm_loss(logits, ids, mask=None) -> jax.Array:
+  """Mean next-token cross-entropy; pad targets (mask=0) are excluded.
+
+  Args:
+    logits: `[batch, time, vocab]` from `Model.logits`.
+    ids: `[batch, time]` int token ids.
+    mask: `[batch, time]` 1 for real tokens; None means all real.
+
+  Returns:
+    Scalar float32 loss averaged over all real target tokens of the batch.
+  """
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+  if mask is None:
+    return nll.mean()
+  weights = mask[:, 1:].astype(jnp.float32)
+  return (nll * weights).sum() / jnp.maximum(weights.sum(), 1.0)
+
+
+def require_family(model: Model, *families: str) -> None:
+  """Raises LeakjaxError unless `model.family` is one of `families`.
+
+  For weight converters only: attacks read declared facts, not families.
+  """
+  if model.family not in families:
+    raise LeakjaxError(
+      f'this needs a {" or ".join(families)} model, got {model.family}',
+      'load a model of a supported family',
+    )
+
+
+# ------------------------------------------------ decoding without a cache
+@flax.struct.dataclass
+class PrefixCache:
+  """The decoding state of a model without a KV cache: the tokens so far.
+
+  Attributes:
+    ids: int32 `[batch, max_length]`, the tokens written so far (0 after).
+    index: int32 `[batch]`, how many tokens each row holds.
+  """
+
+  ids: Int[Array, 'b n']
+  index: Int[Array, ' b']
+
+
+def _prefix_init_cache(params, batch_size: int, max_length: int) -> PrefixCache:
+  del params
+  return PrefixCache(
+    ids=jnp.zeros((batch_size, max_length), jnp.int32),
+    index=jnp.zeros((batch_size,), jnp.int32),
+  )
+
+
+def _prefix_decode(logits_fn, params, cache: PrefixCache, ids):
+  """Writes `ids` after each row's prefix and re-runs the whole prefix."""
+  b, t = ids.shape
+  n = cache.ids.shape[1]
+  pos = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)  # [b, t]
+  new_ids = cache.ids.at[jnp.arange(b)[:, None], pos].set(ids.astype(jnp.int32))
+  length = cache.index + t
+  mask = (jnp.arange(n)[None, :] < length[:, None]).astype(jnp.int32)
+  logits = logits_fn(params, new_ids, mask)  # [b, n, V]
+  out = jnp.take_along_axis(logits, pos[..., None], axis=1)  # [b, t, V]
+  return out, PrefixCache(ids=new_ids, index=length)
+
+
+# -------------------------------------------------------------------- Model
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """A language model as pure functions plus static facts; no arrays.
+
+  Implements :class:`LanguageModel`. Build one with :func:`from_functions`,
+  :func:`from_flax` or :func:`leakjax.models.load` (which hands the params
+  back beside it). Equal models (same functions, same facts) compare and
+  hash equal, so a model is a valid `static_argnames` entry of `jax.jit`.
+
+  Attributes:
+    vocab_size, hidden_size, num_layers, max_length, tie_word_embeddings,
+    paths, tokenizer: see :class:`LanguageModel`.
+    family: a label for reports and converters ('gpt2', 'llama',
+      'cifg_lstm', 'lstm', or 'custom'); attacks never branch on it.
+    config: the family's frozen config dataclass, or None.
+    logits_fn: `(params, ids, mask) -> [b, t, V]`.
+    decode_fn, init_cache_fn: `(params, cache, ids) -> (logits, cache)` and
+      `(params, batch_size, max_length) -> cache`, or None (then decoding
+      recomputes the prefix with `logits_fn`).
+    hidden_fn: `(params, ids, mask) -> [layers + 1, b, t, d]`, or None.
+    head_fn: `(params, hidden [..., d]) -> [..., V]` (final norm + head).
+    train_logits_fn: `(params, ids, mask, key)`, logits with dropout.
+    first_layer_fn: `params -> FirstLayerInputs`, or None.
+  """
+
+  vocab_size: int
+  logits_fn: Callable[..., jax.Array] = dataclasses.field(repr=False)
+  paths: ParamPaths = dataclasses.field(repr=False)
+  hidden_size: int | None = None
+  num_layers: int | None = None
+  max_length: int | None = None
+  tie_word_embeddings: bool = False
+  family: str = 'custom'
+  config: Any = None
+  decode_fn: Callable[..., Any] | None = dataclasses.field(
+    default=None, repr=False
+  )
+  init_cache_fn: Callable[..., Any] | None = dataclasses.field(
+    default=None, repr=False
+  )
+  hidden_fn: Callable[..., jax.Array] | None = dataclasses.field(
+    default=None, repr=False
+  )
+  head_fn: Callable[..., jax.Array] | None = dataclasses.field(
+    default=None, repr=False
+  )
+  train_logits_fn: Callable[..., jax.Array] | None = dataclasses.field(
+    default=None, repr=False
+  )
+  first_layer_fn: Callable[..., FirstLayerInputs] | None = dataclasses.field(
+    default=None, repr=False
+  )
+  tokenizer: Any = dataclasses.field(
+    default=None, compare=False, hash=False, repr=False
+  )
+
+  def __post_init__(self):
+    if (self.decode_fn is None) != (self.init_cache_fn is None):
+      raise LeakjaxError(
+        'decode and init_cache come together',
+        'pass both, or neither (decoding then recomputes the prefix)',
+      )
+    if not isinstance(self.vocab_size, int) or self.vocab_size <= 0:
+      raise LeakjaxError(
+        f'vocab_size must be a positive int, got {self.vocab_size!r}'
+      )
+
+  # ---------------------------------------------------------------- compute
+  def logits(self, params, ids, mask=None) -> Float[Array, 'b t V']:
+    """Next-token logits, float32 `[batch, time, vocab]`."""
+    return self.logits_fn(params, ids, mask)
+
+  def token_log_probs(
+    self, params, ids, mask=None
+  ) -> Float[Array, 'b t_minus_1']:
+    """log p(ids[:, t] | ids[:, :t]) for t >= 1, `[batch, time - 1]`."""
+    logp = jax.nn.log_softmax(self.logits(params, ids, mask)[:, :-1], axis=-1)
+    return jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+
+  def loss(self, params, ids, mask=None) -> jax.Array:
+    """Mean next-token cross-entropy over real (mask=1) target positions."""
+    return lm_loss(self.logits(params, ids, mask), ids, mask)
+
+  def train_logits(self, params, ids, mask=None, *, key) -> jax.Array:
+    """Logits with the model's training-time dropout (== `logits` if none)."""
+    if self.train_logits_fn is None:
+      return self.logits(params, ids, mask)
+    return self.train_logits_fn(params, ids, mask, key)
+
+  def init_cache(self, params, batch_size: int, max_length: int) -> PyTree:
+    """An empty decoding cache; every leaf has leading axis `batch_size`."""
+    if self.init_cache_fn is None:
+      return _prefix_init_cache(params, batch_size, max_length)
+    return self.init_cache_fn(params, batch_size, max_length)
+
+  def decode(self, params, cache, ids) -> tuple[Float[Array, 'b t V'], PyTree]:
+    """Appends `ids [batch, t]` at each row's position in `cache`.
+
+    Returns `(logits [batch, t, vocab], new_cache)`; decoding a whole
+    sequence equals :meth:`logits` on it.
+    """
+    if self.decode_fn is None:
+      return _prefix_decode(self.logits_fn, params, cache, ids)
+    return self.decode_fn(params, cache, ids)
+
+  def hidden_states(self, params, ids, mask=None) -> jax.Array:
+    """All hidden states `[layers + 1, batch, time, hidden_size]`.
+
+    Index 0 is the embedding output (GPT-2: with position embeddings),
+    index i the output of block i, without the final norm.
+    """
+    if self.hidden_fn is None:
+      raise LeakjaxError(
+        'this model declares no hidden_states function',
+        'pass hidden_states= to from_functions / from_flax',
+      )
+    return self.hidden_fn(params, ids, mask)
+
+  def lm_head(self, params, hidden) -> jax.Array:
+    """Final norm (if any) + LM head: `[..., dim] -> [..., vocab]`."""
+    if self.head_fn is None:
+      raise LeakjaxError(
+        'this model declares no lm_head function',
+        'pass lm_head= to from_functions / from_flax',
+      )
+    return self.head_fn(params, hidden)
+
+  def first_layer_inputs(self, params) -> FirstLayerInputs | None:
+    """What block 0's attention reads per token (see :class:`FirstLayerInputs`)."""
+    if self.first_layer_fn is None:
+      return None
+    return self.first_layer_fn(params)
+
+  # ----------------------------------------------------------- parameters
+  def word_embeddings(self, params) -> jax.Array:
+    """The input embedding matrix `[vocab, dim]`."""
+    return get_path(params, self.paths.word_embeddings)
+
+  def replace(self, **changes) -> Model:
+    """A copy with some fields replaced."""
+    return dataclasses.replace(self, **changes)
+
+
+# ------------------------------------------------------------ constructors
+def _check_paths(
+  word_embeddings,
+  position_embeddings,
+  lm_head,
+  output_bias,
+  attention_inputs,
+  last_layers=(),
+) -> ParamPaths:
+  def path(p, what):
+    if p is None:
+      return None
+    if isinstance(p, str):
+      p = tuple(p.split('/'))
+    p = tuple(p)
+    if not p or not all(isinstance(k, str) and k for k in p):
+      raise LeakjaxError(
+        f'{what} must be a path of dict keys, got {p!r}',
+        "e.g. ('embed', 'embedding') or 'embed/embedding'",
+      )
+    return p
+
+  if word_embeddings is None:
+    raise LeakjaxError(
+      'word_embeddings is required', 'give the path of the [vocab, dim] matrix'
+    )
+  return ParamPaths(
+    word_embeddings=path(word_embeddings, 'word_embeddings'),
+    position_embeddings=path(position_embeddings, 'position_embeddings'),
+    lm_head=path(lm_head, 'lm_head'),
+    output_bias=path(output_bias, 'output_bias'),
+    attention_inputs=tuple(
+      tuple(path(p, 'attention_inputs') for p in layer)
+      for layer in attention_inputs
+    ),
+    last_layers=tuple(path(p, 'last_layers') for p in last_layers),
+  )
+
+
+def from_functions(
+  logits: Callable[..., jax.Array],
+  *,
+  vocab_size: int,
+  word_embeddings: ParamPath | str,
+  hidden_size: int | None = None,
+  num_layers: int | None = None,
+  max_length: int | None = None,
+  tie_word_embeddings: bool = False,
+  decode: Callable[..., Any] | None = None,
+  init_cache: Callable[..., Any] | None = None,
+  hidden_states: Callable[..., jax.Array] | None = None,
+  lm_head: Callable[..., jax.Array] | None = None,
+  first_layer_inputs: Callable[..., FirstLayerInputs] | None = None,
+  position_embeddings: ParamPath | str | None = None,
+  lm_head_path: ParamPath | str | None = None,
+  output_bias: ParamPath | str | None = None,
+  attention_inputs: tuple = (),
+  last_layers: tuple = (),
+  tokenizer: Any = None,
+) -> Model:
+  """A :class:`Model` from your own pure functions.
+
+  Args:
+    logits: `(params, ids [b, t], mask [b, t] or None) -> [b, t, vocab]`.
+      It must be causal (position t sees tokens <= t) for decoding.
+    vocab_size: number of token ids.
+    word_embeddings: path of the input embedding `[vocab, dim]` in params.
+    hidden_size, num_layers, max_length: facts some attacks read.
+    tie_word_embeddings: whether the head reuses `word_embeddings`.
+    decode, init_cache: `(params, cache, ids) -> (logits, cache)` and
+      `(params, batch_size, max_length) -> cache`, both or neither; without
+      them decoding writes the new tokens after the prefix and re-runs
+      `logits` over the whole buffer (exact, O(n) per step).
+    hidden_states: `(params, ids, mask) -> [layers + 1, b, t, d]` (needed by
+      embedding inversion).
+    lm_head: `(params, hidden [..., d]) -> [..., vocab]`.
+    first_layer_inputs: `params -> FirstLayerInputs` (needed by span tests).
+    position_embeddings, lm_head_path, output_bias, attention_inputs,
+      last_layers: paths, see :class:`ParamPaths`.
+    tokenizer: host-side tokenizer, or None.
+
+  The model compares by these functions' identity: define them once (not a
+  new lambda per call) so that jitted attacks compile once.
+  """
+  return Model(
+    vocab_size=vocab_size,
+    logits_fn=logits,
+    paths=_check_paths(
+      word_embeddings,
+      position_embeddings,
+      lm_head_path,
+      output_bias,
+      attention_inputs,
+      last_layers,
+    ),
+    hidden_size=hidden_size,
+    num_layers=num_layers,
+    max_length=max_length,
+    tie_word_embeddings=tie_word_embeddings,
+    decode_fn=decode,
+    init_cache_fn=init_cache,
+    hidden_fn=hidden_states,
+    head_fn=lm_head,
+    first_layer_fn=first_layer_inputs,
+    tokenizer=tokenizer,
+  )
+
+
+def _takes_mask(fn) -> bool:
+  """Whether a module method accepts a second argument after `ids`."""
+  params = [
+    p
+    for p in inspect.signature(fn).parameters.values()
+    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+  ]
+  return len(params) >= 3  # self, ids, mask
+
+
+def _flax_call(module, method, takes_mask, params, ids, mask=None):
+  args = (ids, mask) if takes_mask else (ids,)
+  return module.apply({'params': params}, *args, method=method)
+
+
+def _flax_method(module, name, params, *args):
+  return module.apply({'params': params}, *args, method=name)
+
+
+def _flax_decode(module, name, params, cache, ids):
+  return module.apply({'params': params}, cache, ids, method=name)
+
+
+def from_flax(
+  module,
+  *,
+  vocab_size: int,
+  word_embeddings: ParamPath | str,
+  method: str = '__call__',
+  decode_method: str | None = None,
+  init_cache: Callable[..., Any] | None = None,
+  hidden_states_method: str | None = None,
+  lm_head_method: str | None = None,
+  **facts,
+) -> Model:
+  """A :class:`Model` from your own Flax linen module.
+
+  Args:
+    module: a linen module; `module.apply({'params': params}, ids)` (or
+      `(ids, mask)` if its method takes a second argument) returns logits
+      `[b, t, vocab]`. Linen modules compare by value, so two equal modules
+      give equal models.
+    vocab_size: number of token ids.
+    word_embeddings: path of the input embedding in params.
+    method: the name of the logits method.
+    decode_method: name of a method `(cache, ids) -> (logits, cache)`; with
+      it, `init_cache(params, batch_size, max_length)` is required.
+    init_cache: see above.
+    hidden_states_method, lm_head_method: names of methods `(ids, mask)
+      -> [layers + 1, b, t, d]` and `(hidden) -> logits`, or None.
+    **facts: the other keyword arguments of :func:`from_functions`
+      (hidden_size, num_layers, max_length, tie_word_embeddings, paths,
+      first_layer_inputs, tokenizer).
+  """
+  fn = getattr(type(module), method, None)
+  if fn is None:
+    raise LeakjaxError(
+      f'{type(module).__name__} has no method {method!r}',
+      'pass method= the name of the logits method',
+    )
+  takes_mask = _takes_mask(fn)
+  decode = None
+  if decode_method is not None:
+    decode = Bound(_flax_decode, (module, decode_method))
+  hidden = None
+  if hidden_states_method is not None:
+    hidden = Bound(
+      _flax_call,
+      (
+        module,
+        hidden_states_method,
+        _takes_mask(getattr(type(module), hidden_states_method)),
+      ),
+    )
+  head = None
+  if lm_head_method is not None:
+    head = Bound(_flax_method, (module, lm_head_method))
+  return from_functions(
+    Bound(_flax_call, (module, method, takes_mask)),
+    vocab_size=vocab_size,
+    word_embeddings=word_embeddings,
+    decode=decode,
+    init_cache=init_cache,
+    hidden_states=hidden,
+    lm_head=head,
+    **facts,
+  )
+
+
+__all__ = [
+  'Bound',
+  'FirstLayerInputs',
+  'LanguageModel',
+  'Model',
+  'ParamPaths',
+  'PrefixCache',
+  'from_flax',
+  'from_functions',
+  'get_path',
+  'lm_loss',
+  'num_params',
+  'require_family',
+  'set_path',
+]

@@ -1,0 +1,86 @@
+"""Flags generated from a config dataclass: names, types, defaults, help."""
+
+import dataclasses
+
+import pytest
+from absl import flags
+
+from experiments import common
+from leakjax.errors import LeakjaxError
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyConfig:
+  """A config as the experiments write them.
+
+  Attributes:
+    steps: training steps.
+    rate: learning rate, a
+      float spread over two lines.
+    name, label: two fields,
+      one entry.
+    sizes: batch sizes.
+    cut: optional threshold.
+    fast: a switch.
+  """
+
+  steps: int = 3
+  rate: float = 0.5
+  name: str = 'a'
+  label: str | None = None
+  sizes: tuple[int, ...] = (1, 4)
+  cut: float | None = None
+  fast: bool = False
+
+
+@pytest.fixture
+def fresh_flags(monkeypatch):
+  values = flags.FlagValues()
+  monkeypatch.setattr(common, 'FLAGS', values)
+  monkeypatch.setattr(common.flags, 'FLAGS', values)
+  for name in (
+    'DEFINE_integer',
+    'DEFINE_float',
+    'DEFINE_string',
+    'DEFINE_bool',
+    'DEFINE_list',
+  ):
+    define = getattr(flags, name)
+    monkeypatch.setattr(
+      common.flags,
+      name,
+      lambda *a, _d=define, **k: _d(*a, flag_values=values, **k),
+    )
+  return values
+
+
+def test_flags_follow_the_dataclass(fresh_flags):
+  common.define_config_flags(ToyConfig)
+  fresh_flags(['prog', '--steps=7', '--sizes=2,8,16', '--cut=0.25', '--fast'])
+  cfg = common.config_from_flags(ToyConfig)
+  assert cfg == ToyConfig(steps=7, sizes=(2, 8, 16), cut=0.25, fast=True)
+  assert (
+    fresh_flags['rate'].help == 'learning rate, a float spread over two lines.'
+  )
+  assert fresh_flags['label'].help == 'two fields, one entry.'
+  assert common.config_from_flags(ToyConfig, steps=1).steps == 1
+
+
+def test_bad_list_items_are_a_clear_error(fresh_flags):
+  common.define_config_flags(ToyConfig)
+  fresh_flags(['prog', '--sizes=2,x'])
+  with pytest.raises(
+    LeakjaxError, match='--sizes=2,x: each item must be a int'
+  ):
+    common.config_from_flags(ToyConfig)
+
+
+def test_an_undocumented_field_is_refused(fresh_flags):
+  @dataclasses.dataclass(frozen=True)
+  class Undocumented:
+    """No attributes block."""
+
+    steps: int = 1
+
+  with pytest.raises(TypeError, match='no docstring entry'):
+    common.define_config_flags(Undocumented)
