@@ -55,7 +55,7 @@ import numpy as np
 
 from benchmarks import peak as peak_lib
 from leakjax import models
-from leakjax.attacks import beam_search as bs
+from leakjax.attacks.film import beam_search as bs
 from leakjax.io import atomic_write_text, summary_key
 
 BENCH = 'beam_search'

@@ -1,9 +1,9 @@
 r"""Throughput of FILM's two hot kernels, with their own roofline.
 
-* beam search (:func:`leakjax.attacks.beam_search.bag_beam_search`): candidate
+* beam search (:func:`leakjax.attacks.film.beam_search.bag_beam_search`): candidate
   tokens scored per second (searches × beams × bag × steps / time) and
   sentences per second;
-* reorder scorer (:func:`leakjax.attacks.reorder.candidate_scores`):
+* reorder scorer (:func:`leakjax.attacks.film.reorder.candidate_scores`):
   candidates scored per second (perplexity + per-candidate gradient norm via
   `vmap(grad)`).
 
@@ -36,8 +36,8 @@ import numpy as np
 
 from benchmarks import peak
 from leakjax import models
-from leakjax.attacks import beam_search as bs
-from leakjax.attacks import reorder as ro
+from leakjax.attacks.film import beam_search as bs
+from leakjax.attacks.film import reorder as ro
 
 
 def _timeit(fn, reps: int) -> float:

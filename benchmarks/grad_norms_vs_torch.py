@@ -4,7 +4,7 @@ FILM's reordering (Sec. 4.4) scores every candidate sentence by
 `perplexity + β‖∇θ L(x)‖`, which needs one gradient norm per candidate.
 The authors' implementation runs one forward and one backward per
 candidate in a Python loop; leakjax scores all C candidates in one jitted
-call (`leakjax.attacks.reorder.candidate_scores`, `vmap` of
+call (`leakjax.attacks.film.reorder.candidate_scores`, `vmap` of
 `value_and_grad`). Both sides here compute exactly the same quantity on the
 same weights (ours exported with `leakjax.models.save`, loaded in
 transformers):
@@ -42,7 +42,7 @@ from flax import traverse_util
 
 from benchmarks import beam_search_vs_hf as beam_bench
 from benchmarks import peak as peak_lib
-from leakjax.attacks import reorder
+from leakjax.attacks.film import reorder
 from leakjax.io import atomic_write_text, jsonable, summary_key
 
 BENCH = 'grad_norms'

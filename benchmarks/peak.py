@@ -228,7 +228,7 @@ def backward_flops(
   the input gradient, one for the weight gradient). With
   `last_layers = k`, only the head and the last k blocks are differentiated
   (the reorder scorer's default is the last block, see
-  `leakjax.attacks.reorder.default_grad_paths`): the head and those blocks
+  `leakjax.attacks.film.reorder.default_grad_paths`): the head and those blocks
   need the input gradients, and only those blocks the weight gradients; the
   head's weight gradient is skipped when it is tied to the (frozen)
   embedding. `None` means every layer, i.e. twice the forward.

@@ -1,4 +1,4 @@
-"""Tests of leakjax.attacks.bag_of_words (FILM Sec. 4.2, 6.3)."""
+"""Tests of leakjax.attacks.film.bag (FILM Sec. 4.2, 6.3)."""
 
 import dataclasses
 import functools
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from leakjax import fl
-from leakjax.attacks import bag_of_words as bow
+from leakjax.attacks.film import bag as bow
 from leakjax.errors import LeakjaxError
 from leakjax.models import FirstLayerInputs, get_path, gpt2, llama
 

@@ -1,4 +1,4 @@
-"""Tests of leakjax.attacks.beam_search (FILM Sec. 4.3, Alg. 1).
+"""Tests of leakjax.attacks.film.beam_search (FILM Sec. 4.3, Alg. 1).
 
 The kernel (KV cache, `lax.while_loop`, vmap over searches) is compared
 with a plain-Python beam search that rescores whole sequences with
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from leakjax.attacks import beam_search as bs
+from leakjax.attacks.film import beam_search as bs
 from leakjax.models import gpt2, llama
 from leakjax.tokenization import gpt2_tokenizer
 

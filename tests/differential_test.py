@@ -12,6 +12,8 @@ import optax
 import pytest
 
 from leakjax.attacks import differential as dlib
+from leakjax.attacks.differential import canaries as canaries_lib
+from leakjax.attacks.differential import runner
 from leakjax.errors import LeakjaxError
 from leakjax.models import LanguageModel, ParamPaths, from_functions, lstm
 from leakjax.tokenization import WordTokenizer
@@ -567,7 +569,7 @@ def test_experiment_smoke(tmp_path):
 
   corpus = tmp_path / 'corpus.txt'
   write_corpus(corpus)
-  cfg = exp.DifferentialConfig(
+  cfg = dlib.DifferentialConfig(
     data=str(corpus),
     vocab_size=40,
     embed_dim=16,
@@ -615,35 +617,64 @@ def test_experiment_smoke(tmp_path):
 
 
 def test_canaries_follow_the_frequency_profiles(tmp_path):
-  from experiments import differential as exp  # pylint: disable=g-import-not-at-top
-
   corpus = tmp_path / 'corpus.txt'
   write_corpus(corpus)
-  cfg = exp.DifferentialConfig(data=str(corpus), vocab_size=40)
-  sentences = exp.read_sentences(cfg.data, max_sentences=None, seed=0)
-  split = exp.split_corpus(sentences, cfg)
+  cfg = dlib.DifferentialConfig(data=str(corpus), vocab_size=40)
+  sentences = runner.read_sentences(cfg.data, max_sentences=None, seed=0)
+  split = runner.split_corpus(sentences, cfg)
   tok = WordTokenizer.build(split.train, 40)
-  canaries = exp.make_canaries(cfg, tok, split.train)
-  assert [c.kind for c in canaries] == list(exp.PROFILES)
-  for c in canaries:
-    assert c.quintiles == exp.PROFILES[c.kind]
-  bad = exp.DifferentialConfig(
-    data=str(corpus),
-    vocab_size=40,
-    canary_types=('all_low',),
-    canaries=('w0 w1 w2 w3 w4',),
+  canaries = dlib.make_canaries(
+    tok, split.train, canary_types=cfg.canary_types, seed=0
   )
+  assert [c.kind for c in canaries] == list(dlib.PROFILES)
+  for c in canaries:
+    assert c.quintiles == dlib.PROFILES[c.kind]
   with pytest.raises(LeakjaxError, match='quintiles'):
-    exp.make_canaries(bad, tok, split.train)
-  ids, mask = exp.pack_rows(tok, split.train, 24, seed=0)
+    dlib.make_canaries(
+      tok,
+      split.train,
+      canary_types=('all_low',),
+      phrases=('w0 w1 w2 w3 w4',),
+      seed=0,
+    )
+  assert canaries_lib.canary_copies(canaries[:2], 3) == (
+    [canaries[0].text] * 3 + [canaries[1].text] * 3
+  )
+  ids, mask = runner.pack_rows(tok, split.train, 24, seed=0)
   assert ids.shape[1] == 24 and mask.mean() > 0.9
   assert np.all(ids[:, 0] == tok.bos_id)  # every row starts a sentence
 
 
+def test_pack_rows_keeps_every_sentence_whole():
+  """Best-fit packing: each sentence once, uncut, `<S>` first; rows full."""
+  tok = WordTokenizer.build(['a b c d e f g h'], 12)
+  sentences = ['a b c', 'd e', 'f g h a b', 'c', 'h g f e d c', 'b a']
+  ids, mask = runner.pack_rows(tok, sentences, 8, seed=3)
+  # 4+3+6+2+7+3 = 25 tokens: best fit decreasing puts 7 | 6+2 | 4+3 | 3.
+  assert ids.shape == (4, 8)
+  got = []
+  for row, m in zip(ids, mask):
+    row = list(row[m > 0])
+    starts = [i for i, t in enumerate(row) if t == tok.bos_id] + [len(row)]
+    assert starts[0] == 0
+    got += [tok.decode(row[a + 1 : b]) for a, b in zip(starts, starts[1:])]
+  assert sorted(got) == sorted(sentences)
+  assert sorted(mask.sum(1)) == [3, 7, 7, 8]
+
+
+def test_hamming_close_marks_near_copies_of_other_canaries():
+  found = np.array([[1, 2, 3, 4, 5], [1, 2, 9, 9, 5], [9, 9, 9, 4, 5]])
+  np.testing.assert_array_equal(
+    canaries_lib.hamming_close(found, [(1, 2, 3, 4, 5)]), [True, True, False]
+  )
+  np.testing.assert_array_equal(
+    canaries_lib.hamming_close(found, [(1, 2, 3, 4, 5)], 0),
+    [True, False, False],
+  )
+
+
 def test_experiment_dr_bounds_count_higher_found_sequences():
   """`dr_bounds` (the library's Prop. 3.3) = counting found rows directly."""
-  from experiments import differential as exp  # pylint: disable=g-import-not-at-top
-
   rng = np.random.default_rng(0)
   seqs = rng.integers(0, 4, (64, 3)).astype(np.int32)  # with repeats
   ds = np.round(rng.normal(size=64), 1).astype(np.float32)  # with ties
@@ -663,10 +694,88 @@ def test_experiment_dr_bounds_count_higher_found_sequences():
       value = found_scores[i] + np.float32(0.05 * (i % 3 - 1))
       different = np.any(found.sequences[0] != target[None], -1)
       higher = found_scores > value
-      got = exp.dr_bounds(
+      got = runner.dr_bounds(
         found, target, np.asarray([value], np.float32), own, score
       )
       assert got == (
         int(np.sum(different & higher)),
         int(np.sum(different & higher & own)),
       )
+
+
+# ------------------------------------------------------------------ flags
+@pytest.fixture
+def fresh_flags(monkeypatch):
+  """An empty absl FlagValues that every DEFINE_* and FLAGS use."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  from experiments import common  # pylint: disable=g-import-not-at-top
+
+  values = flags.FlagValues()
+  monkeypatch.setattr(common, 'FLAGS', values)
+  monkeypatch.setattr(flags, 'FLAGS', values)
+  for name in (
+    'DEFINE_integer',
+    'DEFINE_float',
+    'DEFINE_string',
+    'DEFINE_bool',
+    'DEFINE_list',
+  ):
+    define = getattr(flags, name)
+    monkeypatch.setattr(
+      flags,
+      name,
+      lambda *a, _d=define, **k: _d(*a, flag_values=values, **k),
+    )
+  return values
+
+
+# Flags of every experiment that are not config fields.
+NOT_CONFIG = {'workdir', 'mesh', 'distributed'}
+
+
+def test_flags_are_exactly_the_config_fields(fresh_flags):
+  from experiments import differential as exp  # pylint: disable=g-import-not-at-top
+
+  exp.define_flags()
+  fields = {f.name for f in dataclasses.fields(dlib.DifferentialConfig)}
+  assert set(fresh_flags) - NOT_CONFIG == fields
+  fresh_flags(['prog', '--data=corpus.txt'])
+  # Every flag's default is the field's default.
+  assert exp.config_from_flags() == dlib.DifferentialConfig(data='corpus.txt')
+
+
+def test_committed_quick_flagfile_gives_its_config(fresh_flags):
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  from experiments import differential as exp  # pylint: disable=g-import-not-at-top
+
+  exp.define_flags()
+  root = pathlib.Path(__file__).resolve().parents[1]
+  flagfile = root / 'experiments/configs/differential_quick.flags'
+  fresh_flags(['prog', f'--flagfile={flagfile}', '--canaries=a b; c d;e,f g;h'])
+  assert exp.config_from_flags() == dlib.DifferentialConfig(
+    data='../shared/data/wikitext-2/valid.txt',
+    max_sentences=3000,
+    vocab_size=2000,
+    model='ptb_small',
+    row_width=64,
+    batch_size=20,
+    learning_rate=3e-3,
+    epochs=3,
+    continue_optimizer='sgd',
+    continue_epochs=2,
+    continue_learning_rate=0.1,
+    continue_batch_size=4,
+    extra_sentences=100,
+    canary_types=('all_low', 'low_to_high', 'mixed', 'high_to_low'),
+    canaries=('a b', 'c d', 'e,f g', 'h'),  # ';'-separated
+    insertions=(4, 16),
+    retrain_insertions=(16,),
+    methods=('retrain', 'continued', 'continued_extra'),
+    prefix_lengths=(0, 2),
+    min_width=1024,
+    score='ds',
+    top=10,
+    seed=0,
+  )

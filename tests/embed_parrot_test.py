@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from absl import flags
 
+from experiments import common
 from experiments import embed_parrot as experiment
-from leakjax.attacks import embed_parrot as ep
-from leakjax.attacks import embedding_inversion as ei
+from leakjax.attacks.inversion import bei_hei as ei
+from leakjax.attacks.inversion import embed_parrot as ep
+from leakjax.attacks.inversion import runner
 from leakjax.errors import LeakjaxError
 from leakjax.models import llama
 from leakjax.tokenization import gpt2_tokenizer
@@ -260,7 +262,7 @@ def test_experiment_smoke(tmp_path):
   model, params = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok, layers=2)
   cfg = experiment.Config(
     model='tiny',
-    corpora=experiment._parse_corpora(_write_corpora(tmp_path)),
+    corpora=tuple(_write_corpora(tmp_path).split(',')),
     train_corpus='a',
     sentence_split=('b',),
     layers=('0', '1', 'last'),
@@ -288,9 +290,7 @@ def test_experiment_smoke(tmp_path):
     seed=0,
   )
   workdir, cache = tmp_path / 'out', tmp_path / 'cache'
-  summary = experiment.run_experiment(
-    cfg, workdir, cache, model=model, params=params
-  )
+  summary = experiment.run(cfg, workdir, cache, model=model, params=params)
   for data in 'ab':
     # Layer 0 is the embedding itself: HEI recovers the text exactly.
     assert summary[f'f1@data={data},layer=0,method=hei'] >= 0.95
@@ -304,6 +304,14 @@ def test_experiment_smoke(tmp_path):
   assert summary['ppl@defense=none'] > 0
   assert any(k.startswith('rouge1@bucket=') for k in summary)
   assert not any(k.startswith('sbert@') for k in summary)
+  # Timings live in timings.json: equal runs give equal summaries.
+  assert not any(k.startswith('seconds') for k in summary)
+  timings = json.loads((workdir / 'timings.json').read_text())
+  assert set(timings) == {
+    'seconds_hidden_states',
+    'seconds_ep_train',
+    'seconds_total',
+  }
   for name in (
     'summary.json',
     'summary.md',
@@ -314,27 +322,121 @@ def test_experiment_smoke(tmp_path):
   ):
     assert (workdir / name).exists(), name
   assert 'paper' in (workdir / 'summary.md').read_text()
+  assert json.loads((workdir / 'summary.json').read_text()) == summary
   with pytest.raises(LeakjaxError, match='together'):
-    experiment.run_experiment(cfg, workdir, cache, model=model)
+    experiment.run(cfg, workdir, cache, model=model)
   # A re-run resumes from results.jsonl, the caches and the checkpoint.
-  again = experiment.run_experiment(
-    cfg, workdir, cache, model=model, params=params
-  )
+  again = experiment.run(cfg, workdir, cache, model=model, params=params)
+  assert set(again) == set(summary)
   for k, v in summary.items():
-    if not k.startswith('seconds'):
-      assert again[k] == pytest.approx(v, nan_ok=True), k
+    assert again[k] == pytest.approx(v, nan_ok=True), k
+
+
+@pytest.fixture
+def fresh_flags(monkeypatch):
+  """A fresh FlagValues behind `flags.DEFINE_*` and both modules' FLAGS."""
+  values = flags.FlagValues()
+  for module in (common, experiment, common.flags):
+    monkeypatch.setattr(module, 'FLAGS', values)
+  for name in (
+    'DEFINE_integer',
+    'DEFINE_float',
+    'DEFINE_string',
+    'DEFINE_bool',
+    'DEFINE_list',
+  ):
+    define = getattr(flags, name)
+    monkeypatch.setattr(
+      common.flags,
+      name,
+      lambda *a, _d=define, **k: _d(*a, flag_values=values, **k),
+    )
+  experiment.define_flags()
+  return values
+
+
+def test_every_config_field_is_a_flag_and_back(fresh_flags):
+  fields = {f.name for f in dataclasses.fields(experiment.Config)}
+  hand_written = {'workdir', 'data', 'distributed', 'cache_dir'}
+  assert set(fresh_flags) == fields | hand_written
+  assert not fields & hand_written
+  fresh_flags(['prog'])
+  # The flag defaults are the dataclass defaults.
+  assert experiment.config_from_flags() == experiment.Config()
 
 
 @pytest.mark.parametrize('name', ['embed_parrot_quick', 'embed_parrot_smollm2'])
-def test_flagfiles_parse(name):
-  fv = flags.FlagValues()
-  experiment.define_flags(fv)
-  for flag in ('workdir', 'data', 'mesh'):
-    flags.DEFINE_string(flag, None, '', flag_values=fv)
-  flags.DEFINE_integer('seed', 0, '', flag_values=fv)
+def test_flagfiles_parse(fresh_flags, name):
   path = REPO / 'experiments' / 'configs' / f'{name}.flags'
-  fv(['prog', f'--flagfile={path}'])
-  cfg = experiment.config_from_flags(fv)
-  assert cfg.train_corpus in dict(cfg.corpora)
+  fresh_flags(['prog', f'--flagfile={path}'])
+  cfg = experiment.config_from_flags()
+  assert cfg.train_corpus in dict(cfg.corpus_paths())
   assert str(cfg.deep_layer) in cfg.layers
   assert path.read_text().startswith('#')
+
+
+def test_data_flag_replaces_the_corpora(fresh_flags):
+  fresh_flags(['prog', '--data=/x/y.txt', '--defense_subsets=2,8'])
+  cfg = experiment.config_from_flags()
+  assert cfg.corpus_paths() == (('data', '/x/y.txt'),)
+  assert cfg.train_corpus == 'data'
+  assert cfg.defense_subsets == (2, 8)
+
+
+def test_config_checks_train_corpus_and_variants():
+  with pytest.raises(LeakjaxError, match='train_corpus=c'):
+    runner.InversionExperimentConfig(corpora=('a=x', 'b=y'), train_corpus='c')
+  with pytest.raises(LeakjaxError, match='not name=path'):
+    runner.InversionExperimentConfig(corpora=('a',), train_corpus='a')
+  with pytest.raises(LeakjaxError, match='ep_variants'):
+    runner.InversionExperimentConfig(ep_variants=('ep', 'nope'))
+
+
+# ------------------------------------------------------------------ runner
+def test_parse_corpora():
+  assert runner.parse_corpora(['a=x.txt', ' b = y=z.json', '']) == (
+    ('a', 'x.txt'),
+    ('b', 'y=z.json'),
+  )
+  with pytest.raises(LeakjaxError, match='empty'):
+    runner.parse_corpora(['', ' '])
+
+
+def test_width_batches_sort_pad_and_trim():
+  lengths = np.array([5, 40, 3, 17, 9])
+  batches = list(runner.width_batches(lengths, 2, full=48, multiple=16))
+  # Length-sorted rows (3, 5, 9, 17, 40); the short last batch is padded by
+  # repeating its first row; widths round up to 16 and stop at `full`.
+  rows = [b[0].tolist() for b in batches]
+  assert rows == [[2, 0], [4, 3], [1, 1]]
+  assert [b[1] for b in batches] == [2, 2, 1]
+  assert [b[2] for b in batches] == [16, 32, 48]
+
+
+def test_cached_computes_once(tmp_path):
+  calls = []
+
+  def compute():
+    calls.append(1)
+    return {'x': np.arange(3, dtype=np.int32)}
+
+  first = runner.cached(tmp_path / 'a.npz', compute)
+  second = runner.cached(tmp_path / 'a.npz', compute)
+  assert len(calls) == 1
+  np.testing.assert_array_equal(first['x'], second['x'])
+  assert second['x'].dtype == np.int32
+
+
+def test_row_summary_ignores_nan():
+  scores = {
+    'f1': np.array([0.5, 1.0]),
+    'rouge1': np.array([0.0, 1.0]),
+    'rougeL': np.array([0.25, 0.75]),
+    'sbert': np.array([0.8, np.nan]),
+  }
+  assert runner.row_summary(scores) == {
+    'f1': 0.75,
+    'rouge1': 0.5,
+    'rougeL': 0.5,
+    'sbert': pytest.approx(0.8),
+  }

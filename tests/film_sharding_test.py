@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from leakjax import fl
-from leakjax.attacks import beam_search as bs
 from leakjax.attacks import film
-from leakjax.attacks import reorder as ro
+from leakjax.attacks.film import beam_search as bs
+from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2
 from leakjax.tokenization import WordTokenizer

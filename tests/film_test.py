@@ -3,19 +3,23 @@
 import dataclasses
 import functools
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from absl import flags
 
+from experiments import common, film_report
 from experiments import film as film_exp
 from leakjax import fl
-from leakjax.attacks import bag_of_words as bow
-from leakjax.attacks import beam_search as bs
-from leakjax.attacks import film, metrics
-from leakjax.attacks import reorder as ro
+from leakjax.attacks import film
+from leakjax.attacks.film import bag as bow
+from leakjax.attacks.film import beam_search as bs
+from leakjax.attacks.film import metrics, runner
+from leakjax.attacks.film import reorder as ro
 from leakjax.models import get_path, gpt2
 from leakjax.tokenization import gpt2_tokenizer
 
@@ -101,7 +105,7 @@ def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
 
 
 SMOKE = dict(
-  model=film_exp.GPT2_TINY,
+  model=runner.GPT2_TINY,
   batch_sizes=(2,),
   num_batches=1,
   train_steps=1,
@@ -119,7 +123,7 @@ SMOKE = dict(
 
 
 def test_experiment_smoke_and_resume(tmp_path):
-  cfg = film_exp.FilmExperimentConfig(**SMOKE)
+  cfg = runner.FilmExperimentConfig(**SMOKE)
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
   for b in (2,):
     for name in (
@@ -142,7 +146,7 @@ def test_experiment_smoke_and_resume(tmp_path):
   assert '| b=2 | 1 |' in md and 'paper' in md  # Table-10 layout
   assert (tmp_path / 'film_vs_batch_size.png').stat().st_size > 1000
   assert json.loads((tmp_path / 'config.json').read_text())['model'] == (
-    film_exp.GPT2_TINY
+    runner.GPT2_TINY
   )
   # Resuming recomputes nothing and gives the same summary.
   again = film_exp.run_experiment(cfg, tmp_path, progress=False)
@@ -163,7 +167,7 @@ def test_experiment_smoke_and_resume(tmp_path):
 def test_experiment_early_stopping(tmp_path):
   # Sec. 6.1: train "until the loss on the evaluation set increased". A
   # learning rate this large makes the held-out loss go up at once.
-  cfg = film_exp.FilmExperimentConfig(
+  cfg = runner.FilmExperimentConfig(
     **{
       **SMOKE,
       'train_steps': 8,
@@ -199,7 +203,7 @@ def test_experiment_early_stopping(tmp_path):
 
 
 def test_experiment_bag_mode_with_defenses(tmp_path):
-  cfg = film_exp.FilmExperimentConfig(
+  cfg = runner.FilmExperimentConfig(
     **{**SMOKE, 'batch_sizes': (2,)}, mode='bag', defenses=('none', 'dp:10')
   )
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
@@ -210,19 +214,19 @@ def test_experiment_bag_mode_with_defenses(tmp_path):
 
 def test_bad_defense_and_config_errors():
   with pytest.raises(Exception, match='bad defense'):
-    film_exp.parse_defense('prune:2')
+    runner.parse_defense('prune:2')
   with pytest.raises(Exception, match='unknown --mode'):
-    film_exp.FilmExperimentConfig(mode='nope')
-  assert film_exp.parse_defense('dp:8') == ('dp', 8.0)
-  cfg = film_exp.FilmExperimentConfig(batch_sizes=(1, 4), beta=(0.0, 1.0))
-  keys = [p['key'] for p in film_exp.sweep_points(cfg)]
+    runner.FilmExperimentConfig(mode='nope')
+  assert runner.parse_defense('dp:8') == ('dp', 8.0)
+  cfg = runner.FilmExperimentConfig(batch_sizes=(1, 4), beta=(0.0, 1.0))
+  keys = [p['key'] for p in runner.sweep_points(cfg)]
   assert keys[0] == {'b': 1, 'beta': 0.0} and len(keys) == 4
   assert dataclasses.replace(cfg, seed=1) != cfg
 
 
 def test_summary_with_entity_free_batches():
   # NERR is None where a batch has no named entity (--norequire_entity).
-  cfg = film_exp.FilmExperimentConfig(**{**SMOKE, 'batch_sizes': (1,)})
+  cfg = runner.FilmExperimentConfig(**{**SMOKE, 'batch_sizes': (1,)})
   rows = [
     {
       'b': 1,
@@ -239,8 +243,76 @@ def test_summary_with_entity_free_batches():
     }
     for i, nerr in enumerate([None, 1.0, None])
   ]
-  summary, md, _ = film_exp.summarize(cfg, rows, {'num_train': 3})
+  summary, md, _ = film_report.summarize(cfg, rows, {'num_train': 3})
   assert summary['nerr@b=1'] == 1.0
   assert summary['nerr_best@b=1'] == 1.0
   assert summary['rougeL_best@b=1'] == 0.5
   assert '[1]' in md
+
+
+# Flags that are not config fields (they do not change the results).
+HAND_WRITTEN_FLAGS = {'workdir', 'mesh', 'distributed', 'grad_microbatch'}
+
+
+def test_flags_are_the_config_fields():
+  if 'grad_microbatch' not in flags.FLAGS:
+    film_exp.define_flags()
+  fields = {f.name: f for f in dataclasses.fields(runner.FilmExperimentConfig)}
+  assert set(fields) <= set(flags.FLAGS)
+  for name, field in fields.items():
+    if name in ('data', 'seed'):  # common flags, same meaning everywhere
+      continue
+    default = flags.FLAGS[name].default
+    expected = field.default
+    if isinstance(expected, tuple):
+      expected = [type(expected[0])(x) for x in expected]
+      default = [type(expected[0])(x) for x in default]
+    assert default == expected, name
+  # Every flag the committed flagfiles set is a field or a hand-written flag.
+  for path in pathlib.Path('experiments/configs').glob('film*.flags'):
+    names = {
+      line.split('=')[0].lstrip('-').removeprefix('no')
+      for line in path.read_text().splitlines()
+      if line.startswith('--')
+    }
+    assert names <= set(fields) | HAND_WRITTEN_FLAGS, (path, names)
+  # The quickstart flagfile parses into the config it describes.
+  try:
+    flags.FLAGS(
+      ['film', '--flagfile=experiments/configs/film_quickstart.flags']
+    )
+    cfg = common.config_from_flags(runner.FilmExperimentConfig)
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert cfg.batch_sizes == (1, 4, 16) and cfg.num_beams == (8,)
+  assert cfg.learning_rate == 3e-4 and cfg.beta == (1.0,)
+  assert cfg.eval_fraction == 0.0 and cfg.max_sentences is None
+
+
+def test_oracle_norm_threshold_and_batches():
+  # Rows 0 and 2 are the true bag; row 3 has a larger norm than row 2, so
+  # the best-F1 cut takes the top 3 (P 2/3, R 1) over the top 1 (P 1, R 1/2).
+  rows = np.array([[5.0, 0], [0, 0.1], [1.0, 0], [0, 2.0]])
+  p, r = runner.oracle_norm_threshold(rows, {0, 2})
+  assert (p, r) == pytest.approx((2 / 3, 1.0))
+  assert runner.oracle_norm_threshold(rows, {0}) == (1.0, 1.0)
+  a = runner.draw_batch(10, 4, 0, seed=0)
+  assert a == runner.draw_batch(10, 4, 0, seed=0) == sorted(set(a))
+  assert a != runner.draw_batch(10, 4, 1, seed=0) and len(a) == 4
+
+
+def test_preprocess_appendix_b1():
+  tok = gpt2_tokenizer()
+  cfg = runner.FilmExperimentConfig(
+    batch_sizes=(1,), require_entity=False, max_tokens=6
+  )
+  texts = ['Short one. Short one. This sentence is far too long to keep.']
+  assert runner.preprocess(texts, tok, cfg) == ['Short one.']
+  ppl = lambda ts: np.array([10.0] * len(ts))
+  strict = dataclasses.replace(cfg, max_perplexity=5.0)
+  with pytest.raises(Exception, match='survive preprocessing'):
+    runner.preprocess(texts, tok, strict, ppl)
+
+
+def test_paper_table3_counts_match_the_runner():
+  assert tuple(film_report.PAPER_TABLE3) == runner.MULTI_SENTENCE_COUNTS

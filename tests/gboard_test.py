@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from leakjax import fl
+from leakjax import fl, sharding
 from leakjax.attacks import gboard
+from leakjax.attacks.gboard import runner
 from leakjax.errors import LeakjaxError
 from leakjax.models import lstm
 
@@ -144,11 +145,10 @@ def test_max_f1_cut_trades_precision_for_recall():
   assert 0 < cut < fdr
   assert f1(np.asarray(z) > cut) > f1(np.asarray(z) > fdr) + 0.05
   assert float(jax.jit(gboard.max_f1_cut)(z)) == pytest.approx(cut)
-  # choose_threshold's 'maxf1' is the same cut on the robust z-scores.
-  center, scale = gboard.robust_noise_scale(z)
-  assert float(gboard.choose_threshold(z, 'maxf1')) == pytest.approx(
-    float(center + scale * gboard.max_f1_cut((z - center) / scale)), rel=1e-5
-  )
+  # The former bias rule 'maxf1' left the library (reports/gboard/
+  # noise_detectors/maxf1_rule.py keeps it for comparison).
+  with pytest.raises(LeakjaxError):
+    gboard.choose_threshold(z, 'maxf1')
   # Only eligible entries count; with none eligible nothing is kept.
   assert math.isinf(float(gboard.max_f1_cut(z, eligible=jnp.zeros(num, bool))))
   # Pure noise: (almost) nothing passes (slack: 3 null std; 0 gives
@@ -467,8 +467,6 @@ def test_batched_reconstruction_matches_reference(jit):
 )
 @pytest.mark.parametrize('spec', ['data:-1', 'data:3'])
 def test_reconstruction_on_a_mesh_matches_one_device(spec):
-  from experiments import gboard as experiment  # noqa: PLC0415
-
   model, params0 = _model(scale=0.7)
   ids = _sentences(3, seed=4)
   params1 = _update(
@@ -477,9 +475,9 @@ def test_reconstruction_on_a_mesh_matches_one_device(spec):
   words = np.zeros(TINY.vocab_size, bool)
   words[np.unique(ids[:, 1:])] = True  # 11 words: 16 slots, 18 on 3
   kw = dict(length=4, bos_id=1)
-  one = experiment.reconstruct_candidates(model, params0, params1, words, **kw)
-  mesh = experiment.make_mesh(spec)
-  many = experiment.reconstruct_candidates(
+  one = runner.reconstruct_candidates(model, params0, params1, words, **kw)
+  mesh = sharding.data_mesh(spec)
+  many = runner.reconstruct_candidates(
     model, params0, params1, words, mesh=mesh, **kw
   )
   n = mesh.shape['data']
@@ -490,9 +488,9 @@ def test_reconstruction_on_a_mesh_matches_one_device(spec):
   np.testing.assert_allclose(many.scores[:m], one.scores, rtol=1e-5)
   assert np.isneginf(np.asarray(many.scores[m:])).all()  # padding
   assert np.isfinite(np.asarray(one.scores)).sum() == words.sum()
-  assert experiment.make_mesh(None) is None  # absent flag: no sharding
+  assert sharding.data_mesh(None) is None  # absent flag: no sharding
   with pytest.raises(LeakjaxError):
-    experiment.make_mesh('model:2')
+    sharding.data_mesh('model:2')
 
 
 def test_reconstruction_recovers_memorised_sentences():
@@ -595,14 +593,12 @@ def test_client_config_emulates_sentence_sum_loss():
 
 @pytest.mark.parametrize('batch', ['full', '4'])
 def test_batch_sum_loss_is_sentence_sum_with_eta_times_batch(batch):
-  from experiments import gboard as experiment  # noqa: PLC0415
-
   (model, params0), ids = _model(), _sentences(8)
   per_batch = 8 if batch == 'full' else 4
 
   def theta1(loss, eta):
     cfg = types.SimpleNamespace(loss=loss, learning_rate=eta)
-    ((_, params),) = experiment.trajectory(
+    ((_, params),) = runner.trajectory(
       model,
       params0,
       ids,
@@ -743,7 +739,7 @@ def test_experiment_smoke(tmp_path):
   from experiments import gboard as experiment  # noqa: PLC0415
 
   sms, public = _write_corpora(tmp_path)
-  cfg = experiment.Config(
+  cfg = gboard.GboardConfig(
     sms=str(sms),
     public=(('extra', str(public)),),
     public_limit=100,
@@ -815,12 +811,166 @@ def test_experiment_smoke(tmp_path):
   for r in rows:
     assert r['stouffer_f1'] <= r['stouffer_oracle_f1'] + 1e-12 <= 1 + 1e-12
   # Client sentences never reach pre-training.
-  corpora = experiment.load_corpora(cfg)
+  corpora = runner.load_corpora(cfg)
   pool = set(corpora.pool)
-  split = experiment._split  # pylint: disable=protected-access
+  split = runner.sentence_words
   assert not any(
     split(s) in pool for s in corpora.public_train + corpora.public_eval
   )
+  # config.json gives back the config (reports read runs this way).
+  assert runner.load_config(workdir) == cfg
   # A re-run resumes: nothing is recomputed, the summary is the same.
   again = experiment.run_experiment(cfg, workdir)
   assert again == summary
+
+
+# ------------------------------------------------------------------ runner
+def test_plan_trajectories():
+  cfg = gboard.GboardConfig(
+    num_sentences=(16, 64),
+    epochs=(50, 1, 1000, 50),  # sorted, each once
+    batch_sizes=('full', '16', '32'),
+    max_sentence_epochs=64 * 50,
+    dpsgd_sigmas=(0.01, 0.1),
+    dpsgd_runs=((16, 'full', 10**9), (64, '32', 20)),
+  )
+  assert cfg.epochs == (1, 50, 1000)
+
+  def ds(n_k):
+    return runner.Dataset(n_k, 0, [], np.zeros((n_k, 5), np.int32), set())
+
+  # n_k=16: B=16 and B=32 are full-batch training (run once, as B=full);
+  # E=1000 is over the budget (16 * 1000 > 3200).
+  assert runner.plan_trajectories(cfg, ds(16)) == [
+    ('full', 'none', 0.0, [1, 50]),
+    ('full', 'dpsgd', 0.01, [1, 50]),
+    ('full', 'dpsgd', 0.1, [1, 50]),
+  ]
+  # n_k=64: E=50 is exactly the budget; the DPSGD run stops at E=20 (only
+  # E=1 left); B=16 and B=32 are real mini-batches.
+  assert runner.plan_trajectories(cfg, ds(64)) == [
+    ('full', 'none', 0.0, [1, 50]),
+    ('16', 'none', 0.0, [1, 50]),
+    ('32', 'none', 0.0, [1, 50]),
+    ('32', 'dpsgd', 0.01, [1]),
+    ('32', 'dpsgd', 0.1, [1]),
+  ]
+
+
+def test_parse_flag_values():
+  assert runner.parse_public(' a=x.txt, b=dir/y=z.json,') == (
+    ('a', 'x.txt'),
+    ('b', 'dir/y=z.json'),
+  )
+  assert runner.parse_dpsgd_runs(['16:full', '64:32:100']) == (
+    (16, 'full', 10**9),
+    (64, '32', 100),
+  )
+  with pytest.raises(LeakjaxError):
+    runner.parse_public('a.txt')
+  with pytest.raises(LeakjaxError):
+    runner.parse_dpsgd_runs(['16'])
+  for bad in (
+    dict(loss='mean'),
+    dict(threshold_rule='maxf1'),
+    dict(keep_rule='all'),
+    dict(batch_sizes=('full', '0')),
+    dict(epochs=(0, 1)),
+    dict(num_sentences=(500,)),
+  ):
+    with pytest.raises(LeakjaxError):
+      gboard.GboardConfig(**bad)
+
+
+def test_sentence_words():
+  assert runner.sentence_words('Ok lar... Joking wif u oni!') == (
+    'ok',
+    'lar',
+    'joking',
+    'wif',
+    'u',
+    'oni',
+  )
+
+
+# ------------------------------------------------------------------- flags
+@pytest.fixture
+def fresh_flags(monkeypatch):
+  """An empty absl FlagValues that every DEFINE_* and FLAGS use."""
+  from absl import flags  # noqa: PLC0415
+
+  from experiments import common  # noqa: PLC0415
+
+  values = flags.FlagValues()
+  monkeypatch.setattr(common, 'FLAGS', values)
+  monkeypatch.setattr(flags, 'FLAGS', values)
+  for name in (
+    'DEFINE_integer',
+    'DEFINE_float',
+    'DEFINE_string',
+    'DEFINE_bool',
+    'DEFINE_list',
+  ):
+    define = getattr(flags, name)
+    monkeypatch.setattr(
+      flags,
+      name,
+      lambda *a, _d=define, **k: _d(*a, flag_values=values, **k),
+    )
+  return values
+
+
+NOT_CONFIG = {'workdir', 'mesh', 'distributed', 'data'}
+
+
+def test_flags_are_exactly_the_config_fields(fresh_flags):
+  import dataclasses  # noqa: PLC0415
+
+  from experiments import gboard as experiment  # noqa: PLC0415
+
+  experiment.define_flags()
+  fields = {f.name for f in dataclasses.fields(gboard.GboardConfig)}
+  assert set(fresh_flags) - NOT_CONFIG == fields
+  fresh_flags(['prog'])
+  # Every flag's default is the field's default.
+  assert experiment.config_from_flags() == gboard.GboardConfig()
+  # --data names the clients' private corpus, as --sms does.
+  fresh_flags(['prog', '--data=/corpora/my_sms.tsv'])
+  assert experiment.config_from_flags().sms == '/corpora/my_sms.tsv'
+
+
+@pytest.mark.parametrize('name', ['gboard_quick', 'gboard_sms'])
+def test_committed_flagfiles_parse(fresh_flags, name):
+  import pathlib  # noqa: PLC0415
+
+  from experiments import gboard as experiment  # noqa: PLC0415
+
+  experiment.define_flags()
+  root = pathlib.Path(__file__).resolve().parents[1]
+  fresh_flags(['prog', f'--flagfile={root}/experiments/configs/{name}.flags'])
+  cfg = experiment.config_from_flags()
+  assert cfg.public == (
+    ('wikitext', '../shared/data/wikitext-2/valid.txt'),
+    ('enron', '../shared/data/enron_film/dataset.json'),
+  )
+  if name == 'gboard_quick':
+    assert cfg == gboard.GboardConfig(
+      public_limit=4000,
+      pretrain_steps=200,
+      pretrain_max_length=16,
+      pretrain_eval=400,
+      num_sentences=(16, 64),
+      epochs=(1, 50),
+      max_sentence_epochs=64000,
+      dpsgd_sigmas=(0.01, 0.1),
+      dpsgd_runs=((16, 'full', 10**9),),
+      single_sigmas=(1e-4, 1e-3),
+      scales=(0.0, 100.0),
+    )
+  else:
+    assert cfg.dpsgd_runs == (
+      (16, 'full', 10**9),
+      (64, '32', 100),
+      (256, '32', 100),
+    )
+    assert cfg.epochs == (1, 50, 100, 1000) and cfg.pretrain_steps == 700

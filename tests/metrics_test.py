@@ -1,11 +1,11 @@
-"""Tests of leakjax.attacks.metrics (FILM Sec. 6.1-6.3 metrics)."""
+"""Tests of leakjax.attacks.film.metrics (FILM Sec. 6.1-6.3 metrics)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from leakjax.attacks import metrics
+from leakjax.attacks.film import metrics
 from leakjax.errors import LeakjaxError
 
 

@@ -1,4 +1,4 @@
-"""Tests of leakjax.attacks.reorder (FILM Sec. 4.4)."""
+"""Tests of leakjax.attacks.film.reorder (FILM Sec. 4.4)."""
 
 import collections
 import functools
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from leakjax.attacks import reorder as ro
+from leakjax.attacks.film import reorder as ro
 from leakjax.models import gpt2, lm_loss
 
 VOCAB = 100

@@ -9,13 +9,13 @@ the outputs must be identical (ids, tokens) or equal to float32 rounding
 (scores: a per-device batch of 2 rows tiles the matmuls differently from a
 batch of 16), and must really be spread over the 8 devices.
 
-Kernels: FILM beam search (`attacks.beam_search.bag_beam_search`, the
-search axis), the reorder scorer (`attacks.reorder.candidate_scores`,
+Kernels: FILM beam search (`attacks.film.bag_beam_search`, the
+search axis), the reorder scorer (`attacks.film.reorder_scores`,
 per-candidate gradient norms), differential scores (`attacks.differential.
 differential_score`, the sequence axis), the differential-rank search
 (`attacks.differential.rank_beam_search(mesh=...)`, the beam rows of every
 step, also as the experiment runs it) and embedding inversion
-(`attacks.embedding_inversion`: hidden states of a batch, then BEI and HEI
+(`attacks.inversion`: hidden states of a batch, then BEI and HEI
 ids).
 """
 
@@ -28,12 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import differential as exp
 from leakjax import sharding
-from leakjax.attacks import beam_search as bs
 from leakjax.attacks import differential as dlib
-from leakjax.attacks import embedding_inversion as ei
-from leakjax.attacks import reorder
+from leakjax.attacks.differential import runner as drun
+from leakjax.attacks.film import beam_search as bs
+from leakjax.attacks.film import reorder
+from leakjax.attacks.inversion import bei_hei as ei
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2, lstm
 from leakjax.tokenization import WordTokenizer
@@ -260,8 +260,8 @@ def test_differential_rank_search_rejects_a_mesh_without_data_axis(mesh):
 
 def test_differential_experiment_shards_ds_and_dr_search(mesh):
   (m, params), (_, params_prime) = _random_lstm(0), _random_lstm(1)
-  cfg = exp.DifferentialConfig(data='', vocab_size=37, min_width=16)
-  one, eight = exp.Attack(m, cfg), exp.Attack(m, cfg, mesh)
+  cfg = dlib.DifferentialConfig(data='', vocab_size=37, min_width=16)
+  one, eight = drun.Attack(m, cfg), drun.Attack(m, cfg, mesh)
   bos = m.tokenizer.bos_id
   ids = np.asarray(
     [[bos, 3, 4, 5, 6, 7], [bos, 9, 8, 7, 6, 5], [bos, 2, 2, 2, 2, 2]], np.int32
@@ -280,7 +280,7 @@ def test_differential_experiment_shards_ds_and_dr_search(mesh):
   # The experiment's jitted search splits the 37 beam rows of step 2 (padded
   # to 40) over 8 devices.
   args = (m, params, params_prime, jnp.asarray([bos, 3], jnp.int32))
-  rows = _head_rows(exp.search_sequences, args, **eight.search_options(3))
+  rows = _head_rows(drun.search_sequences, args, **eight.search_options(3))
   assert max(rows) == 40 // NUM_DEVICES
 
 
@@ -294,6 +294,6 @@ def test_differential_experiment_shards_ds_and_dr_search(mesh):
 )
 def test_differential_experiment_mesh_errors(mesh, spec, match):
   with pytest.raises(LeakjaxError, match=match):
-    exp.data_mesh(spec)
-  assert exp.data_mesh(None) is None
-  assert dict(exp.data_mesh('data:4').shape) == {'data': 4}
+    sharding.data_mesh(spec)
+  assert sharding.data_mesh(None) is None
+  assert dict(sharding.data_mesh('data:4').shape) == {'data': 4}

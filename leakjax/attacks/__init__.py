@@ -25,7 +25,7 @@ Differential score / rank (Zanella-Béguelin et al., CCS 2020):
 
 Embedding inversion (Wan et al. 2024): :func:`bei_ids`, :func:`hei_ids`,
 :func:`bei_hei_ids` (kernels), :func:`make_dct_defense`,
-:func:`apply_dct_defense`; Embed Parrot in :mod:`embed_parrot`.
+:func:`apply_dct_defense`; Embed Parrot in :mod:`inversion.embed_parrot`.
 
 >>> from leakjax import attacks
 >>> bag = jax.jit(attacks.bag_mask, static_argnames=('model', 'method'))(
@@ -33,32 +33,45 @@ Embedding inversion (Wan et al. 2024): :func:`bei_ids`, :func:`hei_ids`,
 >>> ds = attacks.differential_score(model, model, params, params_prime,
 ...                                 ids)                        # doctest: +SKIP
 
-The modules stay importable for everything else: :mod:`bag_of_words`,
-:mod:`beam_search`, :mod:`reorder`, :mod:`film`, :mod:`metrics`,
-:mod:`gboard`, :mod:`differential`, :mod:`embedding_inversion`,
-:mod:`embed_parrot`, :mod:`text_metrics`.
+One package per paper, each read top-down from its `runner` (the
+experiment's algorithm: data, training, the sweep):
+:mod:`film` (`bag`, `beam_search`, `reorder`, `pipeline`, `metrics`),
+:mod:`gboard` (`update`, `thresholds`, `mixture`, `reconstruct`,
+`metrics`), :mod:`differential` (`score`, `rank_search`, `canaries`),
+:mod:`inversion` (`bei_hei`, `dct`, `embed_parrot`); :mod:`text_metrics`
+scores recovered text.
 """
 
 from leakjax.attacks import (
-  bag_of_words,
-  beam_search,
   differential,
-  embed_parrot,
-  embedding_inversion,
   film,
   gboard,
-  metrics,
-  reorder,
+  inversion,
   text_metrics,
 )
-from leakjax.attacks.bag_of_words import Bag, bag_mask, extract_bag
-from leakjax.attacks.beam_search import BeamSearchConfig, bag_beam_search
 from leakjax.attacks.differential import (
   differential_rank_lower_bound,
   differential_score,
   rank_beam_search,
 )
-from leakjax.attacks.embedding_inversion import (
+from leakjax.attacks.film import (
+  Bag,
+  BeamSearchConfig,
+  FilmConfig,
+  FilmResult,
+  ReorderConfig,
+  bag_beam_search,
+  bag_mask,
+  extract_bag,
+  recover,
+  reorder_scores,
+)
+from leakjax.attacks.gboard import (
+  reconstruct_sentences,
+  recover_words,
+  recover_words_auto,
+)
+from leakjax.attacks.inversion import (
   apply_dct_defense,
   bei_hei_ids,
   bei_ids,
@@ -66,14 +79,6 @@ from leakjax.attacks.embedding_inversion import (
   layer_states,
   make_dct_defense,
 )
-from leakjax.attacks.film import FilmConfig, FilmResult, recover
-from leakjax.attacks.gboard import (
-  reconstruct_sentences,
-  recover_words,
-  recover_words_auto,
-)
-from leakjax.attacks.reorder import ReorderConfig
-from leakjax.attacks.reorder import candidate_scores as reorder_scores
 
 __all__ = [
   'Bag',
@@ -84,28 +89,23 @@ __all__ = [
   'apply_dct_defense',
   'bag_beam_search',
   'bag_mask',
-  'bag_of_words',
-  'beam_search',
   'bei_hei_ids',
   'bei_ids',
   'differential',
   'differential_rank_lower_bound',
   'differential_score',
-  'embed_parrot',
-  'embedding_inversion',
   'extract_bag',
   'film',
   'gboard',
   'hei_ids',
+  'inversion',
   'layer_states',
   'make_dct_defense',
-  'metrics',
   'rank_beam_search',
   'reconstruct_sentences',
   'recover',
   'recover_words',
   'recover_words_auto',
-  'reorder',
   'reorder_scores',
   'text_metrics',
 ]

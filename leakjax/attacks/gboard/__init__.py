@@ -62,7 +62,8 @@ locally trained θ1 (Sec. 2.2). Everything here reads only those two:
    F1 upper bound set by the vocabulary), :func:`levenshtein_ratio` (word
    level, 0-100) and :func:`best_match_ratios`.
 
-Modules (every name is re-exported here, so `gboard.X` works for all):
+Modules (every name of the first five is re-exported here, so `gboard.X`
+works for all; the runner's helpers are `gboard.runner.X`):
 
 * :mod:`~leakjax.attacks.gboard.update` -- reading the update: output bias,
   tied output rows, θ snapshots, FedSGD scaling, the client;
@@ -72,7 +73,10 @@ Modules (every name is re-exported here, so `gboard.X` works for all):
   and :func:`recover_words_auto`;
 * :mod:`~leakjax.attacks.gboard.reconstruct` -- the reconstruction kernel
   and the keep rules;
-* :mod:`~leakjax.attacks.gboard.metrics` -- Sec. 4.2's metrics.
+* :mod:`~leakjax.attacks.gboard.metrics` -- Sec. 4.2's metrics;
+* :mod:`~leakjax.attacks.gboard.runner` -- the experiment on SMS messages
+  (corpus split, θ0, victim clients, attacks, the run loop):
+  :class:`GboardConfig`, :func:`run_gboard_experiment`.
 
 All array functions are pure and jit-able. The parameters are explicit
 arguments; the model holds none and is compared by value, so it is a
@@ -110,6 +114,11 @@ from leakjax.attacks.gboard.reconstruct import (
   relative_perplexity_change,
   select_sentences,
 )
+from leakjax.attacks.gboard.runner import (
+  GboardConfig,
+  GboardRun,
+  run_gboard_experiment,
+)
 from leakjax.attacks.gboard.thresholds import (
   THRESHOLD_RULES,
   candidate_mask,
@@ -141,6 +150,8 @@ __all__ = [
   'KEEP_RULES',
   'Reconstruction',
   'THRESHOLD_RULES',
+  'GboardConfig',
+  'GboardRun',
   'WordMetrics',
   'best_match_ratios',
   'bias_update',
@@ -167,6 +178,7 @@ __all__ = [
   'relative_perplexity_change',
   'rescued_words',
   'robust_noise_scale',
+  'run_gboard_experiment',
   'row_residual_scores',
   'row_update_scores',
   'save_snapshot',

@@ -2,7 +2,7 @@
 
 Part of :mod:`leakjax.attacks.gboard` (the package docstring has the
 method): Algorithm 2 (:func:`recover_words`), the no-oracle thresholds
-(:func:`choose_threshold`: 'fdr', 'universal', 'maxf1'), the robust noise
+(:func:`choose_threshold`: 'fdr', 'universal'), the robust noise
 scale, the row chi-square and the Stouffer rule (:func:`stouffer_words`),
 the typed words whose bias fell (:func:`convexity_violations`,
 :func:`rescued_words`), the regime test (:func:`drift_to_noise`) and the
@@ -21,7 +21,10 @@ from jax import lax
 
 from leakjax.errors import LeakjaxError
 
-THRESHOLD_RULES = ('zero', 'fdr', 'universal', 'maxf1')
+# The bias thresholds of :func:`choose_threshold`. The former 'maxf1' rule
+# (:func:`max_f1_cut` on the bias z-scores) is kept for comparison in
+# reports/gboard/noise_detectors/maxf1_rule.py.
+THRESHOLD_RULES = ('zero', 'fdr', 'universal')
 _MAD_TO_STD = 1.482602218505602  # 1 / Φ^{-1}(3/4): MAD -> Gaussian std
 
 
@@ -83,7 +86,6 @@ def choose_threshold(
   *,
   q: float = 0.05,
   candidates: jax.Array | None = None,
-  eligible: jax.Array | None = None,
 ) -> jax.Array:
   """A word threshold for :func:`recover_words` that needs no true words.
 
@@ -91,22 +93,10 @@ def choose_threshold(
     delta: `b1 - b0`, float `[vocab]`.
     rule: 'zero' (Algorithm 2), 'fdr' (Benjamini-Hochberg at level `q` on
       the Gaussian p-values of the robust z-scores), 'universal'
-      (`median + scale * sqrt(2 ln V)`); see the module docstring; or
-      'maxf1': the cut that maximises the *estimated* F1 under the same
-      Gaussian null. Above a cut t, `k(t)` entries pass and
-      `V Φ(-t)` of them are expected from the null, so
-      `TP(t) ≈ k(t) - V Φ(-t)`; the number of typed words is estimated as
-      `n1 = max_t TP(t)` and the cut maximises
-      `2 TP(t) / (k(t) + n1)` (:func:`max_f1_cut`, TP less 3 null standard
-      deviations). Unlike 'fdr' (precision >= 1 - q) it trades
-      precision for recall when the typed words sit only 2-4 noise scales
-      up (local DP noise).
+      (`median + scale * sqrt(2 ln V)`); see the package docstring.
     q: the false-discovery level of 'fdr'.
     candidates: optional bool `[vocab]` of ids that may be words; the noise
       and the number of tests V are taken over them.
-    eligible: optional bool `[vocab]`: only these entries are counted in
-      `k(t)` for 'maxf1' (e.g. `b1 - b0 > 0` when ranking a combined
-      score whose words must also have a rising bias).
 
   Returns:
     float32 scalar threshold, at least 0.
@@ -126,9 +116,6 @@ def choose_threshold(
   if rule == 'universal':
     cut = center + scale * jnp.sqrt(2.0 * jnp.log(num.astype(jnp.float32)))
     return jnp.maximum(cut, 0.0)
-  if rule == 'maxf1':
-    cut = max_f1_cut((delta - center) / scale, candidates, eligible)
-    return jnp.maximum(center + scale * cut, 0.0)
   # Benjamini-Hochberg: sort descending, find the largest i (1-based) with
   # p_(i) <= q i / V; every word at least as large as the i-th is kept.
   z = jnp.where(candidates, (delta - center) / scale, -jnp.inf)
@@ -161,8 +148,8 @@ def max_f1_cut(
   standard deviations low (`- slack sqrt(V Φ(-t))`): without it, pure
   noise passes hundreds of entries (the excess wanders up near t = 2);
   with 3, 20 draws of 9500 N(0, 1) entries passed 0-5 (2: up to 2845).
-  Returns +inf when no cut has a positive estimate. See
-  :func:`choose_threshold`'s 'maxf1'.
+  Returns +inf when no cut has a positive estimate. Used by
+  :func:`stouffer_words`.
 
   Args:
     z: float `[vocab]` scores, N(0, 1) for untyped words.

@@ -2,7 +2,8 @@
 
 Reads θ0 and the saved θ1 snapshots of a finished
 `python -m experiments.gboard --flagfile=experiments/configs/gboard_sms.flags`
-run (no training), and writes `bounds.json` beside this file:
+run (no training; its config from `<workdir>/config.json`), and writes
+`bounds.json` beside this file:
 
 * `genie_oracle`: a detector told every word's noise-free update vector
   (bias + 96 row entries, from the noise-free run with the same n_k, B, E)
@@ -19,11 +20,11 @@ All F1 values are divided by the vocabulary upper bound.
 
 Usage (repository root):
   python -m reports.gboard.noise_detectors.detector_bounds \
-      --flagfile=experiments/configs/gboard_sms.flags \
       --workdir=/tmp/leakjax_gboard_sms5
-(`--bounds_settings`, `--bounds_out` and the experiment's flags select
-another run, e.g. the batch-summed loss of ../batch_sum.)
+(`--bounds_settings`, `--bounds_out` and `--workdir` select another run,
+e.g. the batch-summed loss of ../batch_sum.)
 """
+
 import json
 import math
 from pathlib import Path
@@ -32,15 +33,21 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from experiments import common
-from experiments import gboard as G
 from leakjax.attacks import gboard
+from leakjax.attacks.gboard import runner
+
+_WORKDIR = flags.DEFINE_string(
+  'workdir', None, 'A finished experiments.gboard run.', required=True
+)
 
 _SETTINGS = flags.DEFINE_string(
-    'bounds_settings', '16:full:1,50,100,1000;64:32:1,50,100;256:32:1,50,100',
-    'n_k:B:E,E,... groups with DPSGD-like σ = 0.1 and noise-free snapshots.')
-_OUT = flags.DEFINE_string('bounds_out', 'bounds.json',
-                           'Output file name, beside this script.')
+  'bounds_settings',
+  '16:full:1,50,100,1000;64:32:1,50,100;256:32:1,50,100',
+  'n_k:B:E,E,... groups with DPSGD-like σ = 0.1 and noise-free snapshots.',
+)
+_OUT = flags.DEFINE_string(
+  'bounds_out', 'bounds.json', 'Output file name, beside this script.'
+)
 
 
 def _settings():
@@ -63,26 +70,30 @@ def _best_cut(score, truth, n_true, cand):
   hits = np.cumsum(truth[order])
   k = np.arange(1, len(order) + 1)
   f1 = 2 * hits / (k + n_true)
-  return float(f1[:int(cand.sum())].max())
+  return float(f1[: int(cand.sum())].max())
 
 
 def main(argv):
   del argv
-  cfg = G.config_from_flags(G.FLAGS)
-  workdir = Path(G.FLAGS.workdir)
-  corpora = G.load_corpora(cfg)
-  model, params0, _ = G.pretrain(cfg, corpora, workdir)
+  workdir = Path(_WORKDIR.value)
+  cfg = runner.load_config(workdir)
+  corpora = runner.load_corpora(cfg)
+  model, params0, _ = runner.pretrain(cfg, corpora, workdir)
   tok = model.tokenizer
-  cand = np.asarray(gboard.candidate_mask(tok.vocab_size,
-                                          (tok.unk_id, tok.bos_id)))
+  cand = np.asarray(
+    gboard.candidate_mask(tok.vocab_size, (tok.unk_id, tok.bos_id))
+  )
   index = {w: i for i, w in enumerate(tok.words)}
-  datasets = {d.n_k: d for d in G.make_datasets(cfg, corpora.pool, tok)}
+  datasets = {d.n_k: d for d in runner.make_datasets(cfg, corpora.pool, tok)}
 
   def update(name, e):
     p1 = gboard.load_snapshot(
-        workdir / 'snapshots' / f'{name}_E{e}.npz', params0)
-    return (np.asarray(gboard.bias_update(model, params0, p1)),
-            np.asarray(gboard.output_rows_update(model, params0, p1)))
+      workdir / 'snapshots' / f'{name}_E{e}.npz', params0
+    )
+    return (
+      np.asarray(gboard.bias_update(model, params0, p1)),
+      np.asarray(gboard.output_rows_update(model, params0, p1)),
+    )
 
   out = {}
   for n_k, batch, epochs in _settings():
@@ -115,26 +126,34 @@ def main(argv):
       edge = (1 + math.sqrt(x.shape[1] / len(x))) ** 2
       key = f'n_k={n_k},B={batch},E={e}'
       out[key] = {
-          'noise_std': sigma,
-          'genie_oracle': genie / upper,
-          'mixture_rule': _f1(rule & cand, truth, n_true) / upper,
-          # None where the guard saw no signal (every log-odds -inf).
-          'mixture_oracle': (_best_cut(lo, truth, n_true, cand) / upper
-                             if float(post.sum()) > 0 else None),
-          'mixture_kept': int(rule.sum()),
-          'stouffer_rule': _f1(old & cand, truth, n_true) / upper,
-          'stouffer_oracle': _best_cut(np.where(rose, z, -np.inf), truth,
-                                       n_true, cand) / upper,
-          'lambda1_over_edge': float(lam / edge),
-          'true_in_vocab': int(truth.sum()), 'f1_upper': upper}
-      print(key, {k: v if v is None else round(v, 3)
-                  for k, v in out[key].items()}, flush=True)
+        'noise_std': sigma,
+        'genie_oracle': genie / upper,
+        'mixture_rule': _f1(rule & cand, truth, n_true) / upper,
+        # None where the guard saw no signal (every log-odds -inf).
+        'mixture_oracle': (
+          _best_cut(lo, truth, n_true, cand) / upper
+          if float(post.sum()) > 0
+          else None
+        ),
+        'mixture_kept': int(rule.sum()),
+        'stouffer_rule': _f1(old & cand, truth, n_true) / upper,
+        'stouffer_oracle': _best_cut(
+          np.where(rose, z, -np.inf), truth, n_true, cand
+        )
+        / upper,
+        'lambda1_over_edge': float(lam / edge),
+        'true_in_vocab': int(truth.sum()),
+        'f1_upper': upper,
+      }
+      print(
+        key,
+        {k: v if v is None else round(v, 3) for k, v in out[key].items()},
+        flush=True,
+      )
   path = Path(__file__).with_name(_OUT.value)
   path.write_text(json.dumps(out, indent=1, sort_keys=True) + '\n')
   print(f'Wrote {path}')
 
 
 if __name__ == '__main__':
-  G.define_flags()
-  common.define_common_flags('/tmp/leakjax_gboard')
   app.run(main)

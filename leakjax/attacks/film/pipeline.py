@@ -3,13 +3,13 @@
 The pipeline of Sec. 4, on one observed gradient and the model θ^t it was
 taken at:
 
-1. bag of words (Sec. 4.2, :mod:`leakjax.attacks.bag_of_words`);
+1. bag of words (Sec. 4.2, :mod:`leakjax.attacks.film.bag`);
 2. beam search over the bag from capitalised start words (Sec. 4.3,
-   :func:`leakjax.attacks.beam_search.bag_beam_search`), repeated with a
+   :func:`leakjax.attacks.film.beam_search.bag_beam_search`), repeated with a
    penalty on the n-grams of earlier results to recover several sentences
    (Sec. 4.5);
 3. prior-guided reordering of each result (Sec. 4.4,
-   :mod:`leakjax.attacks.reorder`).
+   :mod:`leakjax.attacks.film.reorder`).
 
 >>> model, params = leakjax.models.load('smollm2-135m')       # doctest: +SKIP
 >>> result = recover(model, params, grads, config=FilmConfig(),
@@ -40,9 +40,9 @@ import numpy as np
 from jax.sharding import Mesh
 
 from leakjax import sharding
-from leakjax.attacks import bag_of_words as bow
-from leakjax.attacks import beam_search as bs
-from leakjax.attacks import reorder as ro
+from leakjax.attacks.film import bag as bow
+from leakjax.attacks.film import beam_search as bs
+from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model
 
@@ -54,7 +54,7 @@ class FilmConfig:
   """The attack's settings (hashable).
 
   Attributes:
-    bag_method: see :func:`leakjax.attacks.bag_of_words.extract_bag`.
+    bag_method: see :func:`leakjax.attacks.film.bag.extract_bag`.
     tied: thresholds of the tied-embedding bag method.
     beam: beam-search settings (FILM Sec. 4.3, 7: k = 32, n = 2).
     reorder: reordering settings (Sec. 4.4); None skips reordering.
@@ -71,7 +71,7 @@ class FilmConfig:
       training data does).
     bag_bucket: pad the bag to a multiple of this (fewer recompilations).
     grad_paths: parameter subset of the reordering gradient norm; None:
-      :func:`leakjax.attacks.reorder.default_grad_paths`.
+      :func:`leakjax.attacks.film.reorder.default_grad_paths`.
   """
 
   bag_method: str = 'auto'

@@ -67,7 +67,7 @@ import optax
 from absl import logging
 
 from leakjax import io as io_lib
-from leakjax.attacks import embedding_inversion as ei
+from leakjax.attacks.inversion import bei_hei as ei
 from leakjax.data import batch_indices
 from leakjax.errors import LeakjaxError, check_finite
 from leakjax.models import gpt2

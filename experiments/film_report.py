@@ -1,0 +1,310 @@
+"""FILM report: summary keys, markdown tables, the plot, the paper's numbers.
+
+Turns the rows of :func:`leakjax.attacks.film.runner.run` into summary.json
+(means, stds and bests per setting, keyed by :func:`leakjax.io.summary_key`),
+summary.md (FILM Table 10 layout with the paper's Enron numbers; Table 4 in
+bag mode; Table 3 for multi-sentence recovery) and film_vs_batch_size.png.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from leakjax import io
+from leakjax.attacks.film import runner
+
+# FILM Table 10, Enron Email rows: mean over 20 batches (best in brackets
+# in the paper): b -> (ROUGE-1, ROUGE-2, ROUGE-L, NERR).
+PAPER_TABLE10_ENRON = {
+  1: (0.73, 0.45, 0.61, 0.34),
+  16: (0.41, 0.20, 0.31, 0.40),
+  64: (0.37, 0.18, 0.29, 0.35),
+  128: (0.37, 0.19, 0.29, 0.38),
+}
+# FILM Table 9 (Enron, FILM row) adds b = 4: (R-1, R-2, R-L, NERR).
+PAPER_TABLE9_ENRON = {4: (0.54, 0.32, 0.44, 0.66)}
+# FILM Table 4 (GPT-2, WikiText-103, b = 16): defense -> (precision, recall).
+PAPER_TABLE4 = {
+  'none': (1.00, 1.00),
+  'prune:0.9': (1.00, 1.00),
+  'prune:0.99': (1.00, 1.00),
+  'prune:0.999': (1.00, 0.98),
+  'prune:0.9999': (1.00, 0.90),
+  'dp:15': (0.97, 0.49),
+  'dp:10': (0.88, 0.17),
+  'dp:5': (0.29, 0.01),
+  'dp:1': (0.00, 0.00),
+}
+# FILM Table 3 (GPT-2, WikiText-103, b = 16): repetitions of the beam
+# search -> (recall, precision) of ROUGE-L > 0.25, means over batches.
+PAPER_TABLE3 = {
+  1: (0.03, 0.50),
+  5: (0.13, 0.36),
+  10: (0.19, 0.28),
+  20: (0.25, 0.21),
+  50: (0.30, 0.12),
+  100: (0.34, 0.07),
+}
+
+
+def _values(rows, field):
+  # NERR is None for batches whose sentences have no named entity.
+  return [
+    r[field]
+    for r in rows
+    if r.get(field) is not None
+    and not (isinstance(r[field], float) and math.isnan(r[field]))
+  ]
+
+
+def _mean_std(rows, field):
+  vals = _values(rows, field)
+  if not vals:
+    return float('nan'), float('nan')
+  return float(np.mean(vals)), float(np.std(vals))
+
+
+def _best(rows, field):
+  vals = _values(rows, field)
+  return float(np.max(vals)) if vals else float('nan')
+
+
+def summarize(
+  cfg: runner.FilmExperimentConfig, rows: list[dict], extra: dict
+) -> tuple[dict[str, float], str, list]:
+  summary: dict[str, float] = {}
+  figures = []
+  if cfg.mode == 'bag':
+    groups = {}
+    for r in rows:
+      groups.setdefault((r['b'], r['defense'], r['method']), []).append(r)
+    table = []
+    for (b, d, m), rs in sorted(groups.items()):
+      params = {'b': b, 'method': m}
+      if len(cfg.defenses) > 1 or d != 'none':
+        params['defense'] = d
+      for f in ('bag_precision', 'bag_recall'):
+        summary[io.summary_key(f, **params)] = _mean_std(rs, f)[0]
+      paper = PAPER_TABLE4.get(d) if b == 16 else None
+      if d == 'none' and m in ('norm', 'norm_oracle'):
+        paper = None
+      pm, ps = _mean_std(rs, 'bag_precision')
+      rm, rsd = _mean_std(rs, 'bag_recall')
+      table.append(
+        [
+          b,
+          d,
+          m,
+          len(rs),
+          f'{pm:.3f} ± {ps:.3f}',
+          f'{rm:.3f} ± {rsd:.3f}',
+          f'{paper[0]:.2f} / {paper[1]:.2f}' if paper else '–',
+          _mean_std(rs, 'true_bag_size')[0],
+        ]
+      )
+    md = (
+      '# FILM bag of words from gradients\n\n'
+      f'Model `{cfg.model}` ({cfg.init}), t = {cfg.train_steps} steps.'
+      " `tied` is leakjax's method for tied embeddings (input span +"
+      ' target sign + norm outliers, no oracle); `norm` the norm'
+      f' threshold at robust z > 8; `norm_oracle` the norm'
+      ' threshold at its best F1 *given the true bag* (an upper bound'
+      ' of the baseline). Mean ± std over batches. "paper P / R" is'
+      ' FILM Table 4 (GPT-2 on WikiText-103, b = 16; its defense rows'
+      ' use the non-zero-rows and DP-threshold attacks).\n\n'
+      + io.markdown_table(
+        [
+          'b',
+          'defense',
+          'method',
+          'batches',
+          'precision',
+          'recall',
+          'paper P / R',
+          'true bag size',
+        ],
+        table,
+      )
+    )
+    return summary, md, figures
+  groups = {}
+  for r in rows:
+    key = tuple(
+      sorted(
+        (k, r[k]) for k in r if k in ('b', 'beams', 'ngram', 'beta', 'defense')
+      )
+    )
+    groups.setdefault(key, []).append(r)
+  table = []
+  for key, rs in sorted(groups.items()):
+    params = dict(key)
+    for f in (
+      'rouge1',
+      'rouge2',
+      'rougeL',
+      'nerr',
+      'bag_precision',
+      'bag_recall',
+      'multi_recall',
+      'multi_precision',
+    ):
+      mean, std = _mean_std(rs, f)
+      if f.startswith('multi') and math.isnan(mean):
+        continue
+      summary[io.summary_key(f, **params)] = mean
+      if f in ('rouge1', 'rouge2', 'rougeL', 'nerr'):
+        summary[io.summary_key(f + '_std', **params)] = std
+        summary[io.summary_key(f + '_best', **params)] = _best(rs, f)
+    b = params['b']
+    paper = PAPER_TABLE10_ENRON.get(b) or PAPER_TABLE9_ENRON.get(b)
+    cells = []
+    for i, f in enumerate(('rouge1', 'rouge2', 'rougeL', 'nerr')):
+      mean, std = _mean_std(rs, f)
+      best = _best(rs, f)
+      ours = f'{mean:.2f} ± {std:.2f} ({best:.2f})'
+      counted = len(_values(rs, f))
+      if counted < len(rs):  # NERR: only batches with a named entity
+        ours += f' [{counted}]'
+      cells += [ours, f'{paper[i]:.2f}' if paper else '–']
+    label = ', '.join(f'{k}={v}' for k, v in params.items())
+    table.append(
+      [label, len(rs)]
+      + cells
+      + [
+        f'{_mean_std(rs, "bag_precision")[0]:.3f} /'
+        f' {_mean_std(rs, "bag_recall")[0]:.3f}'
+      ]
+    )
+  header = [
+    'setting',
+    'batches',
+    'ROUGE-1',
+    'paper',
+    'ROUGE-2',
+    'paper',
+    'ROUGE-L',
+    'paper',
+    'NERR',
+    'paper',
+    'bag P / R',
+  ]
+  md = (
+    '# FILM: sentences recovered from client gradients\n\n'
+    f'Model `{cfg.model}` ({cfg.init}), fine-tuned for t ='
+    f' {extra.get("trained_steps", cfg.train_steps)} steps'
+    + (' (early stopping)' if extra.get('stopped_early') else '')
+    + (
+      f', attacked at step {extra["attacked_step"]} (lowest eval loss)'
+      if 'attacked_step' in extra
+      else ''
+    )
+    + f' on {extra.get("num_train", "?")} private sentences'
+    + (
+      f' (eval perplexity {extra["eval_ppl"]:.2f})'
+      if extra.get('eval_ppl')
+      else ''
+    )
+    + '. Mean ± std over batches (best in brackets), as in FILM Table'
+    ' 10; "paper" is the Enron Email row of Table 10 (b = 4: Table 9),'
+    ' GPT-2 fine-tuned on 31,797 sentences for up to 90k iterations.'
+    ' Bags come from the gradient, never from the true tokens.'
+    ' [n]: batches with a named entity, when not all (NERR is undefined'
+    ' without one).\n\n' + io.markdown_table(header, table)
+  )
+  md += _multi_sentence_table(rows, summary)
+  examples = [r for r in rows if r.get('batch') == 0][:4]
+  if examples:
+    md += '\n## Examples (batch 0)\n\n'
+    for r in examples:
+      orig = r['originals'][r['match']]
+      md += (
+        f'- b={r["b"]}: original: *{orig}*  \n  recovered:'
+        f' **{r["recovered"][0]}** (ROUGE-L {r["rougeL"]:.2f})\n'
+      )
+  figures.append(_plot(rows))
+  md += '\n![ROUGE and NERR vs batch size](film_vs_batch_size.png)\n'
+  return summary, md, figures
+
+
+def _multi_sentence_table(rows: list[dict], summary: dict) -> str:
+  """Table 3 layout: multi-sentence recall/precision per repetition count.
+
+  Adds `multi_recall@b=B,iter=K` / `multi_precision@...` to `summary`.
+  """
+  by = {}
+  for r in rows:
+    for k, m in r.get('multi_by_iter', {}).items():
+      by.setdefault((r['b'], int(k)), []).append(m)
+  if not by:
+    return ''
+  table = []
+  for (b, k), ms in sorted(by.items()):
+    rec = np.array([m['recall'] for m in ms])
+    prec = np.array([m['precision'] for m in ms])
+    summary[io.summary_key('multi_recall', b=b, iter=k)] = float(rec.mean())
+    summary[io.summary_key('multi_precision', b=b, iter=k)] = float(prec.mean())
+    paper = PAPER_TABLE3.get(k) if b == 16 else None
+    table.append(
+      [
+        b,
+        k,
+        len(ms),
+        f'{rec.mean():.2f} ± {rec.std():.2f}',
+        f'{prec.mean():.2f} ± {prec.std():.2f}',
+        f'{paper[0]:.2f} / {paper[1]:.2f}' if paper else '–',
+      ]
+    )
+  return (
+    '\n## Multi-sentence recovery (Sec. 4.5, Table 3 layout)\n\n'
+    'Recall: fraction of the batch with a recovered sentence of ROUGE-L >'
+    ' 0.25; precision: fraction of the recovered sentences with ROUGE-L >'
+    ' 0.25 against some sentence of the batch, after the first k beam'
+    ' searches. "paper": Table 3 (GPT-2, WikiText-103, b = 16).\n\n'
+    + io.markdown_table(
+      ['b', 'repetitions k', 'batches', 'recall', 'precision', 'paper R / P'],
+      table,
+    )
+  )
+
+
+def _plot(rows):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  bs_ = sorted({r['b'] for r in rows})
+  for f, label in (
+    ('rouge1', 'ROUGE-1'),
+    ('rouge2', 'ROUGE-2'),
+    ('rougeL', 'ROUGE-L'),
+    ('nerr', 'NERR'),
+  ):
+    means = [_mean_std([r for r in rows if r['b'] == b], f)[0] for b in bs_]
+    ax.plot(bs_, means, marker='o', label=label)
+  paper_b = sorted(PAPER_TABLE10_ENRON)
+  ax.plot(
+    paper_b,
+    [PAPER_TABLE10_ENRON[b][2] for b in paper_b],
+    'k--',
+    label='ROUGE-L (paper, Enron)',
+  )
+  ax.set_xscale('log', base=2)
+  ax.set_xlabel('batch size b')
+  ax.set_ylabel('score')
+  ax.set_ylim(0, 1)
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  return fig, 'film_vs_batch_size.png'
+
+
+def write(writer: io.ExperimentWriter, cfg, film_run: runner.FilmRun):
+  """Writes summary.json, summary.md and the plot; returns the summary."""
+  summary, md, figures = summarize(cfg, film_run.results, film_run.extra)
+  for fig, name in figures:
+    writer.save_figure(fig, name)
+  writer.write_summary(summary, md)
+  return summary

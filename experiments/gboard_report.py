@@ -1,0 +1,544 @@
+"""Summary, tables and figures of the GBoard experiment (experiments/gboard.py).
+
+:func:`write_report` turns a finished :class:`gboard.GboardRun` into
+summary.json (means over datasets, keyed
+`metric@B=..,E=..,n_k=..,noise=..,sigma=..[,scale=..]`), summary.md (the
+word-recovery, scaling and local-DP tables of Suliman & Leith, Figs. 2-7,
+and example reconstructions) and the figures fig2-fig7.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from leakjax import io
+from leakjax.attacks import gboard
+from leakjax.attacks.gboard import GboardConfig, GboardRun
+
+
+def write_report(run: GboardRun, cfg: GboardConfig) -> dict[str, float]:
+  """Writes summary.json, summary.md and the figures; returns the summary."""
+  summary = summarize(run.writer.results, run.pretrain_info, cfg)
+  md = render_markdown(
+    cfg,
+    summary,
+    run.writer,
+    run.corpora,
+    run.pretrain_info,
+    run.model,
+    run.datasets,
+  )
+  run.writer.write_summary(summary, md)
+  return summary
+
+
+# ----------------------------------------------------------------- summary
+_MEANS = (
+  'f1',
+  'f1_upper',
+  'precision',
+  'recall',
+  'zero_f1',
+  'universal_f1',
+  'fdr_f1',
+  'auto_f1',
+  'oracle_f1',
+  'stouffer_f1',
+  'rescue_f1',
+  'num_convex',
+  'num_rescued',
+  'drift_to_noise',
+  'auto_num_recovered',
+  'coverage',
+  'levenshtein',
+  'levenshtein_topn',
+  'levenshtein_cover',
+  'levenshtein_words',
+  'levenshtein_gap',
+  'levenshtein_recall',
+  'recon_f1',
+  'num_kept',
+  'exact_fraction',
+  'zero_num_recovered',
+  'fdr_num_recovered',
+)
+_SUMMARY_NAMES = {'coverage': 'vocab_coverage'}
+
+
+def _group_key(r) -> tuple:
+  return (r['B'], r['E'], r['n_k'], r['noise'], r['sigma'], r.get('scale', 0.0))
+
+
+def summarize(results, pre_info, cfg: GboardConfig) -> dict[str, float]:
+  """Means over datasets, keyed `metric@B=..,E=..,n_k=..,noise=..,sigma=..`.
+
+  A full-batch run with n_k <= B is also reported under that B (it is the
+  same training: Fig. 2b's n_k=16 with B=16).
+  """
+  groups: dict[tuple, list] = {}
+  for r in results:
+    if r.get('kind') != 'attack':
+      continue
+    groups.setdefault(_group_key(r), []).append(r)
+    if r['B'] == 'full':
+      for b in cfg.batch_sizes:
+        if b != 'full' and int(b) >= r['n_k']:
+          groups.setdefault(_group_key({**r, 'B': b}), []).append(r)
+  summary: dict[str, float] = {
+    'theta0_eval_perplexity': float(pre_info['eval_perplexity']),
+    'theta0_sms_perplexity': float(pre_info['sms_eval_perplexity']),
+  }
+  for (b, e, n_k, noise, sigma, scale), rows in sorted(
+    groups.items(), key=lambda kv: str(kv[0])
+  ):
+    params = dict(B=b, E=e, n_k=n_k, noise=noise, sigma=sigma)
+    if scale:
+      params['scale'] = scale
+    for m in _MEANS:
+      vals = [r[m] for r in rows if m in r and r[m] is not None]
+      if vals and (
+        not scale or m.startswith(('lev', 'recon', 'num_kept', 'exact'))
+      ):  # noqa: E127
+        summary[io.summary_key(_SUMMARY_NAMES.get(m, m), **params)] = float(
+          np.mean(vals)
+        )
+  return summary
+
+
+def _is_alias(b: str, n_k: int) -> bool:
+  """B >= n_k: the full-batch run, listed once in the tables."""
+  return b != 'full' and int(b) >= n_k
+
+
+def _scaling_levenshtein(summary, cfg, n_k) -> list:
+  """Noise-free FedSGD Levenshtein at n_k for each scale of Sec. 4.3.2."""
+  return [
+    _get(
+      summary,
+      'levenshtein',
+      B='full',
+      E=1,
+      n_k=n_k,
+      noise='none',
+      sigma=0.0,
+      **({'scale': s} if s else {}),
+    )
+    for s in cfg.scales
+  ]
+
+
+def _get(summary, metric, **params):
+  return summary.get(io.summary_key(metric, **params), math.nan)
+
+
+def render_markdown(
+  cfg: GboardConfig, summary, writer, corpora, pre_info, model, datasets
+) -> str:
+  res = [r for r in writer.results if r.get('kind') == 'attack']
+  counts = ', '.join(f'{k}: {v:,}' for k, v in corpora.counts.items())
+  lines = [
+    '# GBoard next-word-prediction attack (Suliman & Leith) on SMS',
+    '',
+    f'θ0: CIFG-LSTM V={cfg.vocab_size}, D={cfg.embed_dim},'
+    f' {cfg.units} units ({pre_info["num_params"]:,} parameters), Adam'
+    f' {pre_info["steps"]} steps ({pre_info["seconds"] / 60:.0f} min)'
+    f' on {pre_info["train_sentences"]:,}'
+    f' public sentences ({counts}).'
+    f' Held-out perplexity {pre_info["eval_perplexity"]:.1f} (public'
+    f' mix), {pre_info["sms_eval_perplexity"]:.1f} (public SMS).',
+    '',
+    f'Client: {cfg.sentence_length}-word SMS ham sentences, SGD'
+    f' η={cfg.learning_rate}, loss `{cfg.loss}`; no-oracle threshold'
+    f' rule `{cfg.threshold_rule}` (q={cfg.fdr_q}), keep rule'
+    f' `{cfg.keep_rule}`.',
+    '',
+  ]
+  # Word recovery table (noise-free).
+  rows = []
+  for b in cfg.batch_sizes:
+    for e in cfg.epochs:
+      for n_k in cfg.num_sentences:
+        if _is_alias(b, n_k):
+          continue
+        p = dict(B=b, E=e, n_k=n_k, noise='none', sigma=0.0)
+        f1 = _get(summary, 'f1', **p)
+        if math.isnan(f1):
+          continue
+        up = _get(summary, 'f1_upper', **p)
+        rows.append(
+          [
+            b,
+            e,
+            n_k,
+            _get(summary, 'zero_f1', **p),
+            _get(summary, 'fdr_f1', **p),
+            _get(summary, 'rescue_f1', **p),
+            _get(summary, 'num_convex', **p),
+            f1,
+            _get(summary, 'oracle_f1', **p),
+            up,
+            f1 / up,
+            _get(summary, 'recon_f1', **p),
+            _get(summary, 'levenshtein_cover', **p),
+            _get(summary, 'levenshtein_words', **p),
+            _get(summary, 'levenshtein_gap', **p),
+            _get(summary, 'levenshtein_topn', **p),
+            _get(summary, 'levenshtein_recall', **p),
+            _get(summary, 'num_kept', **p),
+          ]
+        )
+  lines += [
+    '## Word recovery and reconstruction, no noise (Figs. 2, 3)',
+    '',
+    'F1 over distinct words ("rule" = the no-oracle rule'
+    f' `{cfg.threshold_rule}`; "bias fdr" = the bias threshold'
+    ' alone; "old" = the rule with the row-residual rescue instead'
+    ' of the convexity test; "convex flags" = words whose bias fell'
+    ' that the convexity test adds; B >= n_k is listed only as'
+    ' B=full); "upper" = F1 of'
+    ' returning exactly the'
+    ' true in-vocabulary words. Lev. = mean over kept'
+    ' reconstructions of the best word-level Levenshtein ratio'
+    ' against the true sentences (Sec. 4.2), for each keep rule;'
+    ' "recall" = mean over true sentences of their best kept'
+    ' reconstruction; "recon F1" = word F1 of the kept'
+    f' reconstructions ({cfg.keep_rule} rule, Fig. 3 x-axis).',
+    '',
+    io.markdown_table(
+      [
+        'B',
+        'E',
+        'n_k',
+        'F1 Alg.2',
+        'F1 bias fdr',
+        'F1 bias+row rescue (old)',
+        'convex flags',
+        'F1 rule',
+        'F1 oracle bias cut',
+        'F1 upper',
+        'rule/upper',
+        'recon F1',
+        'Lev. cover',
+        'Lev. words',
+        'Lev. gap',
+        'Lev. top-n_k',
+        'Lev. recall',
+        'kept',
+      ],
+      rows,
+    ),
+  ]
+  # Scaling.
+  rows = []
+  for n_k in cfg.num_sentences:
+    vals = _scaling_levenshtein(summary, cfg, n_k)
+    rows.append([n_k] + vals)
+  lines += [
+    '## FedSGD with scaling θ1 + s(θ1 − θ0) (Sec. 4.3.2, Fig. 4)',
+    '',
+    io.markdown_table(['n_k'] + [f's={s:g}' for s in cfg.scales], rows),
+  ]
+  # DP.
+  rows = []
+  for noise, sigmas in (
+    ('dpsgd', cfg.dpsgd_sigmas),
+    ('single', cfg.single_sigmas),
+  ):
+    for b in cfg.batch_sizes:
+      for e in cfg.epochs:
+        for n_k in cfg.num_sentences:
+          for s in sigmas:
+            p = dict(B=b, E=e, n_k=n_k, noise=noise, sigma=s)
+            f1 = _get(summary, 'f1', **p)
+            if math.isnan(f1) or _is_alias(b, n_k):
+              continue
+            up = _get(summary, 'f1_upper', **p)
+            rows.append(
+              [
+                noise,
+                f'{s:g}',
+                b,
+                e,
+                n_k,
+                _get(summary, 'zero_f1', **p),
+                _get(summary, 'fdr_f1', **p),
+                _get(summary, 'stouffer_f1', **p),
+                f1,
+                _get(summary, 'oracle_f1', **p),
+                f1 / up,
+                _get(summary, 'levenshtein', **p),
+              ]
+            )
+  lines += [
+    '## Local DP (Sec. 6, Figs. 5-7)',
+    '',
+    io.markdown_table(
+      [
+        'noise',
+        'σ',
+        'B',
+        'E',
+        'n_k',
+        'F1 Alg.2',
+        'F1 bias fdr',
+        'F1 bias+rows',
+        'F1 rule',
+        'F1 oracle bias cut',
+        'rule/upper',
+        'Lev. (kept)',
+      ],
+      rows,
+    ),
+  ]
+  plots = make_plots(cfg, summary, writer, res, model, datasets)
+  lines += ['## Plots', ''] + [f'![{p}]({p})' for p in plots]
+  # Examples.
+  ex = [
+    r
+    for r in res
+    if r['noise'] == 'none'
+    and r['E'] == max(r2['E'] for r2 in res)
+    and r.get('examples')
+  ]
+  if ex:
+    r = ex[0]
+    lines += [
+      '',
+      f'## Example reconstructions (n_k={r["n_k"]}, B={r["B"]},'
+      f' E={r["E"]}, top of the ranking)',
+      '',
+    ]
+    lines += [f'- {t}' for t in r['examples']]
+  return '\n'.join(lines) + '\n'
+
+
+def make_plots(cfg, summary, writer, res, model, datasets):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  names = []
+  colors = {
+    n: plt.cm.viridis(i / max(len(cfg.num_sentences) - 1, 1))
+    for i, n in enumerate(cfg.num_sentences)
+  }
+  # Fig. 2: F1 vs E, per B.
+  fig, axes = plt.subplots(
+    1,
+    len(cfg.batch_sizes),
+    figsize=(5 * len(cfg.batch_sizes), 3.6),
+    squeeze=False,
+  )
+  for ax, b in zip(axes[0], cfg.batch_sizes):
+    for n_k in cfg.num_sentences:
+      es = [
+        e
+        for e in cfg.epochs
+        if not math.isnan(
+          _get(summary, 'f1', B=b, E=e, n_k=n_k, noise='none', sigma=0.0)
+        )
+      ]
+      if not es:
+        continue
+      f1 = [
+        _get(summary, 'f1', B=b, E=e, n_k=n_k, noise='none', sigma=0.0)
+        for e in es
+      ]
+      up = [
+        _get(summary, 'f1_upper', B=b, E=e, n_k=n_k, noise='none', sigma=0.0)
+        for e in es
+      ]
+      ax.plot(es, f1, 'o-', color=colors[n_k], label=f'n_k={n_k}')
+      ax.plot(es, up, '--', color=colors[n_k], alpha=0.5)
+    ax.set_xscale('log')
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel('local epochs E')
+    ax.set_ylabel('word F1 (no oracle)')
+    ax.set_title(f'B={b} (dashed: F1 upper bound)')
+    ax.legend(fontsize=7)
+  names.append(writer.save_figure(fig, 'fig2_word_recovery.png'))
+  plt.close(fig)
+  # Fig. 3: Levenshtein vs reconstruction F1 per E.
+  es = [e for e in cfg.epochs if e > 1] or list(cfg.epochs)
+  fig, axes = plt.subplots(
+    1, len(es), figsize=(4 * len(es), 3.6), squeeze=False
+  )
+  for ax, e in zip(axes[0], es):
+    for r in res:
+      if (
+        r['E'] == e
+        and r['noise'] == 'none'
+        and r.get('scale', 0) == 0
+        and 'levenshtein' in r
+      ):
+        ax.scatter(
+          r['recon_f1'],
+          r['levenshtein'],
+          color=colors[r['n_k']],
+          marker='o' if r['B'] == 'full' else 's',
+          s=30,
+        )
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 102)
+    ax.set_xlabel('F1 of reconstructed tokens')
+    ax.set_ylabel('mean Levenshtein ratio')
+    ax.set_title(f'E={e} (o: B=full, s: B=32)')
+  for n_k in cfg.num_sentences:
+    axes[0][0].scatter([], [], color=colors[n_k], label=f'n_k={n_k}')
+  axes[0][0].legend(fontsize=7)
+  names.append(writer.save_figure(fig, 'fig3_sentence_reconstruction.png'))
+  plt.close(fig)
+  # Fig. 4: FedSGD scaling.
+  fig, ax = plt.subplots(figsize=(5, 3.6))
+  for n_k in cfg.num_sentences:
+    vals = _scaling_levenshtein(summary, cfg, n_k)
+    ax.plot(
+      [max(s, 0.1) for s in cfg.scales],
+      vals,
+      'o-',
+      color=colors[n_k],
+      label=f'n_k={n_k}',
+    )
+  ax.set_xscale('log')
+  ax.set_xlabel('scale s (0 plotted at 0.1)')
+  ax.set_ylabel('mean Levenshtein ratio')
+  ax.set_title('FedSGD reconstruction with scaling')
+  ax.legend(fontsize=7)
+  names.append(writer.save_figure(fig, 'fig4_fedsgd_scaling.png'))
+  plt.close(fig)
+  # Fig. 5: DPSGD-like: Alg. 2 vs rule, and sorted magnitudes.
+  dp = [r for r in res if r['noise'] == 'dpsgd']
+  if dp:
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    for col, metric, title in (
+      (0, 'zero_f1', '(a) Algorithm 2 (cut 0)'),
+      (2, 'f1', '(c) no-oracle threshold'),
+    ):
+      ax = axes[col]
+      for b, n_k in sorted({(r['B'], r['n_k']) for r in dp}):
+        for e in sorted({r['E'] for r in dp}):
+          xs = [
+            s
+            for s in cfg.dpsgd_sigmas
+            if not math.isnan(
+              _get(summary, metric, B=b, E=e, n_k=n_k, noise='dpsgd', sigma=s)
+            )
+          ]
+          if xs:
+            ax.plot(
+              xs,
+              [
+                _get(summary, metric, B=b, E=e, n_k=n_k, noise='dpsgd', sigma=s)
+                for s in xs
+              ],
+              'o-',
+              label=f'B={b} n_k={n_k} E={e}',
+            )
+      ax.set_xscale('log')
+      ax.set_ylim(0, 1.02)
+      ax.set_xlabel('σ (DPSGD-like)')
+      ax.set_ylabel('word F1')
+      ax.set_title(title)
+      ax.legend(fontsize=6)
+    _magnitude_plot(axes[1], cfg, model, datasets, writer.workdir)
+    names.append(writer.save_figure(fig, 'fig5_dpsgd_threshold.png'))
+    plt.close(fig)
+  # Fig. 6: both local DP methods, F1 (rule) vs σ.
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  for ax, noise, sigmas in (
+    (axes[0], 'dpsgd', cfg.dpsgd_sigmas),
+    (axes[1], 'single', cfg.single_sigmas),
+  ):
+    keys = sorted(
+      {(r['B'], r['n_k'], r['E']) for r in res if r['noise'] == noise}
+    )
+    for b, n_k, e in keys:
+      ys = [
+        _get(summary, 'f1', B=b, E=e, n_k=n_k, noise=noise, sigma=s)
+        for s in sigmas
+      ]
+      ax.plot(sigmas, ys, 'o-', label=f'B={b} n_k={n_k} E={e}')
+    ax.set_xscale('log')
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(f'σ ({noise})')
+    ax.set_ylabel('word F1 (no oracle)')
+    ax.legend(fontsize=5, ncol=2)
+  names.append(writer.save_figure(fig, 'fig6_local_dp_words.png'))
+  plt.close(fig)
+  # Fig. 7: reconstruction under local DP.
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  for ax, noise, sigmas in (
+    (axes[0], 'dpsgd', cfg.dpsgd_sigmas),
+    (axes[1], 'single', cfg.single_sigmas),
+  ):
+    keys = sorted(
+      {
+        (r['B'], r['n_k'], r['E'])
+        for r in res
+        if r['noise'] == noise and r['E'] > 1
+      }
+    )
+    for b, n_k, e in keys:
+      ys = [
+        _get(summary, 'levenshtein', B=b, E=e, n_k=n_k, noise=noise, sigma=s)
+        for s in sigmas
+      ]
+      ax.plot(sigmas, ys, 'o-', label=f'B={b} n_k={n_k} E={e}')
+    ax.set_xscale('log')
+    ax.set_ylim(0, 102)
+    ax.set_xlabel(f'σ ({noise})')
+    ax.set_ylabel('mean Levenshtein ratio')
+    ax.legend(fontsize=5, ncol=2)
+  names.append(writer.save_figure(fig, 'fig7_local_dp_sentences.png'))
+  plt.close(fig)
+  return names
+
+
+def _magnitude_plot(ax, cfg, model, datasets, workdir: Path):
+  """Fig. 5b: sorted positive bias updates, typed vs not, one DPSGD run."""
+  if not cfg.dpsgd_runs or not cfg.dpsgd_sigmas:
+    return
+  n_k, b, _ = max(cfg.dpsgd_runs)
+  ds = next((d for d in datasets if d.n_k == n_k), None)
+  sigma = sorted(cfg.dpsgd_sigmas)[len(cfg.dpsgd_sigmas) // 2]
+  files = sorted(
+    (workdir / 'deltas').glob(f'n{n_k}_d0_B{b}_dpsgd_{sigma:g}_E*.npy'),
+    key=lambda f: int(f.stem.rsplit('_E', 1)[1]),
+  )
+  if ds is None or not files:
+    return
+  e = int(files[-1].stem.rsplit('_E', 1)[1])
+  delta = np.load(files[-1])
+  tok = model.tokenizer
+  cand = np.asarray(
+    gboard.candidate_mask(tok.vocab_size, (tok.unk_id, tok.bos_id))
+  )
+  pos = np.flatnonzero((delta > 0) & cand)
+  order = pos[np.argsort(-delta[pos])]
+  typed = np.array([tok.words[k] in ds.true_words for k in order], bool)
+  x = np.arange(1, len(order) + 1)
+  ax.scatter(
+    x[~typed], delta[order][~typed], s=3, color='tab:red', label='not typed'
+  )
+  ax.scatter(
+    x[typed], delta[order][typed], s=3, color='tab:blue', label='typed'
+  )
+  rule = 'fdr' if cfg.threshold_rule == 'auto' else cfg.threshold_rule
+  thr = float(
+    gboard.choose_threshold(
+      jnp.asarray(delta), rule, q=cfg.fdr_q, candidates=jnp.asarray(cand)
+    )
+  )
+  oracle, _ = gboard.oracle_threshold(delta, tok.words, ds.true_words, cand)
+  ax.axhline(thr, color='k', label=f'bias cut ({rule})')
+  ax.axhline(oracle, color='k', ls=':', label='oracle')
+  ax.set_xscale('log')
+  ax.set_xlabel('rank of positive b1 - b0')
+  ax.set_ylabel('b1 - b0')
+  ax.set_title(f'(b) DPSGD-like σ={sigma:g}, B={b}, n_k={n_k}, E={e}')
+  ax.legend(fontsize=6)

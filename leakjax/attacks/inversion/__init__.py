@@ -1,0 +1,68 @@
+"""Embedding inversion (Wan et al. 2024): BEI, HEI, Embed Parrot, DCT defense.
+
+* :mod:`bei_hei` -- layer states `H^i`, BEI (Sec. 4.1) and HEI (Sec. 4.2)
+  kernels, the location of block i, the model run with a transform at
+  layer i;
+* :mod:`dct` -- the DCT/overlap defense (Sec. 5.3.1) and its perplexity;
+* :mod:`embed_parrot` -- the Embed Parrot model (Sec. 4.3) and its training;
+* :mod:`runner` -- the experiment (Tables 2-6): config, target passes,
+  hidden-state cache, scoring, the resumable run loop.
+
+>>> states = layer_states(model, params, ids, mask, (0, 25))  # doctest: +SKIP
+>>> guess = hei_ids(states[1], model.word_embeddings(params))  # doctest: +SKIP
+"""
+
+from leakjax.attacks.inversion import bei_hei, dct, embed_parrot, runner
+from leakjax.attacks.inversion.bei_hei import (
+  LAST,
+  bei_hei_ids,
+  bei_ids,
+  decode_ids,
+  hei_ids,
+  layer_states,
+  parse_layer,
+)
+from leakjax.attacks.inversion.dct import (
+  DCTDefense,
+  apply_dct_defense,
+  defended_nll,
+  make_dct_defense,
+)
+from leakjax.attacks.inversion.embed_parrot import (
+  EmbedParrot,
+  EmbedParrotConfig,
+  TrainConfig,
+  predict_batches,
+  train,
+)
+from leakjax.attacks.inversion.runner import (
+  InversionExperimentConfig,
+  InversionRun,
+  run_experiment,
+)
+
+__all__ = [
+  'DCTDefense',
+  'EmbedParrot',
+  'EmbedParrotConfig',
+  'InversionExperimentConfig',
+  'InversionRun',
+  'LAST',
+  'TrainConfig',
+  'apply_dct_defense',
+  'bei_hei',
+  'bei_hei_ids',
+  'bei_ids',
+  'dct',
+  'decode_ids',
+  'defended_nll',
+  'embed_parrot',
+  'hei_ids',
+  'layer_states',
+  'make_dct_defense',
+  'parse_layer',
+  'predict_batches',
+  'run_experiment',
+  'runner',
+  'train',
+]
