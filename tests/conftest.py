@@ -10,6 +10,8 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
 
+import sys
+
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -27,3 +29,38 @@ def mesh():
   if jax.device_count() < NUM_FAKE_DEVICES:
     pytest.skip('needs the 8 fake CPU devices set up above')
   return sharding.make_mesh(f'data:{NUM_FAKE_DEVICES}')
+
+
+@pytest.fixture
+def fresh_flags(monkeypatch):
+  """An empty absl FlagValues that every DEFINE_* and FLAGS use.
+
+  The experiments define their flags at import of `__main__`; tests define
+  them here instead, once per test, and parse with `fresh_flags(argv)`.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  from experiments import common  # pylint: disable=g-import-not-at-top
+
+  values = flags.FlagValues()
+  monkeypatch.setattr(flags, 'FLAGS', values)
+  for module in [common] + [
+    m for n, m in sys.modules.items() if n.startswith('experiments.')
+  ]:
+    if hasattr(module, 'FLAGS'):  # `FLAGS = flags.FLAGS` at import
+      monkeypatch.setattr(module, 'FLAGS', values)
+  for name in (
+    'DEFINE_integer',
+    'DEFINE_float',
+    'DEFINE_string',
+    'DEFINE_bool',
+    'DEFINE_list',
+    'DEFINE_enum',
+  ):
+    define = getattr(flags, name)
+    monkeypatch.setattr(
+      flags,
+      name,
+      lambda *a, _d=define, **k: _d(*a, flag_values=values, **k),
+    )
+  return values

@@ -704,30 +704,6 @@ def test_experiment_dr_bounds_count_higher_found_sequences():
 
 
 # ------------------------------------------------------------------ flags
-@pytest.fixture
-def fresh_flags(monkeypatch):
-  """An empty absl FlagValues that every DEFINE_* and FLAGS use."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-
-  from experiments import common  # pylint: disable=g-import-not-at-top
-
-  values = flags.FlagValues()
-  monkeypatch.setattr(common, 'FLAGS', values)
-  monkeypatch.setattr(flags, 'FLAGS', values)
-  for name in (
-    'DEFINE_integer',
-    'DEFINE_float',
-    'DEFINE_string',
-    'DEFINE_bool',
-    'DEFINE_list',
-  ):
-    define = getattr(flags, name)
-    monkeypatch.setattr(
-      flags,
-      name,
-      lambda *a, _d=define, **k: _d(*a, flag_values=values, **k),
-    )
-  return values
 
 
 # Flags of every experiment that are not config fields.

@@ -9,9 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from absl import flags
 
-from experiments import common
 from experiments import embed_parrot as experiment
 from leakjax.attacks.inversion import bei_hei as ei
 from leakjax.attacks.inversion import embed_parrot as ep
@@ -333,50 +331,34 @@ def test_experiment_smoke(tmp_path):
 
 
 @pytest.fixture
-def fresh_flags(monkeypatch):
-  """A fresh FlagValues behind `flags.DEFINE_*` and both modules' FLAGS."""
-  values = flags.FlagValues()
-  for module in (common, experiment, common.flags):
-    monkeypatch.setattr(module, 'FLAGS', values)
-  for name in (
-    'DEFINE_integer',
-    'DEFINE_float',
-    'DEFINE_string',
-    'DEFINE_bool',
-    'DEFINE_list',
-  ):
-    define = getattr(flags, name)
-    monkeypatch.setattr(
-      common.flags,
-      name,
-      lambda *a, _d=define, **k: _d(*a, flag_values=values, **k),
-    )
+def ep_flags(fresh_flags):
+  """Fresh flags with the experiment's flags defined."""
   experiment.define_flags()
-  return values
+  return fresh_flags
 
 
-def test_every_config_field_is_a_flag_and_back(fresh_flags):
+def test_every_config_field_is_a_flag_and_back(ep_flags):
   fields = {f.name for f in dataclasses.fields(experiment.Config)}
   hand_written = {'workdir', 'data', 'distributed', 'cache_dir'}
-  assert set(fresh_flags) == fields | hand_written
+  assert set(ep_flags) == fields | hand_written
   assert not fields & hand_written
-  fresh_flags(['prog'])
+  ep_flags(['prog'])
   # The flag defaults are the dataclass defaults.
   assert experiment.config_from_flags() == experiment.Config()
 
 
 @pytest.mark.parametrize('name', ['embed_parrot_quick', 'embed_parrot_smollm2'])
-def test_flagfiles_parse(fresh_flags, name):
+def test_flagfiles_parse(ep_flags, name):
   path = REPO / 'experiments' / 'configs' / f'{name}.flags'
-  fresh_flags(['prog', f'--flagfile={path}'])
+  ep_flags(['prog', f'--flagfile={path}'])
   cfg = experiment.config_from_flags()
   assert cfg.train_corpus in dict(cfg.corpus_paths())
   assert str(cfg.deep_layer) in cfg.layers
   assert path.read_text().startswith('#')
 
 
-def test_data_flag_replaces_the_corpora(fresh_flags):
-  fresh_flags(['prog', '--data=/x/y.txt', '--defense_subsets=2,8'])
+def test_data_flag_replaces_the_corpora(ep_flags):
+  ep_flags(['prog', '--data=/x/y.txt', '--defense_subsets=2,8'])
   cfg = experiment.config_from_flags()
   assert cfg.corpus_paths() == (('data', '/x/y.txt'),)
   assert cfg.train_corpus == 'data'

@@ -3,7 +3,6 @@
 import dataclasses
 
 import pytest
-from absl import flags
 
 from experiments import common
 from leakjax.errors import LeakjaxError
@@ -31,27 +30,6 @@ class ToyConfig:
   sizes: tuple[int, ...] = (1, 4)
   cut: float | None = None
   fast: bool = False
-
-
-@pytest.fixture
-def fresh_flags(monkeypatch):
-  values = flags.FlagValues()
-  monkeypatch.setattr(common, 'FLAGS', values)
-  monkeypatch.setattr(common.flags, 'FLAGS', values)
-  for name in (
-    'DEFINE_integer',
-    'DEFINE_float',
-    'DEFINE_string',
-    'DEFINE_bool',
-    'DEFINE_list',
-  ):
-    define = getattr(flags, name)
-    monkeypatch.setattr(
-      common.flags,
-      name,
-      lambda *a, _d=define, **k: _d(*a, flag_values=values, **k),
-    )
-  return values
 
 
 def test_flags_follow_the_dataclass(fresh_flags):

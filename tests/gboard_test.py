@@ -894,30 +894,6 @@ def test_sentence_words():
 
 
 # ------------------------------------------------------------------- flags
-@pytest.fixture
-def fresh_flags(monkeypatch):
-  """An empty absl FlagValues that every DEFINE_* and FLAGS use."""
-  from absl import flags  # noqa: PLC0415
-
-  from experiments import common  # noqa: PLC0415
-
-  values = flags.FlagValues()
-  monkeypatch.setattr(common, 'FLAGS', values)
-  monkeypatch.setattr(flags, 'FLAGS', values)
-  for name in (
-    'DEFINE_integer',
-    'DEFINE_float',
-    'DEFINE_string',
-    'DEFINE_bool',
-    'DEFINE_list',
-  ):
-    define = getattr(flags, name)
-    monkeypatch.setattr(
-      flags,
-      name,
-      lambda *a, _d=define, **k: _d(*a, flag_values=values, **k),
-    )
-  return values
 
 
 NOT_CONFIG = {'workdir', 'mesh', 'distributed', 'data'}
