@@ -272,7 +272,7 @@ def recover_words_auto(
     (:func:`row_update_scores`), cut by :func:`max_f1_cut` among rising
     biases (on pure noise it keeps 0-5 of 9500 words).
 
-  The mixture replaced (session 4) the Stouffer rule as the noisy-regime
+  The mixture is preferred to the Stouffer rule as the noisy-regime
   rule: the chi-square spreads the row signal over all D entries. On the
   SMS DPSGD-like σ = 0.1 updates (reports/gboard/noise_detectors) F1 /
   upper went from 0.888 / 0.917 to 0.954 / 0.991 at n_k = 64, B = 32,

@@ -466,9 +466,9 @@ def stouffer_words(
   delta: jax.Array, rows: jax.Array, candidates: jax.Array | None = None
 ) -> jax.Array:
   """bool `[vocab]`: :func:`stouffer_scores` cut by :func:`max_f1_cut`
-  among the words whose bias rose (the noisy-regime rule up to session 3,
-  now :func:`recover_words_auto`'s fallback when the mixture sees no
-  low-rank signal; on pure noise it keeps 0-5 of 9500 words)."""
+  among the words whose bias rose (:func:`recover_words_auto`'s fallback
+  when the mixture sees no low-rank signal; on pure noise it keeps 0-5 of
+  9500 words)."""
   if candidates is None:
     candidates = jnp.ones(delta.shape, bool)
   combined = stouffer_scores(delta, rows, candidates)
