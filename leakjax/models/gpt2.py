@@ -429,7 +429,7 @@ class GPT2LMHeadModel(nn.Module):
         param_dtype=c.jnp_dtype,
       )
 
-  def _forward(self, ids, mask, collect: bool):
+  def _forward(self, ids, mask, collect: bool, num_blocks=None):
     _, t = ids.shape
     causal = jnp.tril(jnp.ones((t, t), bool))  # [t, t]
     allowed = causal[None]
@@ -437,7 +437,7 @@ class GPT2LMHeadModel(nn.Module):
       allowed = allowed & mask.astype(bool)[:, None, :]  # [batch, t, t]
     x = self.wte(ids) + self.wpe(jnp.arange(t)[None])  # [batch, t, dim]
     states = [x]
-    for block in self.h:
+    for block in self.h[:num_blocks]:
       x, _ = block(x, allowed)
       states.append(x)
     return jnp.stack(states) if collect else x
@@ -446,9 +446,10 @@ class GPT2LMHeadModel(nn.Module):
     """`ids`, `mask` `[batch, t]` -> float32 logits `[batch, t, vocab]`."""
     return self.head(self._forward(ids, mask, collect=False))
 
-  def hidden_states(self, ids, mask=None):
-    """`[n_layer + 1, batch, t, dim]`: embeddings, then each block's output."""
-    return self._forward(ids, mask, collect=True)
+  def hidden_states(self, ids, mask=None, num_blocks=None):
+    """`[n_layer + 1, batch, t, dim]`: embeddings, then each block's output
+    (with `num_blocks`, only the first `num_blocks` blocks run)."""
+    return self._forward(ids, mask, collect=True, num_blocks=num_blocks)
 
   def head(self, h):
     """ln_f + LM head: `[..., dim]` -> float32 `[..., vocab]`."""
@@ -459,21 +460,28 @@ class GPT2LMHeadModel(nn.Module):
       logits = self.lm_head(h)
     return logits.astype(jnp.float32)
 
-  def decode(self, ids, cache: KVCache):
-    """Appends `ids [batch, t]` at `cache.index`; see :func:`make_model`."""
+  def decode_stream(self, ids, cache: KVCache):
+    """Appends `ids` through the first `len(cache.keys)` blocks; returns
+    the residual stream after them (no ln_f) and the cache."""
     _, t = ids.shape
     positions = cache.index[:, None] + jnp.arange(t)[None]  # [batch, t]
     key_pos = jnp.arange(cache.max_length)
     allowed = key_pos[None, None, :] <= positions[:, :, None]  # [b, t, max]
     x = self.wte(ids) + self.wpe(positions)  # [batch, t, dim]
     keys, values = [], []
-    for block, k, v in zip(self.h, cache.keys, cache.values, strict=True):
+    blocks = self.h[: len(cache.keys)]  # all of them, except for block_decode
+    for block, k, v in zip(blocks, cache.keys, cache.values, strict=True):
       x, (k, v) = block(x, allowed, (k, v), cache.index)
       keys.append(k)
       values.append(v)
     new_cache = KVCache(
       keys=tuple(keys), values=tuple(values), index=cache.index + t
     )
+    return x, new_cache
+
+  def decode(self, ids, cache: KVCache):
+    """Appends `ids [batch, t]` at `cache.index`; see :func:`make_model`."""
+    x, new_cache = self.decode_stream(ids, cache)
     return self.head(x), new_cache
 
 
@@ -529,6 +537,66 @@ def _gpt2_decode(config: GPT2Config, params, cache, ids):
   return GPT2LMHeadModel(config).apply(
     {'params': params}, ids, cache, method=GPT2LMHeadModel.decode
   )
+
+
+def _layer_norm_fn(x, ln, eps):
+  """`_layer_norm` (flax LayerNorm) as a function of its params."""
+  x32 = x.astype(jnp.float32)
+  mean = x32.mean(-1, keepdims=True)
+  var = jnp.mean(jnp.square(x32 - mean), -1, keepdims=True)
+  y = (x32 - mean) * lax.rsqrt(var + eps)
+  return (y * ln['scale'] + ln['bias']).astype(ln['scale'].dtype)
+
+
+def _check_block(config: GPT2Config, layer: int):
+  if not 0 <= layer < config.n_layer:
+    raise LeakjaxError(
+      f'block {layer} does not exist; the model has {config.n_layer} blocks',
+      f'pass 0 <= layer < {config.n_layer}',
+    )
+
+
+def _gpt2_block_inputs(config: GPT2Config, params, ids, mask, layer):
+  _check_ids(ids, mask, config)
+  _check_block(config, layer)
+  stream = GPT2LMHeadModel(config).apply(
+    {'params': params},
+    ids,
+    mask,
+    layer,
+    method=GPT2LMHeadModel.hidden_states,
+  )[-1]
+  ln = params[f'h_{layer}']['ln_1']
+  return _layer_norm_fn(stream, ln, config.layer_norm_epsilon)
+
+
+def _gpt2_block_cache(config: GPT2Config, params, batch_size, max_length, layer):
+  del params
+  _check_block(config, layer)
+  full = init_cache(config, batch_size, max_length)
+  return KVCache(
+    keys=full.keys[:layer], values=full.values[:layer], index=full.index
+  )
+
+
+def _gpt2_block_decode(config: GPT2Config, params, cache, ids, layer):
+  _check_ids(ids, None, config, 'the decoded chunk')
+  _check_block(config, layer)
+  if len(cache.keys) != layer:
+    raise LeakjaxError(
+      f'this block cache holds {len(cache.keys)} blocks, not {layer}',
+      'make it with init_block_cache(..., layer=layer)',
+    )
+  if layer == 0:  # no block runs: token + position embeddings
+    positions = cache.index[:, None] + jnp.arange(ids.shape[1])[None]
+    x = params['wte']['embedding'][ids] + params['wpe']['embedding'][positions]
+    new = cache.replace(index=cache.index + ids.shape[1])
+  else:
+    x, new = GPT2LMHeadModel(config).apply(
+      {'params': params}, ids, cache, method=GPT2LMHeadModel.decode_stream
+    )
+  ln = params[f'h_{layer}']['ln_1']
+  return _layer_norm_fn(x, ln, config.layer_norm_epsilon), new
 
 
 def _gpt2_first_layer(config: GPT2Config, params) -> FirstLayerInputs:
@@ -590,6 +658,9 @@ def make_model(config: GPT2Config, tokenizer=None) -> Model:
     init_cache_fn=Bound(_gpt2_init_cache, (config,)),
     decode_fn=Bound(_gpt2_decode, (config,)),
     first_layer_fn=Bound(_gpt2_first_layer, (config,)),
+    block_input_fn=Bound(_gpt2_block_inputs, (config,)),
+    block_cache_fn=Bound(_gpt2_block_cache, (config,)),
+    block_decode_fn=Bound(_gpt2_block_decode, (config,)),
   )
 
 

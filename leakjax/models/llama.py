@@ -422,8 +422,12 @@ class Llama(nn.Module):
     """Logits float32 `[b, t, vocab]`."""
     return self.head(self.hidden_states(ids, mask)[-1])
 
-  def hidden_states(self, ids, mask=None):
-    """`[L + 1, b, t, D]`: embeddings, then each block's output."""
+  def hidden_states(self, ids, mask=None, num_blocks=None):
+    """`[L + 1, b, t, D]`: embeddings, then each block's output.
+
+    With `num_blocks`, only the first `num_blocks` blocks run (and
+    `num_blocks + 1` states are returned).
+    """
     b, t = ids.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     allowed = jnp.tril(jnp.ones((t, t), bool))[None]  # [1, t, t]
@@ -432,7 +436,7 @@ class Llama(nn.Module):
     allowed = jnp.broadcast_to(allowed, (b, t, t))
     x = self.embed(ids)
     states = [x]
-    for layer in self.layers:
+    for layer in self.layers[:num_blocks]:
       x, _ = layer(x, positions, allowed)
       states.append(x)
     return jnp.stack(states)
@@ -446,6 +450,12 @@ class Llama(nn.Module):
 
   def decode(self, ids, cache: LlamaCache):
     """Appends `ids [b, t]` at `cache.index`; returns (logits, cache)."""
+    x, new = self.decode_stream(ids, cache)
+    return self.head(x), new
+
+  def decode_stream(self, ids, cache: LlamaCache):
+    """Like `decode` through the first `len(cache.keys)` blocks only;
+    returns the residual stream after them (no final norm) and the cache."""
     b, t = ids.shape
     max_len = cache.keys[0].shape[1]
     positions = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)
@@ -453,7 +463,7 @@ class Llama(nn.Module):
     allowed = jnp.arange(max_len)[None, None, :] <= positions[:, :, None]
     x = self.embed(ids)
     keys, values = [], []
-    for i, layer in enumerate(self.layers):
+    for i, layer in enumerate(self.layers[: len(cache.keys)]):
       x, (k, v) = layer(
         x, positions, allowed, (cache.keys[i], cache.values[i]), cache.index
       )
@@ -462,7 +472,7 @@ class Llama(nn.Module):
     new = LlamaCache(
       keys=tuple(keys), values=tuple(values), index=cache.index + t
     )
-    return self.head(x), new
+    return x, new
 
 
 # ------------------------------------------------------------ Model glue
@@ -532,6 +542,62 @@ def _llama_decode(config: LlamaConfig, dtype, params, cache: LlamaCache, ids):
   )
 
 
+def _rms_norm(x, scale, eps):
+  """`RMSNorm` above as a function of its params."""
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps)
+  return scale * x32.astype(scale.dtype)
+
+
+def _check_block(config: LlamaConfig, layer: int):
+  if not 0 <= layer < config.num_hidden_layers:
+    raise LeakjaxError(
+      f'block {layer} does not exist; the model has'
+      f' {config.num_hidden_layers} blocks',
+      f'pass 0 <= layer < {config.num_hidden_layers}',
+    )
+
+
+def _llama_block_inputs(config: LlamaConfig, dtype, params, ids, mask, layer):
+  _check_ids(config, ids)
+  _check_block(config, layer)
+  stream = Llama(config, dtype=dtype).apply(
+    {'params': params}, ids, mask, layer, method=Llama.hidden_states
+  )[-1]
+  scale = params[f'layers_{layer}']['attn_norm']['scale']
+  return _rms_norm(stream, scale, config.rms_norm_eps)
+
+
+def _llama_block_cache(
+  config: LlamaConfig, dtype, params, batch_size, max_length, layer
+):
+  _check_block(config, layer)
+  full = _llama_init_cache(config, dtype, params, batch_size, max_length)
+  return LlamaCache(
+    keys=full.keys[:layer], values=full.values[:layer], index=full.index
+  )
+
+
+def _llama_block_decode(config: LlamaConfig, dtype, params, cache, ids, layer):
+  _check_block(config, layer)
+  if len(cache.keys) != layer:
+    raise LeakjaxError(
+      f'this block cache holds {len(cache.keys)} blocks, not {layer}',
+      'make it with init_block_cache(..., layer=layer)',
+    )
+  if _is_concrete(ids):
+    check_token_ids(ids, config.vocab_size)
+  if layer == 0:  # no block runs: the embeddings, normalised
+    x = params['embed']['embedding'][ids]
+    new = cache.replace(index=cache.index + ids.shape[1])
+  else:
+    x, new = Llama(config, dtype=dtype).apply(
+      {'params': params}, ids, cache, method=Llama.decode_stream
+    )
+  scale = params[f'layers_{layer}']['attn_norm']['scale']
+  return _rms_norm(x, scale, config.rms_norm_eps), new
+
+
 def _llama_first_layer(config: LlamaConfig, params) -> FirstLayerInputs:
   return FirstLayerInputs(
     tokens=params['embed']['embedding'],
@@ -587,6 +653,9 @@ def make_model(
     init_cache_fn=Bound(_llama_init_cache, static),
     decode_fn=Bound(_llama_decode, static),
     first_layer_fn=Bound(_llama_first_layer, (config,)),
+    block_input_fn=Bound(_llama_block_inputs, static),
+    block_cache_fn=Bound(_llama_block_cache, static),
+    block_decode_fn=Bound(_llama_block_decode, static),
   )
 
 

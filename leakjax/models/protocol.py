@@ -248,6 +248,10 @@ def _prefix_decode(logits_fn, params, cache: PrefixCache, ids):
   return out, PrefixCache(ids=new_ids, index=length)
 
 
+def _at_layer(fn, layer, params, ids, mask):
+  return fn(params, ids, mask, layer)
+
+
 # -------------------------------------------------------------------- Model
 @dataclasses.dataclass(frozen=True)
 class Model:
@@ -272,6 +276,14 @@ class Model:
     head_fn: `(params, hidden [..., d]) -> [..., V]` (final norm + head).
     train_logits_fn: `(params, ids, mask, key)`, logits with dropout.
     first_layer_fn: `params -> FirstLayerInputs`, or None.
+    block_input_fn: `(params, ids, mask, layer) -> [b, t, d]`, what block
+      `layer`'s attention projections read (its normalised input), computed
+      through blocks `0 .. layer - 1` only; or None.
+    block_cache_fn, block_decode_fn: `(params, batch_size, max_length,
+      layer) -> cache` and `(params, cache, ids, layer) -> ([b, t, d],
+      cache)`, the same incrementally (a cache of the first `layer` blocks
+      only), both or neither; without them :meth:`block_decode` recomputes
+      the prefix with `block_input_fn`.
   """
 
   vocab_size: int
@@ -301,6 +313,15 @@ class Model:
   first_layer_fn: Callable[..., FirstLayerInputs] | None = dataclasses.field(
     default=None, repr=False
   )
+  block_input_fn: Callable[..., jax.Array] | None = dataclasses.field(
+    default=None, repr=False
+  )
+  block_cache_fn: Callable[..., Any] | None = dataclasses.field(
+    default=None, repr=False
+  )
+  block_decode_fn: Callable[..., Any] | None = dataclasses.field(
+    default=None, repr=False
+  )
   tokenizer: Any = dataclasses.field(
     default=None, compare=False, hash=False, repr=False
   )
@@ -310,6 +331,15 @@ class Model:
       raise LeakjaxError(
         'decode and init_cache come together',
         'pass both, or neither (decoding then recomputes the prefix)',
+      )
+    if (self.block_decode_fn is None) != (self.block_cache_fn is None):
+      raise LeakjaxError(
+        'block_decode and block_cache come together',
+        'pass both, or neither (block_decode then recomputes the prefix)',
+      )
+    if self.block_decode_fn is not None and self.block_input_fn is None:
+      raise LeakjaxError(
+        'block_decode needs block_inputs', 'pass block_inputs= as well'
       )
     if not isinstance(self.vocab_size, int) or self.vocab_size <= 0:
       raise LeakjaxError(
@@ -382,6 +412,43 @@ class Model:
       return None
     return self.first_layer_fn(params)
 
+  def block_inputs(self, params, ids, mask=None, *, layer: int) -> jax.Array:
+    """What block `layer`'s attention projections read, `[b, t, d]`.
+
+    The normalised input of block `layer` (its attention norm applied to
+    the output of blocks `0 .. layer - 1`), the rows whose span the
+    gradient of that block's q/k/v kernels is (DAGER's layer-`layer + 1`
+    span test). Only the first `layer` blocks are computed.
+    """
+    if self.block_input_fn is None:
+      raise LeakjaxError(
+        'this model declares no block_inputs function',
+        'pass block_inputs= to from_functions / from_flax',
+      )
+    return self.block_input_fn(params, ids, mask, layer)
+
+  def init_block_cache(
+    self, params, batch_size: int, max_length: int, *, layer: int
+  ) -> PyTree:
+    """An empty cache for :meth:`block_decode` (batch-leading leaves)."""
+    if self.block_cache_fn is None:
+      return _prefix_init_cache(params, batch_size, max_length)
+    return self.block_cache_fn(params, batch_size, max_length, layer)
+
+  def block_decode(
+    self, params, cache, ids, *, layer: int
+  ) -> tuple[Float[Array, 'b t d'], PyTree]:
+    """Appends `ids [b, t]`: `(block_inputs at those positions, cache)`.
+
+    Decoding a whole sequence equals :meth:`block_inputs` on it.
+    """
+    if self.block_decode_fn is None:
+      fn = self.block_input_fn
+      if fn is None:
+        self.block_inputs(params, ids, layer=layer)  # raises
+      return _prefix_decode(Bound(_at_layer, (fn, layer)), params, cache, ids)
+    return self.block_decode_fn(params, cache, ids, layer)
+
   # ----------------------------------------------------------- parameters
   def word_embeddings(self, params) -> jax.Array:
     """The input embedding matrix `[vocab, dim]`."""
@@ -445,6 +512,7 @@ def from_functions(
   hidden_states: Callable[..., jax.Array] | None = None,
   lm_head: Callable[..., jax.Array] | None = None,
   first_layer_inputs: Callable[..., FirstLayerInputs] | None = None,
+  block_inputs: Callable[..., jax.Array] | None = None,
   position_embeddings: ParamPath | str | None = None,
   lm_head_path: ParamPath | str | None = None,
   output_bias: ParamPath | str | None = None,
@@ -469,6 +537,9 @@ def from_functions(
       embedding inversion).
     lm_head: `(params, hidden [..., d]) -> [..., vocab]`.
     first_layer_inputs: `params -> FirstLayerInputs` (needed by span tests).
+    block_inputs: `(params, ids, mask, layer) -> [b, t, d]`, the normalised
+      input of block `layer` (needed by DAGER's layer-2 search; see
+      :meth:`Model.block_inputs`).
     position_embeddings, lm_head_path, output_bias, attention_inputs,
       last_layers: paths, see :class:`ParamPaths`.
     tokenizer: host-side tokenizer, or None.
@@ -496,6 +567,7 @@ def from_functions(
     hidden_fn=hidden_states,
     head_fn=lm_head,
     first_layer_fn=first_layer_inputs,
+    block_input_fn=block_inputs,
     tokenizer=tokenizer,
   )
 
@@ -552,7 +624,7 @@ def from_flax(
       -> [layers + 1, b, t, d]` and `(hidden) -> logits`, or None.
     **facts: the other keyword arguments of :func:`from_functions`
       (hidden_size, num_layers, max_length, tie_word_embeddings, paths,
-      first_layer_inputs, tokenizer).
+      first_layer_inputs, block_inputs, tokenizer).
   """
   fn = getattr(type(module), method, None)
   if fn is None:

@@ -58,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from leakjax.attacks.dager.span import span_of
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model, get_path
 
@@ -138,15 +139,12 @@ def _span_basis(
   max_rank_fraction: float,
 ):
   """Orthonormal basis of the column space, its rank, and whether valid."""
-  g = first_layer_grad.astype(jnp.float32)
-  u, s, _ = jnp.linalg.svd(g, full_matrices=False)  # u [d, r]
-  d = g.shape[0]
-  logs = jnp.log10(s / s[0] + 1e-30)
-  gaps = logs[:-1] - logs[1:]
-  rank = jnp.argmax(gaps) + 1
-  valid = (gaps[rank - 1] >= min_gap_decades) & (rank <= max_rank_fraction * d)
-  keep = jnp.arange(u.shape[1]) < rank
-  return u * keep[None, :], rank, valid
+  span = span_of(
+    first_layer_grad,
+    min_gap_decades=min_gap_decades,
+    max_rank_fraction=max_rank_fraction,
+  )
+  return span.basis, span.rank, span.valid
 
 
 def input_span_residuals(

@@ -1,0 +1,332 @@
+"""DAGER on one observed gradient: filter, search, complete the last token.
+
+>>> model, params = leakjax.models.load('smollm2-135m')      # doctest: +SKIP
+>>> result = recover(model, params, grads)                   # doctest: +SKIP
+>>> result.texts[0]                                          # doctest: +SKIP
+'Volume mgmt is trying to clear up these issues.'
+
+Steps (the kernels are in :mod:`leakjax.attacks.dager.search`):
+
+1. the layer-1 token filter over the vocabulary (one jitted call);
+2. the span of block 2's projection gradient; if its rank is at the limit
+   (more input positions than the width d), the span test cannot decide and
+   :class:`DagerResult.rank_limited` is set (the hybrid with FILM,
+   :mod:`leakjax.attacks.dager.hybrid`, takes over there);
+3. the layer-2 sequence search (one jitted `lax.while_loop`);
+4. each recovered sequence lacks its sentence's last token (it has no
+   gradient under the next-token loss). It is completed from FILM's bag of
+   words (Gupta et al. 2022, Sec. 4.2; :func:`leakjax.attacks.film.bag.
+   extract_bag`), which reads targets off the embedding gradient and so
+   holds the last tokens: the bag token the model finds likeliest after the
+   sequence. Our decision, not the paper's: DAGER stops one token short.
+
+Candidates are padded to a multiple of `chunk`, so the search compiles once
+per multiple; new gradients or new params of the same shapes never
+recompile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from leakjax.attacks.dager import search as sr
+from leakjax.attacks.dager.span import span_of
+from leakjax.errors import LeakjaxError
+from jaxtyping import Array, Float, Int
+
+from leakjax.models.protocol import Model, get_path
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class DagerConfig:
+  """The attack's settings (hashable).
+
+  Attributes:
+    span: thresholds of the span tests (:class:`search.SpanConfig`).
+    max_live: live prefixes per step of the search; a batch of b
+      sentences needs at least b (distinct prefixes of one length).
+    max_done: finished sequences kept (at least b).
+    max_length: the longest sequence searched (tokens, incl. BOS).
+    chunk: candidates per decode batch of the search (memory:
+      `max_sequences · chunk` copies of a one-block cache).
+    complete_last_token: complete each sequence with its last token read
+      off the head gradient (:func:`last_token_scores`; False: DAGER's
+      output, one token short).
+  """
+
+  span: sr.SpanConfig = sr.SpanConfig()
+  max_live: int = 24
+  max_done: int = 64
+  max_length: int = 64
+  chunk: int = 32
+  complete_last_token: bool = True
+
+  def __post_init__(self):
+    for name in ('max_live', 'max_done', 'max_length', 'chunk'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise LeakjaxError(
+          f'DagerConfig.{name} must be a positive int, got {value!r}'
+        )
+
+
+@dataclasses.dataclass
+class DagerResult:
+  """What DAGER recovered from one gradient.
+
+  Attributes:
+    sequences: token ids of each recovered sentence (with its last token
+      when completed).
+    prefixes: the sequences the span search found (no last token).
+    texts: `sequences` decoded, or None without a tokenizer.
+    candidates: the layer-1 candidate token ids.
+    rank1, rank2: ranks of blocks 1 and 2's projection gradients.
+    valid1, valid2: whether those spans had a clear gap below the limit.
+    rank_limited: the span tests could not decide (not valid1 or valid2).
+    dropped: passing extensions that found no free slot.
+    residuals: per sequence, the largest layer-2 residual along it.
+    seconds: wall time per stage.
+  """
+
+  sequences: list[list[int]]
+  prefixes: list[list[int]]
+  texts: list[str] | None
+  candidates: np.ndarray
+  rank1: int
+  rank2: int
+  valid1: bool
+  valid2: bool
+  rank_limited: bool
+  dropped: int
+  residuals: list[float]
+  seconds: dict[str, float]
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'config'))
+def _layer1(model, params, grads, config):
+  mask, res, span1 = sr.token_filter(model, params, grads, config=config)
+  return mask, res, span1.rank, span1.valid
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'config'))
+def _span2(model, grads, config):
+  return span_of(
+    sr.block_gradient(model, grads, 1),
+    min_gap_decades=config.min_gap_decades,
+    max_rank_fraction=config.max_rank_fraction,
+  )
+
+
+def _pad_rows(rows: list[list[int]], extra: int = 0):
+  t = max(len(r) for r in rows) + extra
+  ids = np.zeros((len(rows), t), np.int32)
+  mask = np.zeros((len(rows), t), np.int32)
+  for i, r in enumerate(rows):
+    ids[i, : len(r)] = r
+    mask[i, : len(r)] = 1
+  return ids, mask
+
+
+def _head_path(model: Model):
+  return model.paths.lm_head or model.paths.word_embeddings
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def last_token_scores(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  ids: Int[Array, 'n t'],
+  mask: Int[Array, 'n t'],
+) -> Float[Array, 'n V']:
+  """How strongly the observed head gradient names each token as the last
+  target of each sequence (our completion of DAGER; exact for FedSGD).
+
+  `ids`/`mask` hold the recovered sequences (each a sentence without its
+  last token, right-padded); together they must be the client's whole
+  batch. Under the mean next-token loss over N targets, the last target
+  `y_j` of sentence j enters the gradient linearly:
+
+      ∇θ = ∇θ L₀ − (1/N) Σ_j ∂z_j[y_j]/∂θ,
+
+  with L₀ the loss whose last targets are replaced by logsumexp(z_j) (all
+  known once the prefixes are) and z_j the logits at the prefix's last
+  position. On the head matrix, ∂z_j[v]/∂W = e_v ⊗ h̃_j (h̃_j the head's
+  input there), so `R = N (∇L₀ − ∇θ)` has rows `R[v] = Σ_{j: y_j = v} h̃_j`
+  (plus, for a tied head, input-side terms on the rows of tokens inside the
+  prefixes). Least squares against the h̃_j gives coefficients
+  `C = R Hᵀ (H Hᵀ)⁻¹` `[V, n]`, 1 where v is sentence j's last token and 0
+  elsewhere; the scores returned are `Cᵀ`.
+
+  Needs the model's `hidden_states` and `lm_head` functions.
+  """
+  n = ids.shape[0]
+  length = mask.sum(1)
+  last = length - 1
+  num_targets = length.sum()  # known targets + one last target per row
+  path = _head_path(model)
+
+  def loss0(p):
+    logits = model.logits(p, ids, mask).astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    known = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+    known = (known * mask[:, 1:]).sum()
+    z = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+    return (known + jax.nn.logsumexp(z, axis=-1).sum()) / num_targets
+
+  g0 = get_path(jax.grad(loss0)(params), path)
+  gobs = get_path(grads, path)
+  r = (g0 - gobs).astype(jnp.float32) * num_targets
+  if model.paths.lm_head is not None:  # a Dense kernel [d, V]
+    r = r.T
+  hidden = model.hidden_states(params, ids, mask)[-1]  # [n, t, d]
+  h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+
+  def head_input(h):  # what multiplies the head matrix: ∂z[v]/∂W[v]
+    def z0(p):
+      return model.lm_head(p, h)[0]
+
+    g = get_path(jax.grad(z0)(params), path)
+    return g.T[0] if model.paths.lm_head is not None else g[0]
+
+  h = jax.vmap(head_input)(h_last).astype(jnp.float32)  # [n, d]
+  gram = h @ h.T + 1e-6 * jnp.trace(h @ h.T) / n * jnp.eye(n)
+  return jnp.linalg.solve(gram, h @ r.T)  # [n, V]
+
+
+def complete_last_tokens(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  prefixes: list[list[int]],
+) -> list[list[int]]:
+  """Each prefix + its last token read off the head gradient.
+
+  See :func:`last_token_scores`; the prefixes must be the whole batch.
+
+  Args:
+    model: the attacked model.
+    params: θ.
+    grads: the observed (FedSGD) gradient.
+    prefixes: the recovered sequences, each without its last token.
+
+  Returns:
+    The completed sequences.
+  """
+  if not prefixes:
+    return []
+  ids, mask = _pad_rows(prefixes)
+  scores = np.asarray(
+    last_token_scores(
+      model, params, grads, jnp.asarray(ids), jnp.asarray(mask)
+    )
+  )
+  best = scores.argmax(1)
+  return [list(p) + [int(v)] for p, v in zip(prefixes, best, strict=True)]
+
+
+def recover(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  *,
+  config: DagerConfig = DagerConfig(),
+) -> DagerResult:
+  """DAGER on one observed gradient (module docstring).
+
+  Args:
+    model: the attacked model; it must declare the attention input kernels
+      of its first two blocks, `first_layer_inputs` and `block_inputs`
+      (ours do; see :func:`leakjax.models.from_functions`).
+    params: θ at which the gradient was taken.
+    grads: the observed gradient, a pytree like `params`.
+    config: settings.
+
+  Returns:
+    A :class:`DagerResult`.
+  """
+  seconds = {}
+  t0 = time.perf_counter()
+  mask, _, rank1, valid1 = _layer1(model, params, grads, config.span)
+  mask = np.asarray(mask)
+  cands = np.flatnonzero(mask).astype(np.int32)
+  span2 = _span2(model, grads, config.span)
+  rank2, valid2 = int(span2.rank), bool(span2.valid)
+  seconds['filter'] = time.perf_counter() - t0
+  rank_limited = not (bool(valid1) and valid2)
+  prefixes, res, dropped = [], [], 0
+  t0 = time.perf_counter()
+  start = None
+  bos = getattr(model.tokenizer, 'bos_id', None)
+  if bos is not None and bos in cands:
+    # Every row starts with BOS; see search.py on why it must be given.
+    start = jnp.asarray(bos, jnp.int32)
+    cands = cands[cands != bos]
+  if not rank_limited and len(cands):
+    size = config.chunk * -(-len(cands) // config.chunk)
+    padded = np.zeros(size, np.int32)
+    padded[: len(cands)] = cands
+    valid = np.arange(size) < len(cands)
+    state = sr.sequence_search(
+      model,
+      params,
+      span2,
+      jnp.asarray(padded),
+      jnp.asarray(valid),
+      start,
+      max_live=config.max_live,
+      max_done=config.max_done,
+      max_length=config.max_length,
+      tolerance=config.span.layer2_tolerance,
+      chunk=config.chunk,
+    )
+    dropped = int(state.dropped)
+    rows = [
+      (state.done, state.done_length, state.done_residual),
+      (
+        state.live,
+        np.where(state.live_ok, int(state.step), 0),
+        state.live_residual,
+      ),
+    ]
+    for ids, length, residual in rows:
+      ids, length = np.asarray(ids), np.asarray(length)
+      residual = np.asarray(residual)
+      for row in np.flatnonzero(length > 0):
+        prefixes.append(ids[row, : length[row]].tolist())
+        res.append(float(residual[row]))
+  seconds['search'] = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  sequences = [list(p) for p in prefixes]
+  if config.complete_last_token and prefixes:
+    sequences = complete_last_tokens(model, params, grads, prefixes)
+  seconds['last_token'] = time.perf_counter() - t0
+  texts = None
+  if model.tokenizer is not None:
+    texts = [model.tokenizer.decode(s) for s in sequences]
+  return DagerResult(
+    sequences=sequences,
+    prefixes=prefixes,
+    texts=texts,
+    candidates=cands,
+    rank1=int(rank1),
+    rank2=rank2,
+    valid1=bool(valid1),
+    valid2=valid2,
+    rank_limited=rank_limited,
+    dropped=dropped,
+    residuals=res,
+    seconds=seconds,
+  )
+
+
+__all__ = ['DagerConfig', 'DagerResult', 'complete_last_tokens', 'recover']

@@ -1,0 +1,373 @@
+"""DAGER's two span tests on a decoder: the token filter and the sequence search.
+
+Petrov et al., "DAGER: Exact Gradient Inversion for Large Language Models"
+(NeurIPS 2024), Sec. 4-5, written from the paper:
+
+1. **Layer-1 token filter** (:func:`token_filter`): the first block's
+   attention projections read `x̂ = norm(e_v + p_t)` for token `v` at
+   position `t` (rotary models: `norm(e_v)`, one test per token). A token
+   is a candidate iff some `x̂` lies in the span of the gradient of those
+   projections (:mod:`leakjax.attacks.dager.span`). All `V` tokens (times
+   the positions for learned position embeddings) are tested at once.
+2. **Layer-2 sequence search** (:func:`search_step`, :func:`sequence_search`): under
+   causal attention, the input of block 2 at position `i` depends only on
+   tokens `0..i`. Sequences grow one position per step: every live prefix
+   is extended by every candidate token, the extension's block-2 input is
+   computed incrementally (a cache of block 1 only,
+   :meth:`leakjax.models.Model.block_decode`), and the extension is kept
+   iff that input lies in the span of block 2's projection gradient.
+   A prefix none of whose extensions passes is finished.
+
+The decisions the paper leaves open, taken here:
+
+* fixed shapes: `max_live` rows hold the live prefixes and `max_done` the
+  finished sequences; when more extensions pass than there are live rows,
+  the closest to the span are kept and the rest counted in `dropped`
+  (DAGER's code keeps every passing sequence, on a GPU);
+* the search starts from a given first token (the tokenizer's BOS, which
+  the client's batch starts with) or from the empty prefix, position 0
+  then tested like every other. A BOS must be given when the model puts
+  it in every row: its block-2 input barely depends on its position
+  (attention sink), so it passes the test anywhere;
+* a prefix is finished when no extension passes; the last token of a
+  sentence has no gradient under the next-token loss, so what the search
+  returns is each sentence without its last token (DAGER, Sec. 6: "the
+  last token ... cannot be recovered"), which
+  :mod:`leakjax.attacks.dager.pipeline` completes from the bag of words.
+
+Every function here is pure; `model` is a static argument (it hashes by
+value). :func:`sequence_search` runs the steps in one `lax.while_loop`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from leakjax.attacks.dager.span import Span, residuals, span_of
+from leakjax.attacks.film import bag as bow
+from leakjax.errors import LeakjaxError
+from leakjax.models.protocol import Model, get_path
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanConfig:
+  """Thresholds of the span tests (hashable, static).
+
+  Attributes:
+    layer1_tolerance: a token is a layer-1 candidate if its input's
+      relative residual to the span is below this.
+    layer2_tolerance: an extension passes the layer-2 test below this.
+    min_gap_decades: the spectrum's drop at the rank for a valid span
+      (:func:`leakjax.attacks.dager.span.span_of`).
+    max_rank_fraction: rank limit as a fraction of the width d.
+  """
+
+  layer1_tolerance: float = 1e-2
+  layer2_tolerance: float = 5e-4
+  min_gap_decades: float = 1.0
+  max_rank_fraction: float = 0.97
+
+
+def block_gradient(model: Model, grads: PyTree, block: int) -> jax.Array:
+  """`[d, out]`: the gradients of block `block`'s attention input kernels,
+  side by side (the model's `paths.attention_inputs[block]`)."""
+  paths = model.paths.attention_inputs
+  if len(paths) <= block or not paths[block]:
+    raise LeakjaxError(
+      f'the model declares no attention input kernels for block {block}',
+      'declare attention_inputs (the q/k/v kernels of the first two blocks)'
+      ' through from_functions / from_flax',
+    )
+  return jnp.concatenate([get_path(grads, p) for p in paths[block]], axis=1)
+
+
+def token_filter(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  *,
+  config: SpanConfig = SpanConfig(),
+  num_positions: Int[Array, ''] | None = None,
+) -> tuple[Bool[Array, ' V'], Float[Array, ' V'], Span]:
+  """Layer-1 filter: which tokens were inputs of the batch (DAGER Sec. 4.1).
+
+  Args:
+    model: the attacked model (declares `attention_inputs` and
+      `first_layer_inputs`).
+    params: θ at which the gradient was taken.
+    grads: the observed gradient (a params-shaped pytree).
+    config: thresholds.
+    num_positions: for learned position embeddings, test positions below
+      this bound only (traced int32); None tests all.
+
+  Returns:
+    `(mask [V], residual [V], span)`: the candidates, each token's smallest
+    relative residual over positions, and block 1's span. At most `rank`
+    tokens (the closest) pass: the span has `rank` dimensions.
+  """
+  g1 = block_gradient(model, grads, 0)
+  span = span_of(
+    g1,
+    min_gap_decades=config.min_gap_decades,
+    max_rank_fraction=config.max_rank_fraction,
+  )
+  out = bow.span_residuals(model, params, grads, num_positions=num_positions)
+  if out is None:
+    raise LeakjaxError(
+      'the model declares no first_layer_inputs',
+      'declare first_layer_inputs through from_functions / from_flax',
+    )
+  res = out[0]
+  order = jnp.argsort(res)
+  closest = (
+    jnp.zeros(res.shape, bool).at[order].set(jnp.arange(res.shape[0]) < span.rank)
+  )
+  mask = (res < config.layer1_tolerance) & closest & span.valid
+  return mask, res, span
+
+
+# --------------------------------------------------------------- the search
+@flax.struct.dataclass
+class SearchState:
+  """The sequence search's buffers (fixed shapes).
+
+  Live prefixes all have length `step`; finished sequences keep theirs.
+
+  Attributes:
+    live: int32 `[A, L]`, the live prefixes (tokens past `step` are 0).
+    live_ok: bool `[A]`, which live rows hold a prefix.
+    live_residual: float32 `[A]`, the largest layer-2 residual along each
+      live prefix (how sure the search is of it).
+    cache: the block-1 cache of the live rows (:meth:`Model.block_decode`).
+    done: int32 `[F, L]`, finished sequences (no extension passed).
+    done_length: int32 `[F]`, their lengths (0: empty row).
+    done_residual: float32 `[F]`.
+    step: int32 `[]`, the position the next step fills.
+    dropped: int32 `[]`, passing extensions (or finished sequences) that
+      found no free row.
+  """
+
+  live: Int[Array, 'A L']
+  live_ok: Bool[Array, ' A']
+  live_residual: Float[Array, ' A']
+  cache: PyTree
+  done: Int[Array, 'F L']
+  done_length: Int[Array, ' F']
+  done_residual: Float[Array, ' F']
+  step: Int[Array, '']
+  dropped: Int[Array, '']
+
+
+def init_state(
+  model: Model,
+  params: PyTree,
+  max_live: int,
+  max_done: int,
+  max_length: int,
+  start: Int[Array, ''] | None = None,
+) -> SearchState:
+  """One live prefix in row 0: empty, or the token `start` (e.g. BOS)."""
+  a = max_live
+  cache = model.init_block_cache(params, a, max_length, layer=1)
+  live = jnp.zeros((a, max_length), jnp.int32)
+  step = jnp.zeros((), jnp.int32)
+  if start is not None:
+    first = jnp.full((a, 1), start, jnp.int32)
+    _, cache = model.block_decode(params, cache, first, layer=1)
+    live = live.at[:, 0].set(first[:, 0])
+    step = step + 1
+  return SearchState(
+    live=live,
+    live_ok=jnp.arange(a) == 0,
+    live_residual=jnp.zeros((a,), jnp.float32),
+    cache=cache,
+    done=jnp.zeros((max_done, max_length), jnp.int32),
+    done_length=jnp.zeros((max_done,), jnp.int32),
+    done_residual=jnp.zeros((max_done,), jnp.float32),
+    step=step,
+    dropped=jnp.zeros((), jnp.int32),
+  )
+
+
+def extension_residuals(
+  model: Model,
+  params: PyTree,
+  span2: Span,
+  state: SearchState,
+  candidates: Int[Array, ' C'],
+  *,
+  chunk: int,
+) -> Float[Array, 'A C']:
+  """Layer-2 residual of every live prefix extended by every candidate.
+
+  The live rows' block-1 caches are replicated `chunk` times per pass, so
+  the work runs as `C / chunk` batches of `A · chunk` one-token decodes.
+  """
+  a = state.live.shape[0]
+  c = candidates.shape[0]
+  if c % chunk:
+    raise LeakjaxError(f'{c} candidates are not a multiple of chunk {chunk}')
+
+  def one(cands):  # [chunk] -> [A, chunk]
+    cache = jax.tree.map(lambda x: jnp.repeat(x, chunk, axis=0), state.cache)
+    ids = jnp.tile(cands, a)[:, None]  # row p * chunk + j extends prefix p
+    x, _ = model.block_decode(params, cache, ids, layer=1)
+    return residuals(span2, x[:, 0]).reshape(a, chunk)
+
+  out = jax.lax.map(one, candidates.reshape(c // chunk, chunk))
+  return out.transpose(1, 0, 2).reshape(a, c)
+
+
+def search_step(
+  model: Model,
+  params: PyTree,
+  span2: Span,
+  candidates: Int[Array, ' C'],
+  valid: Bool[Array, ' C'],
+  state: SearchState,
+  *,
+  tolerance: float,
+  chunk: int,
+) -> SearchState:
+  """One position of the sequence search (pure; `model` static).
+
+  Extends every live prefix by every valid candidate and keeps the
+  extensions whose block-2 input lies in the span (residual <
+  `tolerance`), the closest first when more pass than there are live
+  rows; a live prefix none of whose extensions passes moves to `done`.
+  """
+  a, max_len = state.live.shape
+  f = state.done.shape[0]
+  c = candidates.shape[0]
+  i = state.step
+  res = extension_residuals(model, params, span2, state, candidates, chunk=chunk)
+  passing = (res < tolerance) & state.live_ok[:, None] & valid[None, :]
+  # 1. live prefixes without a passing extension are finished.
+  ends = state.live_ok & ~passing.any(1)
+  n_done = (state.done_length > 0).sum()
+  slot = n_done + jnp.cumsum(ends) - 1
+  write = ends & (slot < f)
+  slot = jnp.where(write, slot, f)  # out of range: dropped by the scatter
+  done = state.done.at[slot].set(state.live, mode='drop')
+  done_length = state.done_length.at[slot].set(i, mode='drop')
+  done_residual = state.done_residual.at[slot].set(
+    state.live_residual, mode='drop'
+  )
+  # 2. the passing extensions, closest first, become the live prefixes.
+  keys = jnp.where(passing, res, jnp.inf).reshape(-1)
+  neg, pick = jax.lax.top_k(-keys, a)
+  live_ok = jnp.isfinite(neg)
+  dropped = jnp.maximum(passing.sum() - a, 0) + (ends & ~write).sum()
+  parent = pick // c
+  token = candidates[pick % c]
+  live = state.live[parent]
+  live = jnp.where(
+    live_ok[:, None] & (jnp.arange(max_len)[None] == i), token[:, None], live
+  )
+  live_residual = jnp.where(
+    live_ok, jnp.maximum(state.live_residual[parent], -neg), 0.0
+  )
+  cache = jax.tree.map(lambda x: x[parent], state.cache)
+  _, cache = model.block_decode(params, cache, token[:, None], layer=1)
+  return SearchState(
+    live=live,
+    live_ok=live_ok,
+    live_residual=live_residual,
+    cache=cache,
+    done=done,
+    done_length=done_length,
+    done_residual=done_residual,
+    step=i + 1,
+    dropped=state.dropped + dropped,
+  )
+
+
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    'model',
+    'max_live',
+    'max_done',
+    'max_length',
+    'tolerance',
+    'chunk',
+  ),
+)
+def sequence_search(
+  model: Model,
+  params: PyTree,
+  span2: Span,
+  candidates: Int[Array, ' C'],
+  valid: Bool[Array, ' C'],
+  start: Int[Array, ''] | None = None,
+  *,
+  max_live: int,
+  max_done: int,
+  max_length: int,
+  tolerance: float,
+  chunk: int,
+) -> SearchState:
+  """The whole layer-2 search in one `lax.while_loop` (DAGER Sec. 5).
+
+  Args:
+    model: the attacked model (declares `block_inputs`, ideally with
+      `block_decode`), static.
+    params: θ.
+    span2: the span of block 2's attention-input gradient.
+    candidates: int32 `[C]` token ids from :func:`token_filter`, padded to
+      a multiple of `chunk` (padding marked invalid).
+    valid: bool `[C]`.
+    start: a token every sequence starts with (BOS), or None to search
+      position 0 like the others.
+    max_live: live prefixes per step, static (at least the number of
+      distinct prefixes of one length in the batch: b).
+    max_done: finished sequences kept, static (at least b).
+    max_length: longest sequence grown, static.
+    tolerance: the layer-2 residual threshold.
+    chunk: candidates per decode batch (memory: `max_live · chunk` copies
+      of a one-block cache).
+
+  Returns:
+    The final :class:`SearchState`: the recovered sequences (each sentence
+    without its last token) are the rows of `done` with a non-zero length,
+    then the live rows if the search stopped at `max_length`.
+  """
+  state = init_state(model, params, max_live, max_done, max_length, start)
+
+  def cond(st):
+    return (st.step < max_length) & jnp.any(st.live_ok)
+
+  def body(st):
+    return search_step(
+      model,
+      params,
+      span2,
+      candidates,
+      valid,
+      st,
+      tolerance=tolerance,
+      chunk=chunk,
+    )
+
+  return jax.lax.while_loop(cond, body, state)
+
+
+__all__ = [
+  'SearchState',
+  'SpanConfig',
+  'block_gradient',
+  'extension_residuals',
+  'init_state',
+  'sequence_search',
+  'search_step',
+  'token_filter',
+]

@@ -1,0 +1,90 @@
+"""The span of an attention projection's gradient, and distances to it.
+
+For a linear layer `y = x W` applied to the rows `x_t` of a batch, the
+gradient is `∂L/∂W = Σ_t x_tᵀ δ_t = Xᵀ Δ` (`[d, out]`): its column space is
+spanned by the inputs `x_t` whose output gradient `δ_t` is non-zero, so it
+has rank at most the number of such inputs. When that number is below the
+width `d`, a candidate row `x` was an input iff it lies in the column space
+(Petrov et al., "DAGER: Exact Gradient Inversion for Large Language
+Models", NeurIPS 2024, Sec. 3, Theorem 3.1 / Lemma 3.2).
+
+The rank is read off the spectrum with a rule that needs no ground truth:
+the largest drop of the log singular values, valid only when that drop is
+at least `min_gap_decades` decades and the rank stays below
+`max_rank_fraction · d` (past it every vector is close to the span, the
+rank limit). DAGER's code takes a fixed numerical tolerance per batch size
+(its README); a gap adapts to the batch and to the float precision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Span:
+  """The column space of a gradient, as the projector onto its complement.
+
+  Attributes:
+    basis: float32 `[d, k]`, orthonormal columns; those past `rank` are zero.
+    rank: int32 `[]`, the dimension read off the spectrum.
+    valid: bool `[]`, whether the spectrum has a clear gap below the rank
+      limit (False: the span test cannot separate inputs from non-inputs).
+    log_gap: float32 `[]`, the drop (decades) of the spectrum at `rank`.
+  """
+
+  basis: Float[Array, 'd k']
+  rank: Int[Array, '']
+  valid: Bool[Array, '']
+  log_gap: Float[Array, '']
+
+
+def span_of(
+  grad: Float[Array, 'd out'],
+  *,
+  min_gap_decades: float = 1.0,
+  max_rank_fraction: float = 0.9,
+) -> Span:
+  """The column space of `grad` with its rank read off the spectrum.
+
+  Args:
+    grad: `∂L/∂W` of a projection `x W`, `[d, out]` (several projections
+      that read the same `x`, e.g. q/k/v, side by side along `out`).
+    min_gap_decades: the spectrum must drop by at least this many decades
+      at the rank, else the span is not `valid`.
+    max_rank_fraction: not `valid` when the rank exceeds this fraction of
+      `d` (DAGER's rank cutoff: its code stops 20 below d = 768).
+
+  Returns:
+    A :class:`Span`.
+  """
+  g = grad.astype(jnp.float32)
+  u, s, _ = jnp.linalg.svd(g, full_matrices=False)  # u [d, k]
+  d = g.shape[0]
+  logs = jnp.log10(s / s[0] + 1e-30)
+  gaps = logs[:-1] - logs[1:]
+  rank = jnp.argmax(gaps) + 1
+  gap = gaps[rank - 1]
+  valid = (gap >= min_gap_decades) & (rank <= max_rank_fraction * d)
+  keep = jnp.arange(u.shape[1]) < rank
+  return Span(
+    basis=u * keep[None, :],
+    rank=rank.astype(jnp.int32),
+    valid=valid,
+    log_gap=gap,
+  )
+
+
+def residuals(span: Span, x: Float[Array, '... d']) -> Float[Array, '...']:
+  """Relative distance `‖x − QQᵀx‖ / ‖x‖` of each row `x` to the span."""
+  x = x.astype(jnp.float32)
+  res = x - (x @ span.basis) @ span.basis.T
+  return jnp.linalg.norm(res, axis=-1) / (jnp.linalg.norm(x, axis=-1) + 1e-30)
+
+
+__all__ = ['Span', 'residuals', 'span_of']
