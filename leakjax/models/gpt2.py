@@ -570,7 +570,9 @@ def _gpt2_block_inputs(config: GPT2Config, params, ids, mask, layer):
   return _layer_norm_fn(stream, ln, config.layer_norm_epsilon)
 
 
-def _gpt2_block_cache(config: GPT2Config, params, batch_size, max_length, layer):
+def _gpt2_block_cache(
+  config: GPT2Config, params, batch_size, max_length, layer
+):
   del params
   _check_block(config, layer)
   full = init_cache(config, batch_size, max_length)

@@ -20,8 +20,9 @@ Steps (the kernels are in :mod:`leakjax.attacks.dager.search`):
    holds the last tokens: the bag token the model finds likeliest after the
    sequence. Our decision, not the paper's: DAGER stops one token short.
 
-Candidates are padded to a multiple of `chunk`, so the search compiles once
-per multiple; new gradients or new params of the same shapes never
+Candidates are padded to `chunk · 2^k` and the recovered sequences to
+`max_length` tokens and `4 · 2^k` rows, so the kernels compile once per
+size bucket; new gradients or new params of the same shapes never
 recompile.
 """
 
@@ -125,10 +126,18 @@ def _span2(model, grads, config):
   )
 
 
-def _pad_rows(rows: list[list[int]], extra: int = 0):
-  t = max(len(r) for r in rows) + extra
-  ids = np.zeros((len(rows), t), np.int32)
-  mask = np.zeros((len(rows), t), np.int32)
+def _bucket(n: int, unit: int) -> int:
+  """The smallest `unit · 2^k` >= n (few distinct shapes, few compiles)."""
+  size = unit
+  while size < n:
+    size *= 2
+  return size
+
+
+def _pad_rows(rows: list[list[int]], width: int | None = None):
+  t = max(max(len(r) for r in rows), width or 0)
+  ids = np.zeros((_bucket(len(rows), 4), t), np.int32)
+  mask = np.zeros(ids.shape, np.int32)
   for i, r in enumerate(rows):
     ids[i, : len(r)] = r
     mask[i, : len(r)] = 1
@@ -151,8 +160,8 @@ def last_token_scores(
   target of each sequence (our completion of DAGER; exact for FedSGD).
 
   `ids`/`mask` hold the recovered sequences (each a sentence without its
-  last token, right-padded); together they must be the client's whole
-  batch. Under the mean next-token loss over N targets, the last target
+  last token, right-padded; rows with an all-zero mask are ignored);
+  together they must be the client's whole batch. Under the mean next-token loss over N targets, the last target
   `y_j` of sentence j enters the gradient linearly:
 
       ∇θ = ∇θ L₀ − (1/N) Σ_j ∂z_j[y_j]/∂θ,
@@ -170,7 +179,8 @@ def last_token_scores(
   """
   n = ids.shape[0]
   length = mask.sum(1)
-  last = length - 1
+  row_ok = length > 0
+  last = jnp.maximum(length - 1, 0)
   num_targets = length.sum()  # known targets + one last target per row
   path = _head_path(model)
 
@@ -180,7 +190,8 @@ def last_token_scores(
     known = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
     known = (known * mask[:, 1:]).sum()
     z = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
-    return (known + jax.nn.logsumexp(z, axis=-1).sum()) / num_targets
+    lse = jnp.where(row_ok, jax.nn.logsumexp(z, axis=-1), 0.0)
+    return (known + lse.sum()) / num_targets
 
   g0 = get_path(jax.grad(loss0)(params), path)
   gobs = get_path(grads, path)
@@ -198,7 +209,9 @@ def last_token_scores(
     return g.T[0] if model.paths.lm_head is not None else g[0]
 
   h = jax.vmap(head_input)(h_last).astype(jnp.float32)  # [n, d]
-  gram = h @ h.T + 1e-6 * jnp.trace(h @ h.T) / n * jnp.eye(n)
+  h = h * row_ok[:, None]
+  gram = h @ h.T
+  gram = gram + (1e-6 * jnp.trace(gram) / n + 1e-30) * jnp.eye(n)
   return jnp.linalg.solve(gram, h @ r.T)  # [n, V]
 
 
@@ -207,6 +220,7 @@ def complete_last_tokens(
   params: PyTree,
   grads: PyTree,
   prefixes: list[list[int]],
+  width: int | None = None,
 ) -> list[list[int]]:
   """Each prefix + its last token read off the head gradient.
 
@@ -217,17 +231,19 @@ def complete_last_tokens(
     params: θ.
     grads: the observed (FedSGD) gradient.
     prefixes: the recovered sequences, each without its last token.
+    width: pad the sequences to at least this many tokens (rows are padded
+      to `4 · 2^k`), so batches of one setting compile once.
 
   Returns:
     The completed sequences.
   """
   if not prefixes:
     return []
-  ids, mask = _pad_rows(prefixes)
+  ids, mask = _pad_rows(prefixes, width)
   scores = np.asarray(
     last_token_scores(model, params, grads, jnp.asarray(ids), jnp.asarray(mask))
   )
-  best = scores.argmax(1)
+  best = scores[: len(prefixes)].argmax(1)
   return [list(p) + [int(v)] for p, v in zip(prefixes, best, strict=True)]
 
 
@@ -269,7 +285,7 @@ def recover(
     start = jnp.asarray(bos, jnp.int32)
     cands = cands[cands != bos]
   if not rank_limited and len(cands):
-    size = config.chunk * -(-len(cands) // config.chunk)
+    size = _bucket(len(cands), config.chunk)
     padded = np.zeros(size, np.int32)
     padded[: len(cands)] = cands
     valid = np.arange(size) < len(cands)
@@ -305,7 +321,9 @@ def recover(
   t0 = time.perf_counter()
   sequences = [list(p) for p in prefixes]
   if config.complete_last_token and prefixes:
-    sequences = complete_last_tokens(model, params, grads, prefixes)
+    sequences = complete_last_tokens(
+      model, params, grads, prefixes, config.max_length
+    )
   seconds['last_token'] = time.perf_counter() - t0
   texts = None
   if model.tokenizer is not None:

@@ -190,7 +190,15 @@ def client_view(model, params, ids, mask, spec: str, cfg, *, key):
     'noise': fl.single_noise(values[0]) if kind == 'noise' else None,
   }[kind]
   return film_runner._CLIENT_GRADIENT(  # pylint: disable=protected-access
-    model, params, ids, mask, defense=defense, key=key, microbatch=None
+    model,
+    params,
+    ids,
+    mask,
+    defense=defense,
+    key=key,
+    # 32 sentences at a time: the same gradient up to float rounding, in
+    # bounded memory (SmolLM2 at b = 128 in one pass needs ~16 GB).
+    microbatch=min(ids.shape[0], 32),
   )
 
 
@@ -234,6 +242,10 @@ def attack_batch(
   `film_config` is FILM's settings (for `attack='film'`).
   """
   ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
+  # One width for every batch (padding changes no gradient): one compile.
+  width = max(ids.shape[1], cfg.max_length or cfg.max_tokens + 1)
+  ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
+  mask = np.pad(mask, ((0, 0), (0, width - mask.shape[1])))
   key = jax.random.key(cfg.seed * 1_000_003 + b * 1009 + index)
   grads = client_view(
     model, params, jnp.asarray(ids), jnp.asarray(mask), spec, cfg, key=key

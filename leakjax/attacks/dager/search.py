@@ -69,11 +69,19 @@ class SpanConfig:
     min_gap_decades: the spectrum's drop at the rank for a valid span
       (:func:`leakjax.attacks.dager.span.span_of`).
     max_rank_fraction: rank limit as a fraction of the width d.
+
+  Measured on the pretrained SmolLM2-135M, FILM Enron batches, b = 4 and
+  16: true inputs have layer-1 residuals <= 2.3e-4 and every other token
+  >= 0.037; true extensions have layer-2 residuals <= 1.0e-4 and the
+  closest wrong one >= 3.1e-3 (BOS excepted, see the module docstring).
+  The tolerances sit between, on a log scale. Near the rank limit the drop
+  of a float32 gradient's spectrum shrinks to ~0.5 decades (b = 16, 370
+  input positions), hence the 0.3-decade gap.
   """
 
   layer1_tolerance: float = 1e-2
   layer2_tolerance: float = 5e-4
-  min_gap_decades: float = 1.0
+  min_gap_decades: float = 0.3
   max_rank_fraction: float = 0.97
 
 
@@ -120,7 +128,9 @@ def token_filter(
     min_gap_decades=config.min_gap_decades,
     max_rank_fraction=config.max_rank_fraction,
   )
-  out = bow.span_residuals(model, params, grads, num_positions=num_positions)
+  out = bow.span_residuals(
+    model, params, grads, num_positions=num_positions, span=span
+  )
   if out is None:
     raise LeakjaxError(
       'the model declares no first_layer_inputs',

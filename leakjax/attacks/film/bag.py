@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from leakjax.attacks.dager.span import span_of
+from leakjax.attacks.dager.span import Span, span_of
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model, get_path
 
@@ -139,12 +139,22 @@ def _span_basis(
   max_rank_fraction: float,
 ):
   """Orthonormal basis of the column space, its rank, and whether valid."""
+  # FILM's tied bag keeps the rule it was measured with (any drop, the
+  # default SVD); DAGER's span tests use the stricter defaults of span_of.
   span = span_of(
     first_layer_grad,
     min_gap_decades=min_gap_decades,
     max_rank_fraction=max_rank_fraction,
+    max_tail=None,
+    accurate=False,
   )
   return span.basis, span.rank, span.valid
+
+
+def _basis(grad, min_gap_decades, max_rank_fraction, span):
+  if span is not None:
+    return span.basis, span.rank, span.valid
+  return _span_basis(grad, min_gap_decades, max_rank_fraction)
 
 
 def input_span_residuals(
@@ -153,6 +163,7 @@ def input_span_residuals(
   *,
   min_gap_decades: float = 1.0,
   max_rank_fraction: float = 0.9,
+  span: Span | None = None,
 ) -> tuple[Float[Array, 'V'], Int[Array, ''], Bool[Array, '']]:
   """Relative distance of each normalised input embedding to the input span.
 
@@ -164,12 +175,14 @@ def input_span_residuals(
     min_gap_decades: the spectrum must drop by this many decades at the
       rank (an exact rank deficiency); else the test is invalid.
     max_rank_fraction: invalid if the rank exceeds this fraction of d.
+    span: a precomputed span of `first_layer_grad` (then the two
+      thresholds above are not used).
 
   Returns:
     `(residual [V], rank, valid)`: ‖(I − QQᵀ)x̂_v‖ / ‖x̂_v‖.
   """
-  q, rank, valid = _span_basis(
-    first_layer_grad, min_gap_decades, max_rank_fraction
+  q, rank, valid = _basis(
+    first_layer_grad, min_gap_decades, max_rank_fraction, span
   )
   x = inputs.astype(jnp.float32)
   res = x - (x @ q) @ q.T
@@ -188,6 +201,7 @@ def layer_norm_span_residuals(
   min_gap_decades: float = 1.0,
   max_rank_fraction: float = 0.9,
   num_positions: Int[Array, ''] | None = None,
+  span: Span | None = None,
 ) -> tuple[Float[Array, 'V'], Int[Array, ''], Bool[Array, '']]:
   """:func:`input_span_residuals` for GPT-2: inputs LN(w_v + p_t) per position.
 
@@ -201,8 +215,8 @@ def layer_norm_span_residuals(
   Returns:
     `(residual [V], rank, valid)`.
   """
-  q, rank, valid = _span_basis(
-    first_layer_grad, min_gap_decades, max_rank_fraction
+  q, rank, valid = _basis(
+    first_layer_grad, min_gap_decades, max_rank_fraction, span
   )
   d = embeddings.shape[-1]
 
@@ -367,6 +381,7 @@ def span_residuals(
   max_positions: int | None = None,
   *,
   num_positions: Int[Array, ''] | None = None,
+  span: Span | None = None,
 ):
   """Test 1 of :func:`tied_bag` from the model's declared first layer.
 
@@ -386,6 +401,8 @@ def span_residuals(
     num_positions: the same bound as a (traced) int32 scalar: positions
       at or past it are masked out instead of sliced off, so the shapes
       stay static under `jax.jit`.
+    span: a precomputed span of the first layer's gradient (DAGER's rank
+      rule); None: this module's.
 
   Returns:
     `(residual [V], rank, valid)`, or None when the model declares no
@@ -408,7 +425,7 @@ def span_residuals(
       * w32
       * jax.lax.rsqrt(jnp.mean(w32 * w32, -1, keepdims=True) + inputs.eps)
     )
-    return input_span_residuals(g1, x)
+    return input_span_residuals(g1, x, span=span)
   if inputs.kind == 'layer' and inputs.positions is not None:
     pos = inputs.positions
     if max_positions is not None:
@@ -424,6 +441,7 @@ def span_residuals(
       bias,
       inputs.eps,
       num_positions=num_positions,
+      span=span,
     )
   raise LeakjaxError(
     f'the span test does not support first-layer inputs of kind'
