@@ -209,7 +209,11 @@ def batch_scores(
   predicted_ids: Sequence[list[int]],
   predicted_prefixes: Sequence[list[int]] | None = None,
 ) -> dict[str, float]:
-  """Full-batch ROUGE (best prediction per original, averaged) and exact."""
+  """Full-batch ROUGE (best prediction per original, averaged) and exact.
+
+  `exact_prefix` compares each original without its last token with the
+  `predicted_prefixes` (default: the predictions without their last token).
+  """
   out = {}
   if predictions:
     scores = metrics.rouge_matrix(list(originals), list(predictions))
@@ -219,7 +223,9 @@ def batch_scores(
     out.update(rouge1=0.0, rouge2=0.0, rougeL=0.0)
   found = {tuple(p) for p in predicted_ids}
   out['exact'] = float(np.mean([tuple(t) in found for t in true_ids]))
-  prefixes = {tuple(p) for p in (predicted_prefixes or predicted_ids)}
+  if predicted_prefixes is None:
+    predicted_prefixes = [p[:-1] for p in predicted_ids]
+  prefixes = {tuple(p) for p in predicted_prefixes}
   out['exact_prefix'] = float(
     np.mean([tuple(t[:-1]) in prefixes for t in true_ids])
   )

@@ -1,0 +1,98 @@
+"""experiments.dager: flags, configs, metrics and a run on a small GPT-2."""
+
+import dataclasses
+import json
+import pathlib
+
+import pytest
+
+from experiments import common
+from experiments import dager as dager_exp
+from leakjax.attacks.dager import runner
+from leakjax.errors import LeakjaxError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_flags_are_the_config_fields(fresh_flags):
+  dager_exp.define_flags()
+  fields = {f.name for f in dataclasses.fields(runner.DagerExperimentConfig)}
+  common_flags = {'workdir', 'data', 'seed', 'mesh', 'distributed'}
+  assert set(fresh_flags) - common_flags == fields - {'data', 'seed'}
+  fresh_flags(['prog'])
+  cfg = common.config_from_flags(runner.DagerExperimentConfig)
+  assert cfg == runner.DagerExperimentConfig()
+
+
+@pytest.mark.parametrize(
+  'name', sorted(p.stem for p in (REPO / 'experiments/configs').glob('dager*'))
+)
+def test_committed_flagfiles_parse(fresh_flags, name):
+  dager_exp.define_flags()
+  fresh_flags(['prog', f'--flagfile={REPO}/experiments/configs/{name}.flags'])
+  cfg = common.config_from_flags(runner.DagerExperimentConfig)
+  assert cfg.model == 'smollm2-135m'
+  assert 16 in cfg.batch_sizes
+
+
+@pytest.mark.parametrize(
+  'spec', ['noise', 'noise:-1', 'fedavg:2', 'fedavg:0:4', 'prune:0.9', 'x']
+)
+def test_bad_defenses_are_refused(spec):
+  with pytest.raises(LeakjaxError, match='bad defense'):
+    runner.parse_defense(spec)
+
+
+def test_defenses_parse():
+  assert runner.parse_defense('none') == ('none', ())
+  assert runner.parse_defense('noise:0.01') == ('noise', (0.01,))
+  assert runner.parse_defense('fedavg:2:4') == ('fedavg', (2.0, 4.0))
+
+
+def test_consecutive_batches_and_too_little_data():
+  sents = [f's{i}' for i in range(10)]
+  got = runner.consecutive_batches(sents, 3, 2, first=1)
+  assert got == [(1, ['s3', 's4', 's5']), (2, ['s6', 's7', 's8'])]
+  with pytest.raises(LeakjaxError, match='no batch 3'):
+    runner.consecutive_batches(sents, 3, 2, first=2)
+
+
+def test_batch_scores_best_prediction_per_original():
+  originals = ['the cat sat on the mat', 'a dog ran far away']
+  predictions = ['the cat sat on the mat', 'a dog ran']
+  true_ids = [[1, 2, 3], [1, 4, 5]]
+  scores = runner.batch_scores(
+    originals, predictions, true_ids, [[1, 2, 3], [1, 4, 6]]
+  )
+  assert scores['rouge1'] == pytest.approx((1.0 + 0.75) / 2)
+  assert scores['exact'] == 0.5
+  assert scores['exact_prefix'] == 1.0  # [1, 4] == [1, 4, 6] without its last
+  empty = runner.batch_scores(originals, [], true_ids, [])
+  assert empty['rougeL'] == 0.0 and empty['exact'] == 0.0
+
+
+def test_run_on_small_gpt2_recovers_batches_and_survives_frozen_embeddings(
+  tmp_path,
+):
+  # A small random GPT-2 (learned positions, BOS): the span tests need no
+  # training. With frozen (tied) embeddings the client sends no embedding
+  # gradient: the span search still recovers every sentence but its last
+  # token, which is read off that gradient.
+  cfg = runner.DagerExperimentConfig(
+    model='gpt2-tiny',
+    max_tokens=20,
+    batch_sizes=(1, 2),
+    num_batches=1,
+    defenses=('none', 'freeze'),
+  )
+  summary = dager_exp.run_experiment(cfg, tmp_path, progress=False)
+  for b in (1, 2):
+    assert summary[f'rouge1@b={b}'] == 1.0
+    assert summary[f'exact@b={b}'] == 1.0
+    assert summary[f'exact_prefix@b={b},defense=freeze'] == 1.0
+    assert summary[f'exact@b={b},defense=freeze'] < 1.0
+  rows = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
+  assert len(rows) == 4
+  assert all(not r['rank_limited'] and r['rank2'] > 0 for r in rows)
+  assert (tmp_path / 'dager_vs_tokens.png').stat().st_size > 0
+  assert 'rank-limited' in (tmp_path / 'summary.md').read_text()
