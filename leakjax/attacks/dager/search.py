@@ -265,6 +265,16 @@ def search_step(
     model, params, span2, state, candidates, chunk=chunk
   )
   passing = (res < tolerance) & state.live_ok[:, None] & valid[None, :]
+  if model.paths.position_embeddings is None:  # a static fact
+    # Without position embeddings, `t t ... t` gives every position the
+    # hidden state of `t` at position 0, which is in the span whenever t
+    # starts a sentence: such runs are refused (a sentence that truly
+    # repeats its first token cannot be told apart by the span test).
+    seen = jnp.arange(max_len)[None] < i
+    run = jnp.all(jnp.where(seen, state.live == state.live[:, :1], True), 1)
+    passing &= ~(
+      (i > 0) & run[:, None] & (candidates[None] == state.live[:, :1])
+    )
   # 1. live prefixes without a passing extension are finished.
   ends = state.live_ok & ~passing.any(1)
   n_done = (state.done_length > 0).sum()

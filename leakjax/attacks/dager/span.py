@@ -32,7 +32,9 @@ class Span:
 
   Attributes:
     basis: float32 `[d, k]`, orthonormal columns; those past `rank` are zero.
-    rank: int32 `[]`, the dimension read off the spectrum.
+    rank: int32 `[]`, the dimension read off the spectrum (when not
+      `valid`: the number of singular values above `max_tail` of the
+      largest).
     valid: bool `[]`, whether the spectrum has a clear gap below the rank
       limit (False: the span test cannot separate inputs from non-inputs).
     log_gap: float32 `[]`, the drop (decades) of the spectrum at `rank`.
@@ -95,6 +97,9 @@ def span_of(
   gap = gaps[rank - 1]
   valid = (gap >= min_gap_decades) & (rank <= max_rank_fraction * d)
   keep = jnp.arange(u.shape[1]) < rank
+  if max_tail is not None:
+    # Without a valid drop, report the numerical rank (for diagnostics).
+    rank = jnp.where(valid, rank, (logs >= jnp.log10(max_tail)).sum())
   return Span(
     basis=u * keep[None, :],
     rank=rank.astype(jnp.int32),
