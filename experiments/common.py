@@ -164,3 +164,15 @@ def config_from_flags(cls, **overrides):
         ) from None
     values[field.name] = value
   return cls(**values, **overrides)
+
+
+def print_summary(workdir, summary, start: float) -> None:
+  """Prints `workdir/summary.md` and how many keys took how long."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+
+  print((pathlib.Path(workdir) / 'summary.md').read_text())
+  print(
+    f'Wrote {workdir}/summary.json ({len(summary)} keys) in'
+    f' {time.perf_counter() - start:.0f} s'
+  )

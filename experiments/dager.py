@@ -48,11 +48,7 @@ def main(argv):
   cfg = common.config_from_flags(DagerExperimentConfig)
   start = time.perf_counter()
   summary = run_experiment(cfg, f.workdir)
-  print((Path(f.workdir) / 'summary.md').read_text())
-  print(
-    f'Wrote {f.workdir}/summary.json ({len(summary)} keys) in'
-    f' {time.perf_counter() - start:.0f} s'
-  )
+  common.print_summary(f.workdir, summary, start)
 
 
 if __name__ == '__main__':

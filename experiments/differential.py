@@ -83,11 +83,7 @@ def main(argv):
   cfg = config_from_flags()
   start = time.perf_counter()
   summary = run_experiment(cfg, flags.FLAGS.workdir, mesh=mesh)
-  print((Path(flags.FLAGS.workdir) / 'summary.md').read_text())
-  print(
-    f'Wrote {flags.FLAGS.workdir}/summary.json ({len(summary)} keys) in'
-    f' {time.perf_counter() - start:.0f} s'
-  )
+  common.print_summary(flags.FLAGS.workdir, summary, start)
 
 
 if __name__ == '__main__':

@@ -69,11 +69,7 @@ def main(argv):
   summary = run_experiment(
     cfg, f.workdir, mesh=mesh, microbatch=f.grad_microbatch or None
   )
-  print((Path(f.workdir) / 'summary.md').read_text())
-  print(
-    f'Wrote {f.workdir}/summary.json ({len(summary)} keys) in'
-    f' {time.perf_counter() - start:.0f} s'
-  )
+  common.print_summary(f.workdir, summary, start)
 
 
 if __name__ == '__main__':
