@@ -7,7 +7,7 @@ NeurIPS 2024 (arXiv 2405.15586). Read top-down from :mod:`runner`:
 * :mod:`search` -- the kernels: the layer-1 token filter and the layer-2
   sequence search (one `lax.while_loop`);
 * :mod:`pipeline` -- :func:`recover` on one gradient, with the last token
-  of each sentence completed from FILM's bag of words;
+  of each sentence read off the head gradient;
 * :mod:`runner` -- the experiment: batches, FedSGD gradients, metrics.
 """
 

@@ -8,17 +8,18 @@
 Steps (the kernels are in :mod:`leakjax.attacks.dager.search`):
 
 1. the layer-1 token filter over the vocabulary (one jitted call);
-2. the span of block 2's projection gradient; if its rank is at the limit
-   (more input positions than the width d), the span test cannot decide and
-   :class:`DagerResult.rank_limited` is set (the hybrid with FILM,
-   :mod:`leakjax.attacks.dager.hybrid`, takes over there);
+2. the span of block 2's projection gradient; if no clear rank shows below
+   the limit (more input positions than the width d), the span test cannot
+   decide, :class:`DagerResult.rank_limited` is set and nothing is
+   returned;
 3. the layer-2 sequence search (one jitted `lax.while_loop`);
 4. each recovered sequence lacks its sentence's last token (it has no
-   gradient under the next-token loss). It is completed from FILM's bag of
-   words (Gupta et al. 2022, Sec. 4.2; :func:`leakjax.attacks.film.bag.
-   extract_bag`), which reads targets off the embedding gradient and so
-   holds the last tokens: the bag token the model finds likeliest after the
-   sequence. Our decision, not the paper's: DAGER stops one token short.
+   gradient under the next-token loss; DAGER stops one token short). Our
+   addition: the last tokens are read off the head gradient, where they
+   enter linearly once the prefixes are known (:func:`last_token_scores`).
+   FILM's bag of words does not serve here: on the pretrained SmolLM2 its
+   target test misses the last tokens ('.', '?'), which the model already
+   predicts well.
 
 Candidates are padded to `chunk · 2^k` and the recovered sequences to
 `max_length` tokens and `4 · 2^k` rows, so the kernels compile once per

@@ -33,7 +33,7 @@ The decisions the paper leaves open, taken here:
   sentence has no gradient under the next-token loss, so what the search
   returns is each sentence without its last token (DAGER, Sec. 6: "the
   last token ... cannot be recovered"), which
-  :mod:`leakjax.attacks.dager.pipeline` completes from the bag of words.
+  :mod:`leakjax.attacks.dager.pipeline` completes from the head gradient.
 
 Every function here is pure; `model` is a static argument (it hashes by
 value). :func:`sequence_search` runs the steps in one `lax.while_loop`.
