@@ -31,9 +31,10 @@ The decisions the paper leaves open, taken here:
   (attention sink), so it passes the test anywhere;
 * a prefix is finished when no extension passes; the last token of a
   sentence has no gradient under the next-token loss, so what the search
-  returns is each sentence without its last token (DAGER, Sec. 6: "the
-  last token ... cannot be recovered"), which
-  :mod:`leakjax.attacks.dager.pipeline` completes from the head gradient.
+  returns is each sentence without its last token (measured: the authors'
+  code recovers none of them either, `benchmarks/dager_vs_reference.py`),
+  which :mod:`leakjax.attacks.dager.pipeline` completes from the head
+  gradient.
 
 Every function here is pure; `model` is a static argument (it hashes by
 value). :func:`sequence_search` runs the steps in one `lax.while_loop`.
