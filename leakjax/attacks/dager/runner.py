@@ -23,7 +23,7 @@ Defenses (`defenses`): `none`; `freeze` (FILM Sec. 5: the tied
 embedding/head gets no gradient); `noise:S` (N(0, S^2) added once to what is
 sent, GBoard Algorithm 4); `fedavg:E:B` (E local epochs of batch B with
 learning rate `fedavg_lr`; the attacker sees `-Δ / (η · steps)`, DAGER's
-FedAvg setting, Petrov et al. Sec. 6 / Table 4).
+FedAvg setting, Petrov et al. Table 4).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """DAGER's two span tests on a decoder: the token filter and the sequence search.
 
 Petrov et al., "DAGER: Exact Gradient Inversion for Large Language Models"
-(NeurIPS 2024), Sec. 4-5, written from the paper:
+(NeurIPS 2024, arXiv 2405.15586), written from the paper:
 
 1. **Layer-1 token filter** (:func:`token_filter`): the first block's
    attention projections read `x̂ = norm(e_v + p_t)` for token `v` at
@@ -107,7 +107,7 @@ def token_filter(
   config: SpanConfig = SpanConfig(),
   num_positions: Int[Array, ''] | None = None,
 ) -> tuple[Bool[Array, ' V'], Float[Array, ' V'], Span]:
-  """Layer-1 filter: which tokens were inputs of the batch (DAGER Sec. 4.1).
+  """Layer-1 filter: which tokens were inputs of the batch (DAGER, layer 1).
 
   Args:
     model: the attacked model (declares `attention_inputs` and
@@ -341,7 +341,7 @@ def sequence_search(
   tolerance: float,
   chunk: int,
 ) -> SearchState:
-  """The whole layer-2 search in one `lax.while_loop` (DAGER Sec. 5).
+  """The whole layer-2 search in one `lax.while_loop` (DAGER, layer 2).
 
   Args:
     model: the attacked model (declares `block_inputs`, ideally with

@@ -6,7 +6,7 @@ spanned by the inputs `x_t` whose output gradient `δ_t` is non-zero, so it
 has rank at most the number of such inputs. When that number is below the
 width `d`, a candidate row `x` was an input iff it lies in the column space
 (Petrov et al., "DAGER: Exact Gradient Inversion for Large Language
-Models", NeurIPS 2024, Sec. 3, Theorem 3.1 / Lemma 3.2).
+Models", NeurIPS 2024, arXiv 2405.15586).
 
 The rank is read off the spectrum with a rule that needs no ground truth:
 the largest drop of the log singular values, valid only when that drop is
