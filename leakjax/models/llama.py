@@ -268,6 +268,13 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return x * cos + rotated * sin
 
 
+def _rms_norm(x, scale, eps):
+  """HF Llama's RMSNorm: normalise in float32, scale in the scale's dtype."""
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps)
+  return scale * x32.astype(scale.dtype)
+
+
 class RMSNorm(nn.Module):
   """RMSNorm as in HF Llama: normalise in float32, scale in `dtype`."""
 
@@ -279,9 +286,7 @@ class RMSNorm(nn.Module):
     scale = self.param(
       'scale', nn.initializers.ones, (x.shape[-1],), self.dtype
     )
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.eps)
-    return scale * x32.astype(self.dtype)
+    return _rms_norm(x, scale, self.eps)
 
 
 def _dense(features: int, dtype, name: str) -> nn.Dense:
@@ -540,13 +545,6 @@ def _llama_decode(config: LlamaConfig, dtype, params, cache: LlamaCache, ids):
   return Llama(config, dtype=dtype).apply(
     {'params': params}, ids, cache, method=Llama.decode
   )
-
-
-def _rms_norm(x, scale, eps):
-  """`RMSNorm` above as a function of its params."""
-  x32 = x.astype(jnp.float32)
-  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps)
-  return scale * x32.astype(scale.dtype)
 
 
 def _check_block(config: LlamaConfig, layer: int):

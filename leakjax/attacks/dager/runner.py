@@ -170,6 +170,9 @@ def consecutive_batches(
 
 
 _CLIENT_UPDATE = jax.jit(fl.client_update, static_argnames=('model', 'config'))
+_CLIENT_GRADIENT = jax.jit(
+  fl.client_gradient, static_argnames=('model', 'defense', 'microbatch')
+)
 
 
 def client_view(model, params, ids, mask, spec: str, cfg, *, key):
@@ -189,7 +192,7 @@ def client_view(model, params, ids, mask, spec: str, cfg, *, key):
     'freeze': fl.freeze_embeddings(model) if kind == 'freeze' else None,
     'noise': fl.single_noise(values[0]) if kind == 'noise' else None,
   }[kind]
-  return film_runner._CLIENT_GRADIENT(  # pylint: disable=protected-access
+  return _CLIENT_GRADIENT(
     model,
     params,
     ids,
