@@ -4,12 +4,15 @@ import dataclasses
 import json
 import pathlib
 
+import jax
+import numpy as np
 import pytest
 
 from experiments import common
 from experiments import dager as dager_exp
 from leakjax.attacks.dager import runner
 from leakjax.errors import LeakjaxError
+from leakjax.models import get_path
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -96,3 +99,24 @@ def test_run_on_small_gpt2_recovers_batches_and_survives_frozen_embeddings(
   assert all(not r['rank_limited'] and r['rank2'] > 0 for r in rows)
   assert (tmp_path / 'dager_vs_tokens.png').stat().st_size > 0
   assert 'rank-limited' in (tmp_path / 'summary.md').read_text()
+
+
+def test_fedavg_view_of_one_full_batch_step_is_the_fedsgd_gradient():
+  # One local epoch of one full-batch step: θ1 = θ0 − η g, so what the
+  # attacker reconstructs, −Δ / (η · steps), is the FedSGD gradient g.
+  from tests.dager_test import BATCHES, gradient, pad, tiny
+
+  model, params = tiny('gpt2')
+  ids, mask = pad(BATCHES['equal'])
+  cfg = runner.DagerExperimentConfig(fedavg_lr=1e-3)
+  got = runner.client_view(
+    model, params, ids, mask, 'fedavg:1:2', cfg, key=jax.random.key(0)
+  )
+  want = gradient('gpt2', 'equal')
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(g, w, rtol=2e-2, atol=2e-4)
+  frozen = runner.client_view(
+    model, params, ids, mask, 'freeze', cfg, key=jax.random.key(0)
+  )
+  emb = model.paths.word_embeddings
+  assert not np.any(np.asarray(get_path(frozen, emb)))

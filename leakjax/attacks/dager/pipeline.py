@@ -216,6 +216,13 @@ def last_token_scores(
   return jnp.linalg.solve(gram, h @ r.T)  # [n, V]
 
 
+@functools.partial(jax.jit, static_argnames=('model',))
+def _next_token_logits(model, params, ids, mask):
+  last = jnp.maximum(mask.sum(1) - 1, 0)
+  logits = model.logits(params, ids, mask)
+  return jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+
+
 def complete_last_tokens(
   model: Model,
   params: PyTree,
@@ -236,14 +243,19 @@ def complete_last_tokens(
       to `4 · 2^k`), so batches of one setting compile once.
 
   Returns:
-    The completed sequences.
+    The completed sequences. When the head's gradient is exactly zero (a
+    frozen head, e.g. the frozen-embedding defense on a tied model), each
+    prefix gets the model's likeliest next token instead.
   """
   if not prefixes:
     return []
   ids, mask = _pad_rows(prefixes, width)
-  scores = np.asarray(
-    last_token_scores(model, params, grads, jnp.asarray(ids), jnp.asarray(mask))
-  )
+  ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+  if not np.any(np.asarray(get_path(grads, _head_path(model)))):
+    # A frozen head sends no gradient: the LM's likeliest next token.
+    scores = np.asarray(_next_token_logits(model, params, ids, mask))
+  else:
+    scores = np.asarray(last_token_scores(model, params, grads, ids, mask))
   best = scores[: len(prefixes)].argmax(1)
   return [list(p) + [int(v)] for p, v in zip(prefixes, best, strict=True)]
 

@@ -186,7 +186,7 @@ def client_view(model, params, ids, mask, spec: str, cfg, *, key):
     result = _CLIENT_UPDATE(model, params, ids, mask, config, key=key)
     steps = epochs * -(-ids.shape[0] // batch)
     scale = -1.0 / (cfg.fedavg_lr * steps)
-    return jax.tree.map(lambda d: d * scale, result.delta)
+    return jax.tree.map(lambda d: d * scale, result.update)
   defense = {
     'none': fl.Defense(),
     'freeze': fl.freeze_embeddings(model) if kind == 'freeze' else None,
