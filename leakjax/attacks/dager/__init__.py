@@ -8,9 +8,12 @@ NeurIPS 2024 (arXiv 2405.15586). Read top-down from :mod:`runner`:
   sequence search (one `lax.while_loop`);
 * :mod:`pipeline` -- :func:`recover` on one gradient, with the last token
   of each sentence read off the head gradient;
+* :mod:`hybrid` -- past the rank limit, FILM's bag and beam search scored
+  by block 2's span (:func:`hybrid.recover`);
 * :mod:`runner` -- the experiment: batches, FedSGD gradients, metrics.
 """
 
+from leakjax.attacks.dager import hybrid
 from leakjax.attacks.dager.pipeline import (
   DagerConfig,
   DagerResult,
@@ -34,6 +37,7 @@ __all__ = [
   'Span',
   'SpanConfig',
   'block_gradient',
+  'hybrid',
   'complete_last_tokens',
   'recover',
   'residuals',

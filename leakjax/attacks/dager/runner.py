@@ -39,13 +39,13 @@ import numpy as np
 from absl import logging
 
 from leakjax import fl, io
-from leakjax.attacks.dager import pipeline, search
+from leakjax.attacks.dager import hybrid, pipeline, search
 from leakjax.attacks.film import metrics
 from leakjax.attacks.film import pipeline as film_pipeline
 from leakjax.attacks.film import runner as film_runner
 from leakjax.errors import LeakjaxError
 
-ATTACKS = ('dager', 'film')
+ATTACKS = ('dager', 'film', 'hybrid')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +69,14 @@ class DagerExperimentConfig:
     first_batch: skip this many batches of each b first.
     defenses: 'none', 'freeze', 'noise:S' or 'fedavg:E:B'.
     fedavg_lr: local learning rate of the FedAvg defense.
-    attacks: 'dager' and/or 'film' (FILM's pipeline on the same gradient).
+    attacks: 'dager', 'film' (FILM's pipeline on the same gradient) and/or
+      'hybrid' (FILM's bag and beam search scored by block 2's span,
+      :mod:`leakjax.attacks.dager.hybrid`, b sentences per batch).
     film_beams: FILM's beam width (the comparison: 32, Sec. 7).
     film_steps: FILM's phrase and token reordering steps, each.
+    hybrid_beams: the hybrid's beams per sentence.
+    hybrid_shortlist: candidates per beam and step the hybrid scores by
+      the span.
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
@@ -97,6 +102,8 @@ class DagerExperimentConfig:
   attacks: tuple[str, ...] = ('dager',)
   film_beams: int = 32
   film_steps: int = 20
+  hybrid_beams: int = hybrid.HybridConfig.beams
+  hybrid_shortlist: int = hybrid.HybridConfig.shortlist
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
@@ -113,7 +120,14 @@ class DagerExperimentConfig:
         f'batch_sizes must be positive, got {self.batch_sizes}',
         'e.g. --batch_sizes=1,4,16',
       )
-    for name in ('num_batches', 'chunk', 'max_tokens', 'film_beams'):
+    for name in (
+      'num_batches',
+      'chunk',
+      'max_tokens',
+      'film_beams',
+      'hybrid_beams',
+      'hybrid_shortlist',
+    ):
       if getattr(self, name) < 1:
         raise LeakjaxError(
           f'{name} must be >= 1, got {getattr(self, name)}',
@@ -296,6 +310,24 @@ def attack_batch(
       num_candidates=int(len(result.candidates)),
       dropped=result.dropped,
       num_recovered=len(result.sequences),
+      stage_seconds=result.seconds,
+    )
+  elif attack == 'hybrid':
+    config = hybrid.HybridConfig(
+      beams=cfg.hybrid_beams,
+      shortlist=cfg.hybrid_shortlist,
+      max_length=cfg.max_length or cfg.max_tokens + 1,
+      span=search.SpanConfig(
+        layer1_tolerance=cfg.layer1_tolerance,
+        layer2_tolerance=cfg.layer2_tolerance,
+      ),
+    )
+    result = hybrid.recover(model, params, grads, b, config=config)
+    predictions = result.texts
+    row.update(batch_scores(texts, predictions, true_ids, result.sequences))
+    row.update(
+      num_candidates=int(len(result.candidates)),
+      num_recovered=len(predictions),
       stage_seconds=result.seconds,
     )
   else:

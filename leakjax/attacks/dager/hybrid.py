@@ -1,0 +1,524 @@
+"""Past the rank limit: FILM's bag and beam search, scored by block 2's span.
+
+When a batch holds more input positions than the width d, the span of a
+projection gradient is the whole space and DAGER's test cannot decide
+(Petrov et al., NeurIPS 2024, arXiv 2405.15586). It still carries
+evidence: true block-2 inputs sit closer to the span of the gradient's top
+singular directions than wrong extensions do (measured on SmolLM2,
+b = 64, 1,386 positions: the residual to the top `d - 16` directions
+separates a true extension from a random one of the batch's tokens with
+AUC ~0.86). FILM (Gupta et al., NeurIPS 2022) has the complementary
+evidence: the batch's bag of words from the embedding gradient, and the
+language model's prior. This module combines them (our construction; no
+paper describes it):
+
+* candidates: the bag, plus every sentence-ending token (the bag's tests
+  miss the final '.', which a pretrained model predicts well; the last
+  token gets no gradient, so the span cannot name it either);
+* a beam search (:func:`hybrid_search`, one `lax.while_loop`) grows one
+  sentence from BOS: every step shortlists each beam's `shortlist` likeliest
+  candidates under the LM (the first step: every candidate, since after BOS
+  the LM says little about which words start the batch's sentences),
+  computes the block-2 input of each shortlisted extension incrementally
+  (:meth:`Model.block_decode`), and scores it
+
+      weight_lm · log p(v | prefix) + weight_span · log(r̄ / r(v))
+      − weight_diverse · #(earlier sentences holding (prefix[-1], v))
+
+  with `r(v)` the extension's relative residual to the span and `r̄` the
+  median of the step's shortlist (the bigram count skips BOS's: sentences
+  may share their first word). A sentence end's input has no gradient,
+  so its span term is the beam's best continuation's: where a sentence ends
+  is the LM's call; no sentence ends right after BOS. A bigram already in
+  the beam is banned (FILM's n = 2 ban). Beams are ranked by their mean
+  score per token; a beam ends at a sentence-ending token;
+* the runner (:func:`recover`) runs `num_sentences` searches one after the
+  other, each penalising the bigrams of those before (FILM Sec. 4.5's
+  repetitions), and returns one sentence per search.
+
+The weights were set on one batch (SmolLM2, b = 64, Enron batch 0) and are
+documented in :class:`HybridConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from leakjax.attacks.dager import search as sr
+from leakjax.attacks.dager.span import Span, residuals, span_of
+from leakjax.attacks.film import bag as bow
+from leakjax.attacks.film import reorder as ro
+from leakjax.errors import LeakjaxError
+from leakjax.models.protocol import Model
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridConfig:
+  """The hybrid's settings (hashable, static).
+
+  Attributes:
+    beams: beams per search.
+    shortlist: candidates per beam and step whose span residual is
+      computed (the LM's likeliest among the candidates).
+    span_dims: the span is the gradient's top `d - span_dims` singular
+      directions (past the rank limit the spectrum has no gap; the AUC
+      of true against random extensions grows with the number of
+      directions kept up to d - 16 and drops at d - 1, the noise floor).
+    weight_lm: weight of the LM log-probability.
+    weight_span: weight of the span term `log(r̄ / r)`.
+    weight_diverse: penalty per earlier sentence that holds the bigram.
+    reference_quantile: `r̄` is this quantile of the step's shortlisted
+      log-residuals. A sentence end scores 0, so a wrong continuation must
+      score below 0 or beams never end: with the median, the best of the
+      shortlist's wrong extensions scores above it.
+    max_length: longest sentence grown (tokens, BOS included).
+    length_penalty: beams are ranked by `score / length^length_penalty`
+      (1: the mean score per token).
+    min_length: no sentence ends (end token included) before this many
+      tokens, BOS included (at least 3: BOS, a word, the end).
+    bag_bucket: candidates are padded to a multiple of this (few
+      compiles).
+    span: the rank rule; when it finds a gap (below the rank limit) the
+      search uses that exact span instead of the top directions.
+  """
+
+  beams: int = 8
+  shortlist: int = 32
+  span_dims: int = 16
+  weight_lm: float = 0.6
+  weight_span: float = 1.0
+  weight_diverse: float = 1.0
+  reference_quantile: float = 0.5
+  end_as_best: bool = True
+  length_penalty: float = 1.0
+  min_length: int = 3
+  max_length: int = 41
+  bag_bucket: int = 256
+  span: sr.SpanConfig = sr.SpanConfig()
+
+  def __post_init__(self):
+    for name in ('beams', 'shortlist', 'max_length', 'bag_bucket'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise LeakjaxError(
+          f'HybridConfig.{name} must be a positive int, got {value!r}'
+        )
+    if self.span_dims < 0:
+      raise LeakjaxError('HybridConfig.span_dims must be >= 0')
+
+
+def top_span(grad: Float[Array, 'd out'], drop: int) -> Span:
+  """The span of `grad`'s top `d - drop` left singular vectors (no rank
+  rule: past the rank limit there is no gap to read)."""
+  u, _, _ = jax.lax.linalg.svd(
+    grad.astype(jnp.float32),
+    full_matrices=False,
+    algorithm=jax.lax.linalg.SvdAlgorithm.QR,
+  )
+  k = max(1, grad.shape[0] - drop)
+  keep = jnp.arange(u.shape[1]) < k
+  return Span(
+    basis=u * keep[None, :],
+    rank=jnp.asarray(k, jnp.int32),
+    valid=jnp.asarray(False),
+    log_gap=jnp.zeros((), jnp.float32),
+  )
+
+
+@flax.struct.dataclass
+class HybridState:
+  """One search's beams (fixed shapes).
+
+  Attributes:
+    tokens: int32 `[K, L]`, BOS first.
+    length: int32 `[K]`.
+    score: float32 `[K]`, summed step scores.
+    finished: bool `[K]`, ended at a sentence end.
+    alive: bool `[K]`, holds a beam.
+    logp: float32 `[K, V]`, the LM's next-token log-probabilities.
+    cache: the LM's decode cache.
+    block_cache: the block-1 cache (:meth:`Model.block_decode`).
+    step: int32 `[]`, the position the next step fills.
+  """
+
+  tokens: Int[Array, 'K L']
+  length: Int[Array, ' K']
+  score: Float[Array, ' K']
+  finished: Bool[Array, ' K']
+  alive: Bool[Array, ' K']
+  logp: Float[Array, 'K V']
+  cache: PyTree
+  block_cache: PyTree
+  step: Int[Array, '']
+
+
+def bigram_counts(
+  last: Int[Array, ' K'],
+  candidates: Int[Array, ' C'],
+  taken: Int[Array, 'G L'],
+  taken_length: Int[Array, ' G'],
+) -> Int[Array, 'K C']:
+  """How many rows of `taken` hold the bigram `(last[k], candidates[c])`
+  at a position past BOS (sentences may share their first word)."""
+  pos = jnp.arange(taken.shape[1] - 1)
+  ok = (pos[None] >= 1) & (pos[None] + 1 < taken_length[:, None])  # [G, L-1]
+  first = jnp.where(ok, taken[:, :-1], -1)
+  second = jnp.where(ok, taken[:, 1:], -1)
+  hit_first = first[None] == last[:, None, None]  # [K, G, L-1]
+  # [K, C]: sum over rows g and positions p of hit_first * (second == c).
+  onehot = second[..., None] == candidates[None, None]  # [G, L-1, C]
+  return jnp.einsum(
+    'kgp,gpc->kc', hit_first.astype(jnp.int32), onehot.astype(jnp.int32)
+  )
+
+
+def _own_bigrams(
+  tokens: Int[Array, 'K L'],
+  length: Int[Array, ' K'],
+  last: Int[Array, ' K'],
+  candidates: Int[Array, ' C'],
+) -> Bool[Array, 'K C']:
+  """Whether the bigram `(last[k], candidates[c])` already occurs in row k."""
+  pos = jnp.arange(tokens.shape[1] - 1)
+  ok = pos[None] + 1 < length[:, None]  # [K, L-1]
+  first = jnp.where(ok, tokens[:, :-1], -1) == last[:, None]  # [K, L-1]
+  second = jnp.where(ok, tokens[:, 1:], -1)
+  hit = first[..., None] & (second[..., None] == candidates[None, None])
+  return hit.any(1)
+
+
+def init_state(
+  model: Model,
+  params: PyTree,
+  start: Int[Array, ''],
+  beams: int,
+  max_length: int,
+) -> HybridState:
+  """Every beam at `start` (BOS); only beam 0 alive."""
+  cache = model.init_cache(params, beams, max_length + 1)
+  first = jnp.full((beams, 1), start, jnp.int32)
+  logits, cache = model.decode(params, cache, first)
+  block_cache = model.init_block_cache(params, beams, max_length + 1, layer=1)
+  _, block_cache = model.block_decode(params, block_cache, first, layer=1)
+  tokens = jnp.zeros((beams, max_length), jnp.int32).at[:, 0].set(start)
+  return HybridState(
+    tokens=tokens,
+    length=jnp.ones((beams,), jnp.int32),
+    score=jnp.zeros((beams,), jnp.float32),
+    finished=jnp.zeros((beams,), bool),
+    alive=jnp.arange(beams) == 0,
+    logp=jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1),
+    cache=cache,
+    block_cache=block_cache,
+    step=jnp.ones((), jnp.int32),
+  )
+
+
+def hybrid_step(
+  model: Model,
+  params: PyTree,
+  span2: Span,
+  candidates: Int[Array, ' C'],
+  valid: Bool[Array, ' C'],
+  is_end: Bool[Array, ' C'],
+  taken: Int[Array, 'G L'],
+  taken_length: Int[Array, ' G'],
+  state: HybridState,
+  *,
+  config: HybridConfig,
+  shortlist: int | None = None,
+) -> HybridState:
+  """One position of the search (pure; `model` and `config` static).
+
+  `shortlist` overrides `config.shortlist` (the first step scores every
+  candidate: after BOS the LM's prior says little about which words start
+  the batch's sentences, the span says much).
+  """
+  k, max_len = state.tokens.shape
+  s = shortlist or config.shortlist
+  i = state.step
+  last = state.tokens[:, i - 1]
+  lm = state.logp[:, candidates]  # [K, C]
+  repeat = _own_bigrams(state.tokens, state.length, last, candidates)
+  others = bigram_counts(last, candidates, taken, taken_length)
+  open_ = state.alive & ~state.finished
+  # No sentence ends before `min_length` tokens (BOS and one word at least).
+  early = i + 1 < max(config.min_length, 3)
+  ok = valid[None] & ~repeat & open_[:, None] & ~(is_end[None] & early)
+  prior = config.weight_lm * lm - config.weight_diverse * others
+  prior = jnp.where(ok, prior, -jnp.inf)
+  short_prior, short = jax.lax.top_k(prior, s)  # [K, S]
+  token = candidates[short]  # [K, S]
+  end = is_end[short]
+  # Block-2 inputs of the K·S shortlisted extensions.
+  cache = jax.tree.map(lambda x: jnp.repeat(x, s, axis=0), state.block_cache)
+  x, _ = model.block_decode(params, cache, token.reshape(-1, 1), layer=1)
+  res = residuals(span2, x[:, 0]).reshape(k, s)
+  log_res = jnp.log(res + 1e-12)
+  counted = jnp.isfinite(short_prior) & ~end
+  ref = jnp.nanquantile(
+    jnp.where(counted, log_res, jnp.nan), config.reference_quantile
+  )
+  ref = jnp.where(jnp.isfinite(ref), ref, 0.0)
+  span_term = jnp.where(counted, ref - log_res, 0.0)
+  if config.end_as_best:
+    # A sentence end scores as well as the beam's best continuation: the
+    # span cannot say where a sentence ends, so the LM decides.
+    best = jnp.max(jnp.where(counted, span_term, -jnp.inf), 1, keepdims=True)
+    end_term = jnp.where(jnp.isfinite(best), best, 0.0)
+  else:
+    end_term = jnp.zeros((k, 1), jnp.float32)
+  span_term = jnp.where(end, end_term, span_term)
+  ext = state.score[:, None] + short_prior + config.weight_span * span_term
+  ext = jnp.where(jnp.isfinite(short_prior), ext, -jnp.inf)
+  # A finished beam competes unchanged (one "stay" entry, column 0).
+  stay = state.alive & state.finished
+  ext = jnp.where(stay[:, None], -jnp.inf, ext)
+  ext = ext.at[:, 0].set(jnp.where(stay, state.score, ext[:, 0]))
+  new_len = jnp.where(stay, state.length, state.length + 1)[:, None]
+  norm = new_len.astype(jnp.float32) ** config.length_penalty
+  key = jnp.where(jnp.isfinite(ext), ext / norm, -jnp.inf).reshape(-1)
+  best, pick = jax.lax.top_k(key, k)
+  alive = jnp.isfinite(best)
+  parent = pick // s
+  col = pick % s
+  kept = stay[parent]
+  tok = token[parent, col]
+  tokens = state.tokens[parent]
+  tokens = jnp.where(
+    (~kept & alive)[:, None] & (jnp.arange(max_len)[None] == i),
+    tok[:, None],
+    tokens,
+  )
+  gather = lambda t: jax.tree.map(lambda x: x[parent], t)  # noqa: E731
+  logits, lm_cache = model.decode(params, gather(state.cache), tok[:, None])
+  _, block_cache = model.block_decode(
+    params, gather(state.block_cache), tok[:, None], layer=1
+  )
+  return HybridState(
+    tokens=tokens,
+    length=jnp.where(kept, state.length[parent], i + 1),
+    score=jnp.where(alive, ext.reshape(-1)[pick], -jnp.inf),
+    finished=alive & (kept | end[parent, col]),
+    alive=alive,
+    logp=jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1),
+    cache=lm_cache,
+    block_cache=block_cache,
+    step=i + 1,
+  )
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'config'))
+def hybrid_search(
+  model: Model,
+  params: PyTree,
+  span2: Span,
+  candidates: Int[Array, ' C'],
+  valid: Bool[Array, ' C'],
+  is_end: Bool[Array, ' C'],
+  taken: Int[Array, 'G L'],
+  taken_length: Int[Array, ' G'],
+  start: Int[Array, ''],
+  *,
+  config: HybridConfig,
+) -> tuple[Int[Array, ' L'], Int[Array, ''], Float[Array, '']]:
+  """One sentence: the best beam's `(tokens [L], length, mean score)`.
+
+  Args:
+    model: the attacked model (`decode`, `block_decode`), static.
+    params: θ.
+    span2: block 2's span (:func:`top_span`).
+    candidates: int32 `[C]` token ids (the bag and the sentence ends),
+      padded; `valid` marks the real ones and `is_end` the sentence ends.
+    taken: int32 `[G, L]` sentences recovered before (BOS first), whose
+      bigrams are penalised; `taken_length` `[G]` their lengths (0: none).
+    start: BOS.
+    config: settings, static.
+  """
+  if taken.shape[1] != config.max_length:
+    raise LeakjaxError('taken must have max_length columns')
+  state = init_state(model, params, start, config.beams, config.max_length)
+  state = hybrid_step(
+    model,
+    params,
+    span2,
+    candidates,
+    valid,
+    is_end,
+    taken,
+    taken_length,
+    state,
+    config=config,
+    shortlist=candidates.shape[0],
+  )
+
+  def cond(st):
+    return (st.step < config.max_length) & jnp.any(st.alive & ~st.finished)
+
+  def body(st):
+    return hybrid_step(
+      model,
+      params,
+      span2,
+      candidates,
+      valid,
+      is_end,
+      taken,
+      taken_length,
+      st,
+      config=config,
+    )
+
+  state = jax.lax.while_loop(cond, body, state)
+  norm = state.length.astype(jnp.float32) ** config.length_penalty
+  key = jnp.where(state.alive, state.score / norm, -jnp.inf)
+  best = jnp.argmax(key)
+  return state.tokens[best], state.length[best], key[best]
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'drop', 'span_config'))
+def _span2(model, grads, drop, span_config):
+  """Block 2's span: the rank rule's when it finds a gap, else the top
+  `d - drop` directions."""
+  g2 = sr.block_gradient(model, grads, 1)
+  exact = span_of(
+    g2,
+    min_gap_decades=span_config.min_gap_decades,
+    max_rank_fraction=span_config.max_rank_fraction,
+  )
+  top = top_span(g2, drop)
+  return jax.tree.map(lambda a, b: jnp.where(exact.valid, a, b), exact, top)
+
+
+@dataclasses.dataclass
+class HybridResult:
+  """What the hybrid recovered from one gradient.
+
+  Attributes:
+    sequences: token ids of each sentence (BOS first).
+    texts: decoded sentences.
+    scores: mean score per token of each.
+    candidates: the candidate token ids (bag and sentence ends).
+    bag: FILM's bag.
+    seconds: wall time per stage.
+  """
+
+  sequences: list[list[int]]
+  texts: list[str]
+  scores: list[float]
+  candidates: np.ndarray
+  bag: bow.Bag
+  seconds: dict[str, float]
+
+
+def recover(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  num_sentences: int,
+  *,
+  config: HybridConfig = HybridConfig(),
+  bag: bow.Bag | None = None,
+) -> HybridResult:
+  """`num_sentences` sentences from one gradient (module docstring).
+
+  Args:
+    model: the attacked model, with its tokenizer (BOS, sentence ends)
+      and the attention inputs of block 2 declared.
+    params: θ at which the gradient was taken.
+    grads: the observed gradient.
+    num_sentences: sentences to recover (the client's batch size, which
+      the server knows in FedSGD).
+    config: settings.
+    bag: FILM's bag (default: :func:`leakjax.attacks.film.bag.extract_bag`
+      with its automatic method).
+
+  Returns:
+    A :class:`HybridResult`.
+  """
+  if num_sentences < 1:
+    raise LeakjaxError(f'num_sentences must be >= 1, got {num_sentences}')
+  tok = model.tokenizer
+  bos = getattr(tok, 'bos_id', None) if tok is not None else None
+  if bos is None:
+    raise LeakjaxError(
+      'the hybrid needs a tokenizer with a BOS token',
+      'load the model with its tokenizer',
+    )
+  seconds = {}
+  t0 = time.perf_counter()
+  if bag is None:
+    bag = bow.extract_bag(model, params, grads)
+  ends = ro.sentence_end_mask(tok, model.vocab_size)
+  cand_mask = np.asarray(bag.mask, bool).copy() | ends
+  cand_mask[bos] = False
+  cands = np.flatnonzero(cand_mask).astype(np.int32)
+  if len(cands) < config.shortlist:
+    raise LeakjaxError(
+      f'{len(cands)} candidates, fewer than the shortlist of'
+      f' {config.shortlist}',
+      'use a smaller HybridConfig.shortlist',
+    )
+  size = -(-len(cands) // config.bag_bucket) * config.bag_bucket
+  padded = np.zeros(size, np.int32)
+  padded[: len(cands)] = cands
+  valid = np.arange(size) < len(cands)
+  is_end = ends[padded] & valid
+  span2 = _span2(model, grads, config.span_dims, config.span)
+  seconds['span'] = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  taken = np.zeros((num_sentences, config.max_length), np.int32)
+  taken_len = np.zeros((num_sentences,), np.int32)
+  args = [jnp.asarray(a) for a in (padded, valid, is_end)]
+  sequences, scores = [], []
+  for j in range(num_sentences):
+    row, length, score = hybrid_search(
+      model,
+      params,
+      span2,
+      *args,
+      jnp.asarray(taken),
+      jnp.asarray(taken_len),
+      jnp.asarray(bos, jnp.int32),
+      config=config,
+    )
+    n = int(length)
+    seq = np.asarray(row)[:n].tolist()
+    taken[j, :n] = seq
+    taken_len[j] = n
+    sequences.append(seq)
+    scores.append(float(score))
+  seconds['search'] = time.perf_counter() - t0
+  texts = [tok.decode(s, skip_special=True).strip() for s in sequences]
+  return HybridResult(
+    sequences=sequences,
+    texts=texts,
+    scores=scores,
+    candidates=cands,
+    bag=bag,
+    seconds=seconds,
+  )
+
+
+__all__ = [
+  'HybridConfig',
+  'HybridResult',
+  'HybridState',
+  'bigram_counts',
+  'hybrid_search',
+  'hybrid_step',
+  'init_state',
+  'recover',
+  'top_span',
+]

@@ -1,0 +1,170 @@
+"""The hybrid of FILM and DAGER (leakjax.attacks.dager.hybrid).
+
+Kernels against NumPy (bigram counts, the top-direction span), then the
+search on tiny random models (GPT-2 with learned positions, Llama with
+RoPE; vocab 101, width 32, 2 blocks, from dager_test.py) fed the FedSGD
+gradient of a 2-sentence batch that starts with a common BOS, shortlisting
+every candidate (16): below the rank limit the span term decides every
+step, so the first search must return one sentence of the batch token for
+token and the second, which penalises the first one's bigrams, the other.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from dager_test import V, tiny  # the same tiny models
+
+from leakjax import fl
+from leakjax.attacks.dager import hybrid
+from leakjax.errors import LeakjaxError
+
+BOS = V - 1
+END = 99  # what the search is told is the sentence end ('.')
+# Distinct tokens per sentence (no repeats, so the bigram ban is harmless),
+# each ending with END: the last token has no gradient, so which sentence
+# end comes last is the LM's call, as '.' is on a real model.
+_PERM = (1 + np.random.default_rng(1).permutation(V - 3)).tolist()
+ROWS = [[BOS] + _PERM[:7] + [END], [BOS] + _PERM[8:13] + [END]]
+# Below the rank limit a true extension's span term is ~log(0.035 / 1e-6)
+# ~ 10 per token, so the penalty on an earlier sentence's bigrams must be
+# of that size to move the second search to the other sentence.
+CONFIG = hybrid.HybridConfig(
+  beams=4,
+  shortlist=16,
+  max_length=12,
+  weight_lm=0.1,
+  weight_diverse=20.0,
+  bag_bucket=8,
+  # Below the limit a wrong extension is far from the span: with a low
+  # reference every wrong continuation scores below a sentence end (0).
+  reference_quantile=0.1,
+  end_as_best=False,
+)
+
+
+def numpy_bigram_counts(last, candidates, taken, taken_length):
+  out = np.zeros((len(last), len(candidates)), np.int64)
+  for k, a in enumerate(last):
+    for c, b in enumerate(candidates):
+      for row, n in zip(taken, taken_length):
+        out[k, c] += sum(
+          row[p] == a and row[p + 1] == b for p in range(1, n - 1)
+        )
+  return out
+
+
+def test_bigram_counts_match_numpy():
+  rng = np.random.default_rng(0)
+  taken = rng.integers(0, 6, (5, 9)).astype(np.int32)
+  taken_length = np.array([9, 4, 0, 2, 7], np.int32)
+  last = rng.integers(0, 6, 7).astype(np.int32)
+  candidates = np.arange(6, dtype=np.int32)
+  got = hybrid.bigram_counts(
+    jnp.asarray(last),
+    jnp.asarray(candidates),
+    jnp.asarray(taken),
+    jnp.asarray(taken_length),
+  )
+  want = numpy_bigram_counts(last, candidates, taken, taken_length)
+  np.testing.assert_array_equal(np.asarray(got), want)
+  assert want.sum() > 0  # the draw holds bigrams to count
+
+
+def test_top_span_projects_on_the_top_singular_vectors():
+  grad = np.random.default_rng(0).normal(size=(12, 20)).astype(np.float32)
+  span = hybrid.top_span(jnp.asarray(grad), 4)
+  u = np.linalg.svd(grad.astype(np.float64))[0][:, :8]
+  got = np.asarray(span.basis, np.float64)
+  np.testing.assert_allclose(got @ got.T, u @ u.T, atol=1e-5)
+  assert int(span.rank) == 8 and not bool(span.valid)
+
+
+@functools.cache
+def gradient(family):
+  model, params = tiny(family)
+  t = max(len(r) for r in ROWS)
+  ids = np.zeros((len(ROWS), t), np.int32)
+  mask = np.zeros((len(ROWS), t), np.int32)
+  for i, r in enumerate(ROWS):
+    ids[i, : len(r)] = r
+    mask[i, : len(r)] = 1
+  return fl.client_gradient(
+    model,
+    params,
+    jnp.asarray(ids),
+    jnp.asarray(mask),
+    defense=fl.Defense(),
+    key=jax.random.key(0),
+  )
+
+
+def search(family, taken_rows, config=CONFIG):
+  model, params = tiny(family)
+  grads = gradient(family)
+  span2 = hybrid._span2(model, grads, CONFIG.span_dims, CONFIG.span)
+  assert bool(span2.valid)  # 13 input positions < d = 32
+  # The batch's tokens and three that are not in it.
+  real = sorted({v for r in ROWS for v in r[1:]} | set(_PERM[20:23]))
+  cands = np.asarray(real + [0] * (-len(real) % 8), np.int32)
+  valid = np.arange(len(cands)) < len(real)
+  is_end = (cands == END) & valid
+  taken = np.zeros((len(ROWS), CONFIG.max_length), np.int32)
+  taken_len = np.zeros((len(ROWS),), np.int32)
+  for i, r in enumerate(taken_rows):
+    taken[i, : len(r)] = r
+    taken_len[i] = len(r)
+  row, length, score = hybrid.hybrid_search(
+    model,
+    params,
+    span2,
+    jnp.asarray(cands),
+    jnp.asarray(valid),
+    jnp.asarray(is_end),
+    jnp.asarray(taken),
+    jnp.asarray(taken_len),
+    jnp.asarray(BOS, jnp.int32),
+    config=config,
+  )
+  assert np.isfinite(float(score))
+  return np.asarray(row)[: int(length)].tolist()
+
+
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_search_recovers_each_sentence_in_turn(family):
+  first = search(family, [])
+  assert first in ROWS
+  second = search(family, [first])
+  assert second in ROWS and second != first
+
+
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_default_search_leaves_the_end_to_the_lm(family):
+  # The default scores a sentence end like the best continuation: every
+  # token with a gradient still comes from the span, but where the
+  # sentence ends is the (here random) LM's call.
+  config = hybrid.HybridConfig(
+    beams=4, shortlist=16, max_length=12, weight_lm=0.1, bag_bucket=8
+  )
+  got = search(family, [], config)
+  assert got[-1] == END
+  assert any(got[:-1] == row[: len(got) - 1] for row in ROWS)
+
+
+def test_search_compiles_once_for_new_taken_rows():
+  search('gpt2', [])
+  size = hybrid.hybrid_search._cache_size()
+  search('gpt2', [ROWS[0]])
+  assert hybrid.hybrid_search._cache_size() == size
+
+
+def test_config_and_recover_refuse_bad_input():
+  with pytest.raises(LeakjaxError, match='shortlist'):
+    hybrid.HybridConfig(shortlist=0)
+  model, params = tiny('gpt2')
+  with pytest.raises(LeakjaxError, match='num_sentences'):
+    hybrid.recover(model, params, gradient('gpt2'), 0)
+  with pytest.raises(LeakjaxError, match='BOS'):  # no tokenizer
+    hybrid.recover(model, params, gradient('gpt2'), 2)
