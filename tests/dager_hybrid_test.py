@@ -38,6 +38,7 @@ CONFIG = hybrid.HybridConfig(
   weight_lm=0.1,
   weight_diverse=20.0,
   bag_bucket=8,
+  span_block=1,  # the tiny models have two blocks
   # Below the limit a wrong extension is far from the span: with a low
   # reference every wrong continuation scores below a sentence end (0).
   reference_quantile=0.1,
@@ -104,7 +105,7 @@ def gradient(family):
 def search(family, taken_rows, config=CONFIG):
   model, params = tiny(family)
   grads = gradient(family)
-  span2 = hybrid._span2(model, grads, CONFIG.span_dims, CONFIG.span)
+  span2 = hybrid.block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
   assert bool(span2.valid)  # 13 input positions < d = 32
   # The batch's tokens and three that are not in it.
   real = sorted({v for r in ROWS for v in r[1:]} | set(_PERM[20:23]))
@@ -146,7 +147,12 @@ def test_default_search_leaves_the_end_to_the_lm(family):
   # token with a gradient still comes from the span, but where the
   # sentence ends is the (here random) LM's call.
   config = hybrid.HybridConfig(
-    beams=4, shortlist=16, max_length=12, weight_lm=0.1, bag_bucket=8
+    beams=4,
+    shortlist=16,
+    max_length=12,
+    weight_lm=0.1,
+    bag_bucket=8,
+    span_block=1,
   )
   got = search(family, [], config)
   assert got[-1] == END

@@ -640,7 +640,7 @@ def make_model(config: GPT2Config, tokenizer=None) -> Model:
     lm_head=None if config.tie_word_embeddings else ('lm_head', 'kernel'),
     attention_inputs=tuple(
       ((f'h_{i}', 'attn', 'c_attn', 'kernel'),)
-      for i in range(min(2, config.n_layer))
+      for i in range(min(4, config.n_layer))
     ),
     last_layers=((f'h_{config.n_layer - 1}',), ('ln_f',)),
   )

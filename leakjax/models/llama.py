@@ -630,7 +630,7 @@ def make_model(
         (f'layers_{i}', 'attn', n, 'kernel')
         for n in ('q_proj', 'k_proj', 'v_proj')
       )
-      for i in range(min(2, config.num_hidden_layers))
+      for i in range(min(4, config.num_hidden_layers))
     ),
     last_layers=((f'layers_{config.num_hidden_layers - 1}',), ('final_norm',)),
   )
