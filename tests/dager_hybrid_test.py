@@ -9,6 +9,7 @@ step, so the first search must return one sentence of the batch token for
 token and the second, which penalises the first one's bigrams, the other.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -146,13 +147,12 @@ def test_default_search_leaves_the_end_to_the_lm(family):
   # The default scores a sentence end like the best continuation: every
   # token with a gradient still comes from the span, but where the
   # sentence ends is the (here random) LM's call.
-  config = hybrid.HybridConfig(
-    beams=4,
-    shortlist=16,
-    max_length=12,
-    weight_lm=0.1,
-    bag_bucket=8,
-    span_block=1,
+  default = hybrid.HybridConfig()
+  config = dataclasses.replace(
+    CONFIG,
+    weight_diverse=default.weight_diverse,
+    reference_quantile=default.reference_quantile,
+    end_as_best=default.end_as_best,
   )
   got = search(family, [], config)
   assert got[-1] == END
