@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from dager_test import V, tiny  # the same tiny models
+from dager_test import D, V, tiny  # the same tiny models
 
 from leakjax import fl
 from leakjax.attacks.dager import hybrid
+from leakjax.attacks.dager import search as sr
 from leakjax.errors import LeakjaxError
 
 BOS = V - 1
@@ -174,3 +175,25 @@ def test_config_and_recover_refuse_bad_input():
     hybrid.recover(model, params, gradient('gpt2'), 0)
   with pytest.raises(LeakjaxError, match='BOS'):  # no tokenizer
     hybrid.recover(model, params, gradient('gpt2'), 2)
+
+
+def test_span_candidates_are_the_filter_or_the_closest_tokens():
+  model, params = tiny('gpt2')
+  grads = gradient('gpt2')
+  config = hybrid.HybridConfig().span
+  mask, res, _ = sr.token_filter(model, params, grads, config=config)
+  got = hybrid.span_candidates(model, params, grads, config)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(mask))
+  assert np.asarray(got).sum() == len({v for r in ROWS for v in r[:-1]})
+  # A full-rank block-1 gradient: no gap, so the closest tokens, as many
+  # as the rank limit allows (0.97 d = 31 of d = 32).
+  noisy = jax.tree.map(
+    lambda g: g + 1e-2 * jax.random.normal(jax.random.key(1), g.shape), grads
+  )
+  _, res, span1 = sr.token_filter(model, params, noisy, config=config)
+  assert not bool(span1.valid)
+  got = np.asarray(hybrid.span_candidates(model, params, noisy, config))
+  k = min(int(span1.rank), int(config.max_rank_fraction * D))
+  np.testing.assert_array_equal(
+    np.flatnonzero(got), np.sort(np.argsort(np.asarray(res))[:k])
+  )
