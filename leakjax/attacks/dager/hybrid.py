@@ -39,8 +39,8 @@ paper describes it):
   other, each penalising the bigrams of those before (FILM Sec. 4.5's
   repetitions), and returns one sentence per search.
 
-The weights were set on one batch (SmolLM2, b = 64, Enron batch 0) and are
-documented in :class:`HybridConfig`.
+The weights were chosen by hand on two batches (SmolLM2, b = 64, Enron
+batches 0 and 1), not tuned: see :class:`HybridConfig`.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ class HybridConfig:
       end to end block 3 moved that batch's ROUGE-L from 0.188 to 0.194
       at twice the time, so the default stays DAGER's block 1; each block
       deeper costs one block pass per scored extension.
-    weight_lm: weight of the LM log-probability.
+    weight_lm: weight of the LM log-probability (0.3 and 1.0 moved
+      ROUGE-L on those two batches by less than 0.02 either way).
     weight_span: weight of the span term `log(r̄ / r)`.
     weight_diverse: penalty per earlier sentence that holds the bigram.
     reference_quantile: `r̄` is this quantile of the step's shortlisted
