@@ -292,12 +292,27 @@ def test_experiment_smoke(tmp_path):
   for data in 'ab':
     # Layer 0 is the embedding itself: HEI recovers the text exactly.
     assert summary[f'f1@data={data},layer=0,method=hei'] >= 0.95
+  # Each inversion key is its row of results.jsonl (one row per cell).
+  rows = [json.loads(x) for x in (workdir / 'results.jsonl').open()]
+  cells = {
+    (r['data'], r['layer'], r['method']): r
+    for r in rows
+    if r['kind'] == 'inversion' and 'defense' not in r and 'bucket' not in r
+  }
+  for data in 'ab':
     for metric in ('f1', 'rouge1', 'rougeL'):  # no 'sbert': disabled here
       for method in ('bei', 'hei', 'ep', 'ep_bei'):
-        assert f'{metric}@data={data},layer=2,method={method}' in summary
-    assert f'rouge1@data={data},defense=dct,layer=2,method=ep,subsets=2' in (
-      summary
-    )
+        want = cells[(data, '2', method)][metric]
+        key = f'{metric}@data={data},layer=2,method={method}'
+        assert summary[key] == pytest.approx(want)
+    (dct,) = [
+      r
+      for r in rows
+      if r.get('defense') == 'dct'
+      and (r.get('data'), r['layer'], r.get('method')) == (data, '2', 'ep')
+    ]
+    key = f'rouge1@data={data},defense=dct,layer=2,method=ep,subsets=2'
+    assert summary[key] == pytest.approx(dct['rouge1'])
   assert summary['ppl@defense=dct,layer=0,subsets=2'] > 0
   assert summary['ppl@defense=none'] > 0
   assert any(k.startswith('rouge1@bucket=') for k in summary)

@@ -125,22 +125,16 @@ SMOKE = dict(
 def test_experiment_smoke_and_resume(tmp_path):
   cfg = runner.FilmExperimentConfig(**SMOKE)
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
-  for b in (2,):
-    for name in (
-      'rouge1',
-      'rouge2',
-      'rougeL',
-      'nerr',
-      'bag_precision',
-      'bag_recall',
-    ):
-      assert f'{name}@b={b}' in summary
-    assert 0 <= summary[f'rougeL@b={b}'] <= 1
-  assert summary['bag_precision@b=2'] == 1.0
   rows = [
     json.loads(x) for x in (tmp_path / 'results.jsonl').read_text().splitlines()
   ]
   assert len(rows) == 1 and rows[0]['b'] == 2
+  # The summary is the one row's numbers (one batch).
+  for name in ('bag_precision', 'bag_recall'):
+    assert summary[f'{name}@b=2'] == rows[0][name]
+  for name in ('rouge1', 'rouge2', 'rougeL', 'nerr'):
+    assert 0 <= summary[f'{name}@b=2'] <= 1
+  assert summary['bag_precision@b=2'] == 1.0
   assert len(rows[0]['originals']) == 2 and rows[0]['recovered']
   md = (tmp_path / 'summary.md').read_text()
   assert '| b=2 | 1 |' in md and 'paper' in md  # Table-10 layout
@@ -207,9 +201,23 @@ def test_experiment_bag_mode_with_defenses(tmp_path):
     **{**SMOKE, 'batch_sizes': (2,)}, mode='bag', defenses=('none', 'dp:10')
   )
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
-  assert 'bag_precision@b=2,defense=none,method=tied' in summary
-  assert 'bag_recall@b=2,defense=none,method=norm_oracle' in summary
-  assert 'bag_recall@b=2,defense=dp:10,method=dp' in summary
+  rows = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
+  # One row per (defense, method); the summary holds each row's numbers.
+  assert sorted((r['defense'], r['method']) for r in rows) == [
+    ('dp:10', 'dp'),
+    ('none', 'norm'),
+    ('none', 'norm_oracle'),
+    ('none', 'tied'),
+  ]
+  for r in rows:
+    for name in ('bag_precision', 'bag_recall'):
+      key = f'{name}@b=2,defense={r["defense"]},method={r["method"]}'
+      assert summary[key] == r[name]
+  # Undefended, the tied span test finds the bag exactly on this model.
+  assert summary['bag_precision@b=2,defense=none,method=tied'] == 1.0
+  assert summary['bag_recall@b=2,defense=none,method=tied'] == 1.0
+  # eps = 10 noise drowns this 2-sentence gradient: far below the clean bag.
+  assert summary['bag_precision@b=2,defense=dp:10,method=dp'] < 0.5
 
 
 def test_bad_defense_and_config_errors():
