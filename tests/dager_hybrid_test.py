@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from dager_test import D, V, tiny  # the same tiny models
+from dager_test import D, V, pad, tiny  # the same tiny models
 
 from leakjax import fl
 from leakjax.attacks.dager import hybrid
@@ -88,19 +88,9 @@ def test_top_span_projects_on_the_top_singular_vectors():
 @functools.cache
 def gradient(family):
   model, params = tiny(family)
-  t = max(len(r) for r in ROWS)
-  ids = np.zeros((len(ROWS), t), np.int32)
-  mask = np.zeros((len(ROWS), t), np.int32)
-  for i, r in enumerate(ROWS):
-    ids[i, : len(r)] = r
-    mask[i, : len(r)] = 1
+  ids, mask = pad(ROWS)
   return fl.client_gradient(
-    model,
-    params,
-    jnp.asarray(ids),
-    jnp.asarray(mask),
-    defense=fl.Defense(),
-    key=jax.random.key(0),
+    model, params, ids, mask, defense=fl.Defense(), key=jax.random.key(0)
   )
 
 
