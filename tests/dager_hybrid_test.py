@@ -160,6 +160,10 @@ def test_search_compiles_once_for_new_taken_rows():
 def test_config_and_recover_refuse_bad_input():
   with pytest.raises(LeakjaxError, match='shortlist'):
     hybrid.HybridConfig(shortlist=0)
+  with pytest.raises(LeakjaxError, match='reference_quantile'):
+    hybrid.HybridConfig(reference_quantile=1.5)
+  with pytest.raises(LeakjaxError, match='span_block'):
+    hybrid.HybridConfig(span_block=0)
   model, params = tiny('gpt2')
   with pytest.raises(LeakjaxError, match='num_sentences'):
     hybrid.recover(model, params, gradient('gpt2'), 0)

@@ -87,7 +87,8 @@ class HybridConfig:
       560 directions: the true token is closer than the LM's favourite
       wrong bag token at 64 % of positions with block 1, 69 % block 2,
       79 % block 3, 79 % block 4; summing blocks 1-4 gives 75 %), but
-      end to end block 3 moved that batch's ROUGE-L from 0.188 to 0.194
+      end to end (FILM's bag alone as candidates) block 3 moved that
+      batch's ROUGE-L from 0.188 to 0.194
       at twice the time, so the default stays DAGER's block 1; each block
       deeper costs one block pass per scored extension.
     weight_lm: weight of the LM log-probability (0.3 and 1.0 moved
@@ -95,9 +96,14 @@ class HybridConfig:
     weight_span: weight of the span term `log(r̄ / r)`.
     weight_diverse: penalty per earlier sentence that holds the bigram.
     reference_quantile: `r̄` is this quantile of the step's shortlisted
-      log-residuals. A sentence end scores 0, so a wrong continuation must
-      score below 0 or beams never end: with the median, the best of the
-      shortlist's wrong extensions scores above it.
+      log-residuals (0.5: the median).
+    end_as_best: a sentence end's span term is the beam's best
+      continuation's (the LM decides where a sentence ends). False: 0,
+      which ends sentences only when every continuation scores below 0:
+      below the rank limit, with a low `reference_quantile` (e.g. 0.1),
+      that is where DAGER's search would stop; past it the median's best
+      wrong continuation always scores above 0 and beams run to
+      `max_length`.
     max_length: longest sentence grown (tokens, BOS included).
     length_penalty: beams are ranked by `score / length^length_penalty`
       (1: the mean score per token).
@@ -131,8 +137,12 @@ class HybridConfig:
         raise LeakjaxError(
           f'HybridConfig.{name} must be a positive int, got {value!r}'
         )
-    if self.span_dims < 0:
-      raise LeakjaxError('HybridConfig.span_dims must be >= 0')
+    if self.span_dims < 0 or self.span_block < 1 or self.min_length < 0:
+      raise LeakjaxError(
+        'HybridConfig.span_dims and min_length must be >= 0, span_block >= 1'
+      )
+    if not 0.0 <= self.reference_quantile <= 1.0:
+      raise LeakjaxError('HybridConfig.reference_quantile must be in [0, 1]')
 
 
 def top_span(grad: Float[Array, 'd out'], drop: int) -> Span:
