@@ -74,8 +74,8 @@ changed):
   `tokenizer.decode` (the token ids of the sentences it outputs).
 
 Metrics per batch, both sides: full-batch ROUGE-1/2/L (each original against
-its best prediction, averaged: `film.metrics.rouge_matrix(...).max(1)
-.mean()`), `exact` (the original's token ids, BOS and final token included,
+its best prediction, averaged: `leakjax.metrics.rouge_matrix(...,
+stemmer=True).max(1).mean()`), `exact` (the original's token ids, BOS and final token included,
 among the predictions), `exact_prefix` (equal up to the final token, which
 the reference never recovers: it has no gradient under the next-token loss),
 seconds per batch (attack only; the client gradient apart), and for ours the
@@ -268,11 +268,13 @@ def batch_metrics(
   """Full-batch ROUGE (best prediction per original, averaged), `exact`
   (the original's ids, BOS and final token included, among the predictions)
   and `exact_prefix` (a prediction equal to it up to its final token)."""
-  from leakjax.attacks.film import metrics  # pylint: disable=g-import-not-at-top
+  from leakjax import metrics  # pylint: disable=g-import-not-at-top
 
   out: dict[str, float] = {}
   if pred_texts:
-    scores = metrics.rouge_matrix(list(originals), list(pred_texts))
+    scores = metrics.rouge_matrix(
+      list(originals), list(pred_texts), stemmer=True
+    )
     out.update({k: float(m.max(1).mean()) for k, m in scores.items()})
   else:
     out.update(rouge1=0.0, rouge2=0.0, rougeL=0.0)

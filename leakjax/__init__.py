@@ -8,6 +8,8 @@ Subpackages (imported on first use):
 * `leakjax.fl` -- federated clients (FedSGD, FedAvg) and defenses;
 * `leakjax.attacks` -- FILM, GBoard, differential score / rank, embedding
   inversion, as jittable kernels and one runner per paper;
+* `leakjax.metrics` -- what an attack recovered: ROUGE, NERR, token and
+  word F1, word-level Levenshtein ratio, Sentence-BERT similarity;
 * `leakjax.data` -- corpora and batching.
 """
 
@@ -17,7 +19,7 @@ from leakjax.errors import LeakjaxError
 
 __version__ = '0.1.0'
 
-_SUBPACKAGES = ('attacks', 'data', 'fl', 'models')
+_SUBPACKAGES = ('attacks', 'data', 'fl', 'metrics', 'models')
 
 
 def __getattr__(name):

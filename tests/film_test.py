@@ -14,12 +14,12 @@ from absl import flags
 
 from experiments import common, film_report
 from experiments import film as film_exp
-from leakjax import fl
+from leakjax import fl, metrics
 from leakjax.attacks import film
 from leakjax.attacks.film import bag as bow
 from leakjax.attacks.film import beam_search as bs
-from leakjax.attacks.film import metrics, runner
 from leakjax.attacks.film import reorder as ro
+from leakjax.attacks.film import runner
 from leakjax.models import get_path, gpt2
 from leakjax.tokenization import gpt2_tokenizer
 

@@ -551,7 +551,7 @@ def test_reconstruction_compiles_once_per_model_and_shape():
 
 def test_snapshot_round_trip(tmp_path):
   model, params = _model(scale=0.5)
-  path = tmp_path / 'theta1.npz'
+  path = tmp_path / 'theta1.safetensors'
   gboard.save_snapshot(path, params)
   loaded = gboard.load_snapshot(path, params)
   assert jax.tree.structure(loaded) == jax.tree.structure(params)
@@ -654,59 +654,6 @@ def test_padded_indices():
   np.testing.assert_array_equal(valid, [True, True, True, False])
   with pytest.raises(LeakjaxError):
     gboard.padded_indices(np.ones(5, bool), size=2)
-
-
-# ------------------------------------------------------------------ metrics
-@pytest.mark.parametrize(
-  'a,b,ratio',
-  [
-    ('how are you doing', 'how are you', 600 / 7),  # LCS 3, 7 words
-    ('how are you', 'how are you', 100.0),
-    ('a b c d', 'e f g h', 0.0),
-    ('a b c d', 'a x c d', 75.0),  # one substitution = 2 edits of 8
-    ('a b c d', 'b c d e', 75.0),  # delete a, insert e
-    ('a b', 'b a', 50.0),
-    ('', '', 100.0),
-  ],
-)
-def test_levenshtein_ratio_hand_computed(a, b, ratio):
-  assert gboard.levenshtein_ratio(a.split(), b.split()) == pytest.approx(ratio)
-  assert gboard.levenshtein_ratio(b.split(), a.split()) == pytest.approx(ratio)
-
-
-def test_levenshtein_distance_unit_costs():
-  a, b = 'the cat sat on the mat'.split(), 'a cat sat the mat today'.split()
-  # the->a (1), delete on (1), insert today (1).
-  assert gboard.levenshtein_distance(a, b, substitution_cost=1) == 3
-  assert gboard.levenshtein_distance(a, b) == 4  # the->a costs 2: 12 - 2 * 4
-
-
-def test_best_match_ratios():
-  refs = [('how', 'are', 'you', 'doing'), ('see', 'you', 'at', 'home')]
-  cands = [
-    ('how', 'are', 'you', 'doing'),
-    ('see', 'you', 'at', 'work'),
-    ('x', 'y', 'z', 'w'),
-  ]
-  np.testing.assert_allclose(
-    gboard.best_match_ratios(cands, refs), [100.0, 75.0, 0.0]
-  )
-
-
-def test_word_metrics_hand_computed():
-  m = gboard.word_metrics(
-    ['a', 'b', 'd'],
-    ['a', 'b', 'c', 'zz', 'a'],
-    ['<UNK>', '<S>', 'a', 'b', 'c', 'd'],
-  )
-  assert m.precision == pytest.approx(2 / 3)
-  assert m.recall == pytest.approx(1 / 2)
-  assert m.f1 == pytest.approx(4 / 7)
-  assert m.coverage == pytest.approx(3 / 4)
-  assert m.f1_upper == pytest.approx(6 / 7)
-  assert (m.num_recovered, m.num_true) == (3, 4)
-  empty = gboard.word_metrics([], ['a'], ['a'])
-  assert empty.f1 == 0.0 and empty.f1_upper == 1.0
 
 
 # ------------------------------------------------------------ experiment

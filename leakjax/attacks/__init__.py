@@ -35,20 +35,14 @@ Embedding inversion (Wan et al. 2024): :func:`bei_ids`, :func:`hei_ids`,
 
 One package per paper, each read top-down from its `runner` (the
 experiment's algorithm: data, training, the sweep):
-:mod:`film` (`bag`, `beam_search`, `reorder`, `pipeline`, `metrics`),
-:mod:`gboard` (`update`, `thresholds`, `mixture`, `reconstruct`,
-`metrics`), :mod:`differential` (`score`, `rank_search`, `canaries`),
-:mod:`inversion` (`bei_hei`, `dct`, `embed_parrot`); :mod:`text_metrics`
-scores recovered text.
+:mod:`film` (`bag`, `beam_search`, `reorder`, `pipeline`),
+:mod:`gboard` (`update`, `thresholds`, `mixture`, `reconstruct`),
+:mod:`differential` (`score`, `rank_search`, `canaries`),
+:mod:`inversion` (`bei_hei`, `dct`, `embed_parrot`). The metrics that
+score what an attack recovered are in :mod:`leakjax.metrics`.
 """
 
-from leakjax.attacks import (
-  differential,
-  film,
-  gboard,
-  inversion,
-  text_metrics,
-)
+from leakjax.attacks import differential, film, gboard, inversion
 from leakjax.attacks.differential import (
   differential_rank_lower_bound,
   differential_score,
@@ -107,5 +101,4 @@ __all__ = [
   'recover_words',
   'recover_words_auto',
   'reorder_scores',
-  'text_metrics',
 ]

@@ -38,9 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from leakjax import fl, io
+from leakjax import fl, io, metrics
 from leakjax.attacks.dager import hybrid, pipeline, search
-from leakjax.attacks.film import metrics
 from leakjax.attacks.film import pipeline as film_pipeline
 from leakjax.attacks.film import runner as film_runner
 from leakjax.errors import LeakjaxError
@@ -233,7 +232,10 @@ def batch_scores(
   """
   out = {}
   if predictions:
-    scores = metrics.rouge_matrix(list(originals), list(predictions))
+    # ROUGE-1/2/L with Porter stemming, as FILM's, so the two compare.
+    scores = metrics.rouge_matrix(
+      list(originals), list(predictions), stemmer=True
+    )
     for name, m in scores.items():
       out[name] = float(m.max(1).mean())
   else:

@@ -11,10 +11,11 @@ gradients, the sweep), which calls the pipeline :func:`recover`
 * :func:`reorder_scores` (:mod:`reorder`, Sec. 4.4): gradient-matching + LM
   scores of candidate orderings;
 
-and :mod:`metrics` scores the result (ROUGE, NERR, bag precision/recall).
+and :mod:`leakjax.metrics` scores the result (ROUGE, NERR, bag
+precision/recall).
 """
 
-from leakjax.attacks.film import bag, beam_search, metrics, pipeline, reorder
+from leakjax.attacks.film import bag, beam_search, pipeline, reorder
 from leakjax.attacks.film.bag import Bag, TiedBagConfig, bag_mask, extract_bag
 from leakjax.attacks.film.beam_search import BeamSearchConfig, bag_beam_search
 from leakjax.attacks.film.pipeline import (
@@ -39,7 +40,6 @@ __all__ = [
   'bag_mask',
   'beam_search',
   'extract_bag',
-  'metrics',
   'pipeline',
   'recover',
   'reorder',

@@ -43,11 +43,11 @@ import numpy as np
 from absl import logging
 
 from leakjax import data as data_lib
-from leakjax import fl, io, models
+from leakjax import fl, io, metrics, models
 from leakjax import train as train_lib
 from leakjax.attacks.film import bag as bow
 from leakjax.attacks.film import beam_search as bs
-from leakjax.attacks.film import metrics, pipeline
+from leakjax.attacks.film import pipeline
 from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError
 
@@ -555,15 +555,10 @@ def oracle_norm_threshold(
 ) -> tuple[float, float]:
   """Precision/recall of the norm threshold with the best F1 (oracle)."""
   norms = np.linalg.norm(grad_rows.astype(np.float64), axis=1)
-  order = np.argsort(-norms, kind='stable')
-  lab = np.zeros(len(norms), bool)
-  lab[list(truth)] = True
-  hits = np.cumsum(lab[order])
-  k = np.arange(1, len(order) + 1)
-  prec, rec = hits / k, hits / max(len(truth), 1)
-  f1 = 2 * prec * rec / np.maximum(prec + rec, 1e-12)
-  i = int(np.argmax(f1))
-  return float(prec[i]), float(rec[i])
+  labels = np.zeros(len(norms), bool)
+  labels[list(truth)] = True
+  cut = metrics.oracle_f1_cut(norms, labels, num_true=len(truth))
+  return cut.precision, cut.recall
 
 
 @dataclasses.dataclass

@@ -58,11 +58,12 @@ locally trained θ1 (Sec. 2.2). Everything here reads only those two:
    candidate uses yet, stop when every recovered word is used), 'words'
    (the top `ceil(|recovered| / length)`) or 'gap' (the group above the
    largest split of the scores).
-5. Metrics (Sec. 4.2): :func:`word_metrics` (precision, recall, F1, and the
-   F1 upper bound set by the vocabulary), :func:`levenshtein_ratio` (word
-   level, 0-100) and :func:`best_match_ratios`.
+5. Metrics (Sec. 4.2, in :mod:`leakjax.metrics`, re-exported here):
+   :func:`word_metrics` (precision, recall, F1, and the F1 upper bound set
+   by the vocabulary), :func:`levenshtein_ratio` (word level, 0-100) and
+   :func:`best_match_ratios`.
 
-Modules (every name of the first five is re-exported here, so `gboard.X`
+Modules (every name of the first four is re-exported here, so `gboard.X`
 works for all; the runner's helpers are `gboard.runner.X`):
 
 * :mod:`~leakjax.attacks.gboard.update` -- reading the update: output bias,
@@ -73,7 +74,6 @@ works for all; the runner's helpers are `gboard.runner.X`):
   and :func:`recover_words_auto`;
 * :mod:`~leakjax.attacks.gboard.reconstruct` -- the reconstruction kernel
   and the keep rules;
-* :mod:`~leakjax.attacks.gboard.metrics` -- Sec. 4.2's metrics;
 * :mod:`~leakjax.attacks.gboard.runner` -- the experiment on SMS messages
   (corpus split, θ0, victim clients, attacks, the run loop):
   :class:`GboardConfig`, :func:`run_gboard_experiment`.
@@ -93,13 +93,6 @@ compiled kernel); the caller owns `jit` for the rest:
 ...                             length=4, bos_id=1)             # +SKIP
 """
 
-from leakjax.attacks.gboard.metrics import (
-  WordMetrics,
-  best_match_ratios,
-  levenshtein_distance,
-  levenshtein_ratio,
-  word_metrics,
-)
 from leakjax.attacks.gboard.mixture import (
   expected_f1_cut,
   mixture_word_posterior,
@@ -144,6 +137,13 @@ from leakjax.attacks.gboard.update import (
   output_rows_update,
   save_snapshot,
   scale_update,
+)
+from leakjax.metrics import (
+  WordMetrics,
+  best_match_ratios,
+  levenshtein_distance,
+  levenshtein_ratio,
+  word_metrics,
 )
 
 __all__ = [

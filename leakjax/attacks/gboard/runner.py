@@ -43,8 +43,8 @@ from absl import logging
 
 from leakjax import data as data_lib
 from leakjax import fl, io, models, sharding
+from leakjax import metrics as metrics_lib
 from leakjax import train as train_lib
-from leakjax.attacks.gboard import metrics as metrics_lib
 from leakjax.attacks.gboard import mixture, thresholds, update
 from leakjax.attacks.gboard import reconstruct as reconstruct_lib
 from leakjax.errors import LeakjaxError
@@ -596,15 +596,6 @@ def reconstruct_candidates(
   )
 
 
-def _token_f1(cands: Sequence[Sequence[str]], true_words: set[str]) -> float:
-  words = {w for c in cands for w in c}
-  hits = len(words & true_words)
-  if not hits:
-    return 0.0
-  p, r = hits / len(words), hits / len(true_words)
-  return 2 * p * r / (p + r)
-
-
 def attack(
   model,
   params0,
@@ -775,7 +766,12 @@ def attack(
         },
         'levenshtein_recall': float(recall_view.mean()),
         'exact_fraction': float((recall_view == 100.0).mean()),
-        'recon_f1': _token_f1(kept_w, ds.true_words),
+        # F1 of the distinct words of the kept sentences.
+        'recon_f1': metrics_lib.f1_score(
+          *metrics_lib.set_precision_recall(
+            (w for c in kept_w for w in c), ds.true_words
+          )
+        ),
         'examples': [' '.join(w) for w in kept_w[:8]],
       }
     )

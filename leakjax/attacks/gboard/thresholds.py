@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from leakjax import metrics
 from leakjax.errors import LeakjaxError
 
 # The bias thresholds of :func:`choose_threshold`. The former 'maxf1' rule
@@ -485,6 +486,8 @@ def oracle_threshold(
 ) -> tuple[float, float]:
   """The threshold with the best F1 given the true words (comparison only).
 
+  :func:`leakjax.metrics.oracle_f1_cut` on the words' labels.
+
   Args:
     delta: `[vocab]` scores (`b1 - b0`).
     words: the vocabulary, `words[k]` the string of id k.
@@ -495,29 +498,13 @@ def oracle_threshold(
     `(threshold, f1)`: keeping `delta > threshold` gives that F1; the
     threshold lies halfway between the last kept and the first dropped.
   """
-  delta = np.asarray(delta, np.float64)
-  ok = (
-    np.ones(delta.shape, bool)
-    if candidates is None
-    else np.asarray(candidates, bool)
-  )
-  idx = np.flatnonzero(ok)
-  order = idx[np.argsort(-delta[idx], kind='stable')]
   true = set(true_words)
-  hit = np.array([words[k] in true for k in order], np.float64)
-  tp = np.cumsum(hit)
-  k = np.arange(1, len(order) + 1)
-  precision, recall = tp / k, tp / max(len(true), 1)
-  f1 = np.where(
-    tp > 0, 2 * precision * recall / np.maximum(precision + recall, 1e-300), 0.0
+  labels = np.array([words[k] in true for k in range(len(delta))], bool)
+  # Recall counts every true word, also those outside the vocabulary.
+  cut = metrics.oracle_f1_cut(
+    delta, labels, num_true=len(true), candidates=candidates
   )
-  best = int(np.argmax(f1))
-  nxt = (
-    delta[order[best + 1]]
-    if best + 1 < len(order)
-    else delta[order[best]] - 1.0
-  )
-  return float(0.5 * (delta[order[best]] + nxt)), float(f1[best])
+  return cut.threshold, cut.f1
 
 
 __all__ = [

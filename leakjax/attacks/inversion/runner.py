@@ -44,8 +44,7 @@ import numpy as np
 from absl import logging
 
 from leakjax import data as data_lib
-from leakjax import io, models, sharding
-from leakjax.attacks import text_metrics
+from leakjax import io, metrics, models, sharding
 from leakjax.attacks.inversion import bei_hei, dct
 from leakjax.attacks.inversion import embed_parrot as ep
 from leakjax.errors import LeakjaxError
@@ -359,17 +358,57 @@ def cached(path: Path, compute) -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------- scoring
+def score_texts(
+  predictions: Sequence[str],
+  references: Sequence[str],
+  embedder: metrics.SentenceEmbedder | None = None,
+) -> dict[str, np.ndarray]:
+  """Every metric of Sec. 5.1.3 per pair: `{'f1', 'rouge1', 'rougeL'[, 'sbert']}`.
+
+  The SQuAD token F1, ROUGE-1 and ROUGE-L F-measures (rouge-score's
+  default tokenizer, no stemming) and the Sentence-BERT cosine.
+
+  Args:
+    predictions: reconstructed texts.
+    references: the original texts, same length.
+    embedder: a :class:`leakjax.metrics.SentenceEmbedder`; None skips the
+      'sbert' entry.
+
+  Returns:
+    A dict of float64 arrays `[len(predictions)]`.
+  """
+  if len(predictions) != len(references):
+    raise LeakjaxError(
+      f'{len(predictions)} predictions but {len(references)} references'
+    )
+  pairs = list(zip(predictions, references))
+  rouge = [
+    metrics.rouge_scores(p, r, stemmer=False, types=('rouge1', 'rougeL'))
+    for p, r in pairs
+  ]
+  out = {
+    'f1': np.array([metrics.token_f1(p, r) for p, r in pairs]),
+    'rouge1': np.array([s['rouge1'] for s in rouge]),
+    'rougeL': np.array([s['rougeL'] for s in rouge]),
+  }
+  if embedder is not None:
+    out['sbert'] = embedder.similarity(predictions, references).astype(
+      np.float64
+    )
+  return out
+
+
 class Scorer:
   """Per-text metrics, with Sentence-BERT on the first `sbert_limit` texts."""
 
   def __init__(self, cfg: InversionExperimentConfig):
-    self.embedder = text_metrics.SentenceEmbedder() if cfg.sbert else None
+    self.embedder = metrics.SentenceEmbedder() if cfg.sbert else None
     self.limit = cfg.sbert_limit
 
   def __call__(
     self, preds: Sequence[str], refs: Sequence[str]
   ) -> dict[str, np.ndarray]:
-    scores = text_metrics.score_texts(preds, refs)
+    scores = score_texts(preds, refs)
     sb = np.full(len(preds), np.nan)
     if self.embedder is not None:
       k = min(self.limit, len(preds))
