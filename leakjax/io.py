@@ -8,6 +8,12 @@ Every experiment writes, under its `--workdir`:
   `metric@param=value,param=value` (parameters in alphabetical order);
 * `summary.md` -- tables and links to PNG plots.
 
+Arrays (parameters, optimizer states, client updates) are written with
+:func:`save_pytree` and read with :func:`load_pytree`: one safetensors file
+per pytree, each leaf named by its key path, the one parameter format of the
+library (`leakjax.models.save` writes the same format under Hugging Face's
+names, for export).
+
 All writes go to a temp file in the same folder followed by `os.replace`, so
 an interrupted run never leaves a truncated file, and a re-run with the same
 workdir resumes from the rows already in `results.jsonl`.
@@ -23,7 +29,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import jax
+import numpy as np
+
 from leakjax.errors import LeakjaxError
+
+PyTree = Any
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -214,3 +225,124 @@ def markdown_table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
   for r in rows:
     lines.append('| ' + ' | '.join(fmt(v) for v in r) + ' |')
   return '\n'.join(lines) + '\n'
+
+
+# ------------------------------------------------------------ pytree files
+# safetensors' NumPy reader knows only NumPy's own dtypes; leaves of other
+# dtypes (bfloat16, float8) are stored as unsigned integers of their width
+# and their dtype name goes into the file's metadata under this prefix.
+_DTYPE_META = 'leakjax.dtype:'
+_NUMPY_KINDS = frozenset('biuf')
+
+
+def flatten_pytree(tree: PyTree) -> dict[str, np.ndarray]:
+  """`{key path: NumPy leaf}` of a pytree, the names `jax.tree_util.keystr`
+  gives (e.g. `"['params']['Dense_0']['kernel']"`)."""
+  return {
+    jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
+
+
+def unflatten_pytree(
+  flat: Mapping[str, np.ndarray], like: PyTree, what: str
+) -> PyTree:
+  """Rebuilds `like`'s structure from :func:`flatten_pytree` output.
+
+  Args:
+    flat: leaves by key path.
+    like: the template: arrays or `jax.ShapeDtypeStruct`s. Each leaf of
+      `flat` must have the shape of its template leaf and is cast to its
+      dtype.
+    what: how errors name the source.
+
+  Raises:
+    LeakjaxError: a leaf of `like` is missing, `flat` holds a leaf `like`
+      lacks, or a leaf has another shape.
+  """
+  paths, treedef = jax.tree_util.tree_flatten_with_path(like)
+  leaves, names = [], set()
+  for key_path, template in paths:
+    name = jax.tree_util.keystr(key_path)
+    names.add(name)
+    if name not in flat:
+      raise LeakjaxError(
+        f'{what} lacks {name}',
+        'it was written for another model or optimizer; use a new workdir'
+        ' or path',
+      )
+    value = flat[name]
+    if tuple(value.shape) != tuple(template.shape):
+      raise LeakjaxError(
+        f'{what}: {name} has shape {tuple(value.shape)}, expected'
+        f' {tuple(template.shape)}',
+        'it was written for another model; use a new workdir or path',
+      )
+    leaves.append(jax.numpy.asarray(value, dtype=template.dtype))
+  unused = sorted(set(flat) - names)
+  if unused:
+    raise LeakjaxError(
+      f'{what} has unexpected entries ({unused[0]}, ...)',
+      'it was written for another model or optimizer; use a new workdir'
+      ' or path',
+    )
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def pytree_bytes(tree: PyTree) -> bytes:
+  """`tree` as safetensors bytes, each leaf named by its key path."""
+  from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
+
+  flat, meta = {}, {}
+  for name, value in flatten_pytree(tree).items():
+    if value.dtype.kind not in _NUMPY_KINDS or value.dtype.name == 'bfloat16':
+      meta[_DTYPE_META + name] = value.dtype.name
+      value = value.view(f'u{value.dtype.itemsize}')
+    # Not np.ascontiguousarray: it turns 0-d leaves into shape (1,).
+    flat[name] = np.require(value, requirements='C')
+  return save(flat, metadata=meta or None)
+
+
+def save_pytree(path: str | os.PathLike, tree: PyTree) -> None:
+  """Writes a pytree of arrays to a safetensors file, atomically.
+
+  Leaves keep their dtypes; :func:`load_pytree` reads the file back into
+  the structure of a template.
+  """
+  atomic_write_bytes(path, pytree_bytes(tree))
+
+
+def load_pytree(
+  path: str | os.PathLike, like: PyTree, *, what: str | None = None
+) -> PyTree:
+  """Reads a :func:`save_pytree` file into the structure of `like`.
+
+  Args:
+    path: the safetensors file.
+    like: a pytree of the same structure, arrays or `jax.ShapeDtypeStruct`s
+      (e.g. from `jax.eval_shape`); see :func:`unflatten_pytree`.
+    what: how errors name the file (default: its path).
+
+  Returns:
+    The pytree, leaves as `jax.Array`.
+
+  Raises:
+    LeakjaxError: the file cannot be read or does not fit `like`.
+  """
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+
+  what = what or str(path)
+  try:
+    with safe_open(str(path), framework='numpy') as f:
+      meta = f.metadata() or {}
+      flat = {name: f.get_tensor(name) for name in f.keys()}
+  except Exception as e:  # safetensors raises several types  # noqa: BLE001
+    raise LeakjaxError(
+      f'cannot read {what}: {type(e).__name__}: {e}',
+      'delete the file to compute it again',
+    ) from None
+  for name, dtype in meta.items():
+    if name.startswith(_DTYPE_META) and name[len(_DTYPE_META) :] in flat:
+      key = name[len(_DTYPE_META) :]
+      flat[key] = flat[key].view(np.dtype(dtype))
+  return unflatten_pytree(flat, like, what)

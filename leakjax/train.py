@@ -49,7 +49,13 @@ import optax
 
 from leakjax import data as data_lib
 from leakjax.errors import LeakjaxError, check_token_ids
-from leakjax.io import atomic_write_bytes, atomic_write_text
+from leakjax.io import (
+  atomic_write_text,
+  flatten_pytree,
+  load_pytree,
+  save_pytree,
+  unflatten_pytree,
+)
 from leakjax.models.protocol import Model, PyTree, lm_loss
 
 log = logging.getLogger(__name__)
@@ -828,8 +834,6 @@ def _write_checkpoint(
   best_params,
   state: dict[str, Any],
 ) -> None:
-  from safetensors.numpy import save as to_bytes  # pylint: disable=g-import-not-at-top
-
   def write_rest(folder: Path) -> None:
     best = state['best']
     if (
@@ -840,47 +844,11 @@ def _write_checkpoint(
       from leakjax import models  # pylint: disable=g-import-not-at-top
 
       models.save(model, best_params, folder / _BEST_DIR)
-    atomic_write_bytes(folder / _OPT_FILE, to_bytes(_flatten(opt_state)))
+    save_pytree(folder / _OPT_FILE, opt_state)
     # Last: its presence marks the folder complete.
     atomic_write_text(folder / _STATE_FILE, json.dumps(state, indent=1))
 
   _save_directory(model, params, workdir / _CHECKPOINT, extra=write_rest)
-
-
-def _flatten(tree) -> dict[str, np.ndarray]:
-  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {
-    jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf))
-    for path, leaf in leaves
-  }
-
-
-def _unflatten(flat: dict[str, np.ndarray], template, what: str):
-  """Rebuilds `template`'s pytree from `_flatten` output, checking shapes."""
-  paths, treedef = jax.tree_util.tree_flatten_with_path(template)
-  leaves, names = [], set()
-  for path, like in paths:
-    name = jax.tree_util.keystr(path)
-    names.add(name)
-    if name not in flat:
-      raise LeakjaxError(
-        f'{what} lacks {name}',
-        'the checkpoint belongs to another model or'
-        ' optimizer; use a new workdir',
-      )
-    value = flat[name]
-    if tuple(value.shape) != tuple(like.shape):
-      raise LeakjaxError(
-        f'{what}: {name} has shape {value.shape}, expected {tuple(like.shape)}',
-        'use a new workdir',
-      )
-    leaves.append(jnp.asarray(value, dtype=like.dtype))
-  unused = sorted(set(flat) - names)
-  if unused:
-    raise LeakjaxError(
-      f'{what} has unexpected entries ({unused[0]}, ...)', 'use a new workdir'
-    )
-  return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def _read_params(directory: Path, template: PyTree, what: str) -> PyTree:
@@ -889,7 +857,7 @@ def _read_params(directory: Path, template: PyTree, what: str) -> PyTree:
   from leakjax import models  # pylint: disable=g-import-not-at-top
 
   _, loaded = models.load(directory, dtype=_params_dtype(template))
-  return _unflatten(_flatten(loaded), template, what)
+  return unflatten_pytree(flatten_pytree(loaded), template, what)
 
 
 def _params_dtype(params):
@@ -908,8 +876,6 @@ def _read_checkpoint(
 ):
   """(params, opt_state, best_params, state) of a checkpoint folder; params
   take the structure and dtypes of `template`."""
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-
   try:
     state = json.loads((folder / _STATE_FILE).read_text())
   except (OSError, json.JSONDecodeError) as e:
@@ -939,17 +905,10 @@ def _read_checkpoint(
       'use a new workdir or delete the old one',
     )
   params = _read_params(folder, template, f'checkpoint {folder}')
-  try:
-    flat = load_file(str(folder / _OPT_FILE))
-  except Exception as e:  # safetensors raises several types  # noqa: BLE001
-    raise LeakjaxError(
-      f'cannot read {folder / _OPT_FILE}: {e}',
-      'delete the checkpoint folder to start over',
-    ) from None
-  opt_state = _unflatten(
-    flat,
+  opt_state = load_pytree(
+    folder / _OPT_FILE,
     jax.eval_shape(optimizer.init, params),
-    f'optimizer state {folder / _OPT_FILE}',
+    what=f'optimizer state {folder / _OPT_FILE}',
   )
   best_params = None
   best = state['best']

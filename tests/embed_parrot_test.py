@@ -107,7 +107,7 @@ def test_training_reduces_loss_and_beats_hei(tmp_path):
     log_every=20,
     checkpoint_every=30,
   )
-  ckpt = tmp_path / 'ep.ckpt'
+  ckpt = tmp_path / 'ep.safetensors'
   variables, history = ep.train(
     CONFIG, deep, h0, mask, cfg, key=jax.random.key(0), checkpoint=ckpt
   )

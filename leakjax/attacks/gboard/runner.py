@@ -512,7 +512,7 @@ def snapshots(
   A re-run (e.g. after changing an attack) loads the saved θ1 instead of
   training again.
   """
-  files = [folder / f'{name}_E{e}.npz' for e in epochs]
+  files = [folder / f'{name}_E{e}.safetensors' for e in epochs]
   if all(f.exists() for f in files):
     for e, f in zip(epochs, files):
       yield e, update.load_snapshot(f, params0)

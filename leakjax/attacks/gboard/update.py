@@ -9,12 +9,10 @@ Sec. 4.3.2 and the client of Sec. 4.1 / 6.
 
 from __future__ import annotations
 
-import io as std_io
 import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from leakjax import fl
 from leakjax import io as io_lib
@@ -74,40 +72,30 @@ def output_rows_update(
 
 
 def save_snapshot(path: str | os.PathLike, params: PyTree) -> None:
-  """Writes the leaves of a params pytree (θ0, θ1) to an `.npz` file.
+  """Writes a params pytree (θ0, θ1) to a safetensors file, atomically.
 
-  The leaves are stored in `jax.tree.leaves` order as `arr_0, arr_1, ...`
-  (dtypes kept); :func:`load_snapshot` reads them back into the tree
-  structure of a template. The write is atomic.
+  :func:`leakjax.io.save_pytree`: each leaf under its key path, dtypes
+  kept; :func:`load_snapshot` reads it back into the structure of a
+  template.
   """
-  buf = std_io.BytesIO()
-  np.savez(buf, *[np.asarray(x) for x in jax.tree.leaves(params)])
-  io_lib.atomic_write_bytes(path, buf.getvalue())
+  io_lib.save_pytree(path, params)
 
 
 def load_snapshot(path: str | os.PathLike, like: PyTree) -> PyTree:
   """Reads a :func:`save_snapshot` file into the tree structure of `like`.
 
   Args:
-    path: the `.npz` file.
-    like: a params pytree of the same structure (e.g. θ0); only its
-      structure is used.
+    path: the safetensors file.
+    like: a params pytree of the same structure, shapes and dtypes (e.g.
+      θ0).
 
   Returns:
-    The params pytree, leaves as jax arrays of the stored dtypes.
+    The params pytree, leaves as jax arrays.
 
   Raises:
-    LeakjaxError: the file holds a different number of arrays.
+    LeakjaxError: the file cannot be read or holds other params.
   """
-  treedef = jax.tree.structure(like)
-  with np.load(path) as f:
-    if len(f.files) != treedef.num_leaves:
-      raise LeakjaxError(
-        f'{path} holds {len(f.files)} arrays, the params {treedef.num_leaves}',
-        'load it with the params of the model that saved it',
-      )
-    leaves = [jnp.asarray(f[f'arr_{i}']) for i in range(treedef.num_leaves)]
-  return jax.tree.unflatten(treedef, leaves)
+  return io_lib.load_pytree(path, like, what=f'snapshot {path}')
 
 
 def scale_update(params0: PyTree, params1: PyTree, scale: float) -> PyTree:

@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 import flax.linen as nn
-import flax.serialization
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -462,20 +461,15 @@ def _train_step_jit(
 
 
 def _save_checkpoint(path: Path, state: TrainState, stats) -> None:
-  payload = flax.serialization.to_bytes({'state': state, 'stats': stats})
-  io_lib.atomic_write_bytes(path, payload)
+  io_lib.save_pytree(path, {'state': state, 'stats': stats})
 
 
 def _load_checkpoint(path: Path, state: TrainState, stats):
-  try:
-    restored = flax.serialization.from_bytes(
-      {'state': state, 'stats': stats}, path.read_bytes()
-    )
-  except Exception as e:  # msgpack / structure mismatch  # noqa: BLE001
-    raise LeakjaxError(
-      f'cannot restore the Embed Parrot checkpoint {path}: {type(e).__name__}',
-      'delete it or use another checkpoint path',
-    ) from None
+  restored = io_lib.load_pytree(
+    path,
+    {'state': state, 'stats': stats},
+    what=f'the Embed Parrot checkpoint {path}',
+  )
   return restored['state'], restored['stats']
 
 

@@ -480,7 +480,8 @@ def run_experiment(
   Args:
     cfg: the experiment's config.
     workdir: output folder; re-running with the same one resumes.
-    cache_dir: folder of the `.npz` hidden-state caches and checkpoints.
+    cache_dir: folder of the `.npz` hidden-state caches and the
+      `.safetensors` Embed Parrot checkpoints.
     model: the target (replaces loading `cfg.model`), with `params`.
     params: its parameters (both or neither).
   """
@@ -638,7 +639,7 @@ def run_experiment(
       train_split.score_mask,
       train_cfg,
       key=jax.random.fold_in(key, 1),
-      checkpoint=cache_dir / f'{variant}_{ep_key}.ckpt',
+      checkpoint=cache_dir / f'{variant}_{ep_key}.safetensors',
     )
     history_path = Path(workdir) / f'{variant}_history.json'
     if history:
@@ -669,7 +670,7 @@ def run_experiment(
       ppl_cfg,
       key=jax.random.fold_in(key, 2),
       checkpoint=cache_dir
-      / f'{base}_ppl_{_cache_key(k, ep_config, train_cfg, ppl_cfg)}.ckpt',
+      / f'{base}_ppl_{_cache_key(k, ep_config, train_cfg, ppl_cfg)}.safetensors',
       target_model=model,
       target_params=params,
       init=variables,

@@ -20,7 +20,7 @@ All F1 values are divided by the vocabulary upper bound.
 
 Usage (repository root):
   python -m reports.gboard.noise_detectors.detector_bounds \
-      --workdir=/tmp/leakjax_gboard_sms5
+      --workdir=W  # the workdir of experiments/configs/gboard_sms.flags
 (`--bounds_settings`, `--bounds_out` and `--workdir` select another run,
 e.g. the batch-summed loss of ../batch_sum.)
 """
@@ -88,7 +88,7 @@ def main(argv):
 
   def update(name, e):
     p1 = gboard.load_snapshot(
-      workdir / 'snapshots' / f'{name}_E{e}.npz', params0
+      workdir / 'snapshots' / f'{name}_E{e}.safetensors', params0
     )
     return (
       np.asarray(gboard.bias_update(model, params0, p1)),
