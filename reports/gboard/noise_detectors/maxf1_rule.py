@@ -18,7 +18,7 @@ cut, the 'maxf1' bias cut and the run's own rule (results.jsonl).
 
 Usage (repository root):
   python -m reports.gboard.noise_detectors.maxf1_rule \
-      --workdir=/tmp/leakjax_gboard_sms5
+      --workdir=W  # the workdir of experiments/configs/gboard_sms.flags
 """
 
 from __future__ import annotations
