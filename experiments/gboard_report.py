@@ -364,33 +364,7 @@ def make_plots(cfg, summary, writer, res, model, datasets):
   names.append(writer.save_figure(fig, 'fig2_word_recovery.png'))
   plt.close(fig)
   # Fig. 3: Levenshtein vs reconstruction F1 per E.
-  es = [e for e in cfg.epochs if e > 1] or list(cfg.epochs)
-  fig, axes = plt.subplots(
-    1, len(es), figsize=(4 * len(es), 3.6), squeeze=False
-  )
-  for ax, e in zip(axes[0], es):
-    for r in res:
-      if (
-        r['E'] == e
-        and r['noise'] == 'none'
-        and r.get('scale', 0) == 0
-        and 'levenshtein' in r
-      ):
-        ax.scatter(
-          r['recon_f1'],
-          r['levenshtein'],
-          color=colors[r['n_k']],
-          marker='o' if r['B'] == 'full' else 's',
-          s=30,
-        )
-    ax.set_xlim(0, 1.02)
-    ax.set_ylim(0, 102)
-    ax.set_xlabel('F1 of reconstructed tokens')
-    ax.set_ylabel('mean Levenshtein ratio')
-    ax.set_title(f'E={e} (o: B=full, s: B=32)')
-  for n_k in cfg.num_sentences:
-    axes[0][0].scatter([], [], color=colors[n_k], label=f'n_k={n_k}')
-  axes[0][0].legend(fontsize=7)
+  fig = _reconstruction_figure(cfg, res, colors)
   names.append(writer.save_figure(fig, 'fig3_sentence_reconstruction.png'))
   plt.close(fig)
   # Fig. 4: FedSGD scaling.
@@ -448,55 +422,145 @@ def make_plots(cfg, summary, writer, res, model, datasets):
     _magnitude_plot(axes[1], cfg, model, datasets, writer.workdir)
     names.append(writer.save_figure(fig, 'fig5_dpsgd_threshold.png'))
     plt.close(fig)
-  # Fig. 6: both local DP methods, F1 (rule) vs σ.
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-  for ax, noise, sigmas in (
-    (axes[0], 'dpsgd', cfg.dpsgd_sigmas),
-    (axes[1], 'single', cfg.single_sigmas),
-  ):
-    keys = sorted(
-      {(r['B'], r['n_k'], r['E']) for r in res if r['noise'] == noise}
+  # Fig. 6 and 7: both local DP methods against σ, one panel per method
+  # and E, one line per (B, n_k).
+  names.append(
+    writer.save_figure(
+      _local_dp_figure(cfg, summary, res, 'f1', 'word F1 (no oracle)', colors),
+      'fig6_local_dp_words.png',
     )
-    for b, n_k, e in keys:
-      ys = [
-        _get(summary, 'f1', B=b, E=e, n_k=n_k, noise=noise, sigma=s)
-        for s in sigmas
-      ]
-      ax.plot(sigmas, ys, 'o-', label=f'B={b} n_k={n_k} E={e}')
-    ax.set_xscale('log')
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel(f'σ ({noise})')
-    ax.set_ylabel('word F1 (no oracle)')
-    ax.legend(fontsize=5, ncol=2)
-  names.append(writer.save_figure(fig, 'fig6_local_dp_words.png'))
-  plt.close(fig)
-  # Fig. 7: reconstruction under local DP.
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-  for ax, noise, sigmas in (
-    (axes[0], 'dpsgd', cfg.dpsgd_sigmas),
-    (axes[1], 'single', cfg.single_sigmas),
-  ):
-    keys = sorted(
-      {
-        (r['B'], r['n_k'], r['E'])
-        for r in res
-        if r['noise'] == noise and r['E'] > 1
-      }
+  )
+  names.append(
+    writer.save_figure(
+      _local_dp_figure(
+        cfg,
+        summary,
+        [r for r in res if r['E'] > 1],
+        'levenshtein',
+        'mean Levenshtein ratio',
+        colors,
+      ),
+      'fig7_local_dp_sentences.png',
     )
-    for b, n_k, e in keys:
-      ys = [
-        _get(summary, 'levenshtein', B=b, E=e, n_k=n_k, noise=noise, sigma=s)
-        for s in sigmas
-      ]
-      ax.plot(sigmas, ys, 'o-', label=f'B={b} n_k={n_k} E={e}')
-    ax.set_xscale('log')
-    ax.set_ylim(0, 102)
-    ax.set_xlabel(f'σ ({noise})')
-    ax.set_ylabel('mean Levenshtein ratio')
-    ax.legend(fontsize=5, ncol=2)
-  names.append(writer.save_figure(fig, 'fig7_local_dp_sentences.png'))
-  plt.close(fig)
+  )
+  plt.close('all')
   return names
+
+
+def _reconstruction_figure(cfg, res, colors):
+  """Mean Levenshtein ratio against the reconstruction F1, one panel per E
+  (noise-free runs): colour = n_k, marker = B (o: full batch, s: minibatches)."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  es = [e for e in cfg.epochs if e > 1] or list(cfg.epochs)
+  fig, axes = plt.subplots(
+    1, len(es), figsize=(4 * len(es), 3.6), squeeze=False
+  )
+  for ax, e in zip(axes[0], es):
+    for r in res:
+      if (
+        r['E'] == e
+        and r['noise'] == 'none'
+        and r.get('scale', 0) == 0
+        and 'levenshtein' in r
+      ):
+        ax.scatter(
+          r['recon_f1'],
+          r['levenshtein'],
+          color=colors[r['n_k']],
+          marker='o' if r['B'] == 'full' else 's',
+          s=30,
+        )
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 102)
+    ax.set_xlabel('F1 of reconstructed tokens')
+    ax.set_ylabel('mean Levenshtein ratio')
+    ax.set_title(f'E={e}')
+  for n_k in cfg.num_sentences:
+    axes[0][0].scatter([], [], color=colors[n_k], label=f'n_k={n_k}')
+  for b in cfg.batch_sizes:
+    axes[0][0].scatter(
+      [], [], color='grey', marker='o' if b == 'full' else 's', label=f'B={b}'
+    )
+  axes[0][0].legend(fontsize=7, loc='upper left')
+  fig.tight_layout()
+  return fig
+
+
+def _local_dp_figure(cfg, summary, res, metric, ylabel, colors):
+  """`metric` against σ: rows = the two local DP methods, columns = E.
+
+  Colour = n_k, line style = B (solid: full batch, dashed: minibatches); the
+  legend sits below the panels, off the data.
+  """
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
+
+  methods = [
+    (noise, sigmas)
+    for noise, sigmas in (
+      ('dpsgd', cfg.dpsgd_sigmas),
+      ('single', cfg.single_sigmas),
+    )
+    if sigmas and any(r['noise'] == noise for r in res)
+  ]
+  epochs = sorted({r['E'] for r in res if r['noise'] in dict(methods)})
+  top = 1.02 if metric == 'f1' else 102
+  fig, axes = plt.subplots(
+    max(len(methods), 1),
+    max(len(epochs), 1),
+    figsize=(max(3.2 * len(epochs), 6.0), 2.8 * max(len(methods), 1)),
+    squeeze=False,
+    sharey=True,
+  )
+  batches = set()
+  for row, (noise, sigmas) in enumerate(methods):
+    for col, e in enumerate(epochs):
+      ax = axes[row][col]
+      keys = sorted(
+        {(r['B'], r['n_k']) for r in res if r['noise'] == noise and r['E'] == e}
+      )
+      for b, n_k in keys:
+        batches.add(b)
+        ys = [
+          _get(summary, metric, B=b, E=e, n_k=n_k, noise=noise, sigma=s)
+          for s in sigmas
+        ]
+        ax.plot(
+          sigmas,
+          ys,
+          'o-' if b == 'full' else 's--',
+          color=colors.get(n_k, 'grey'),
+          markersize=3,
+        )
+      ax.set_xscale('log')
+      ax.set_ylim(0, top)
+      ax.set_title(f'{noise}, E={e}', fontsize=8)
+      ax.grid(alpha=0.3)
+      if row == len(methods) - 1:
+        ax.set_xlabel('σ')
+      if col == 0:
+        ax.set_ylabel(ylabel, fontsize=8)
+  handles = [
+    Line2D([], [], color=colors[n], marker='o', label=f'n_k={n}')
+    for n in cfg.num_sentences
+    if n in colors
+  ]
+  handles += [
+    Line2D(
+      [], [], color='grey', ls='-' if b == 'full' else '--', label=f'B={b}'
+    )
+    for b in sorted(batches, key=str)
+  ]
+  fig.legend(
+    handles=handles,
+    loc='lower center',
+    ncol=min(len(handles), 8),
+    fontsize=7,
+    bbox_to_anchor=(0.5, -0.02),
+  )
+  fig.tight_layout(rect=(0, 0.06, 1, 1))
+  return fig
 
 
 def _magnitude_plot(ax, cfg, model, datasets, workdir: Path):
