@@ -33,10 +33,11 @@ collection and are not trained.
 `linear_skip=True` (not in the paper) adds a full-rank linear map from the
 standardised input to the output, started at the closed-form ridge
 regression `H^i -> H^0` of the training data, with the Output-Adapter
-starting at zero. On SmolLM2-135M layer 25 a ridge map alone recovers ~75% of
-held-out Enron tokens, while the plain architecture, whose linear path runs
-through a `width`-rank bottleneck, recovers fewer after 1,000 steps; with the
-skip, training starts from the linear inverse and learns what it misses.
+starting at zero, so training starts from the linear inverse and learns what
+it misses; the plain architecture's linear path runs through a `width`-rank
+bottleneck. On SmolLM2-135M layer 25, after 1,000 steps, the skip variant
+reaches ROUGE-1 0.75 on held-out Enron against 0.66 without it
+(`reports/embed_parrot/`); the ridge map alone was not scored.
 
 Pure pieces (`EmbedParrot`, `init_variables`, `loss_fn`, `train_step`,
 `predict`) are jit-able; :func:`train` is the thin runner with batches,
