@@ -897,3 +897,30 @@ def test_committed_flagfiles_parse(fresh_flags, name):
       (256, '32', 100),
     )
     assert cfg.epochs == (1, 50, 100, 1000) and cfg.pretrain_steps == 700
+
+
+def test_paper_claims_table_reads_the_named_settings():
+  from experiments import gboard_report
+
+  def key(metric, **p):
+    return f'{metric}@' + ','.join(f'{k}={v}' for k, v in sorted(p.items()))
+
+  free = dict(B='full', n_k=16, noise='none', sigma=0.0)
+  summary = {
+    key('f1', E=1, **free): 0.45,
+    key('f1_upper', E=1, **free): 0.5,
+    key('f1', E=50, **free): 0.5,
+    key('f1_upper', E=50, **free): 0.5,
+    key('levenshtein', E=50, **free): 40.0,
+    key('levenshtein', E=1000, **free): 80.0,
+    key('f1', B=32, E=1000, n_k=256, noise='single', sigma=0.01): 0.3,
+    key('f1_upper', B=32, E=1000, n_k=256, noise='single', sigma=0.01): 0.6,
+    key('zero_f1', B='full', E=50, n_k=16, noise='dpsgd', sigma=0.1): 0.07,
+    key('zero_f1', B='full', E=1, n_k=16, noise='dpsgd', sigma=0.1): math.nan,
+  }
+  md = '\n'.join(gboard_report.paper_claims_markdown(summary))
+  rows = md.split('\n')[4:]
+  assert rows[0].endswith('noise-free: 0.90-1.00 |')
+  assert rows[1].endswith('E = 50 / 100 / 1000: 40 / not run / 80 |')
+  assert rows[3].endswith('σ = 0.001 / 0.01 / 0.1: not run / not run / 0.07 |')
+  assert rows[4].endswith('not run / not run / not run / 0.50 |')
