@@ -53,8 +53,59 @@ def define_common_flags(default_workdir: str) -> None:
   )
 
 
+def check_flagfiles(argv: Sequence[str]) -> None:
+  """Refuses flagfiles that absl would misread, before it reads them.
+
+  absl skips a line that does not start with a dash without a word, and a
+  file that is not UTF-8 ends in a UnicodeDecodeError. Every
+  `--flagfile=PATH` in `argv` (and in the flagfiles it names) must be a
+  readable UTF-8 file whose lines are flags (`--name=value`), comments
+  (`#`, `//`) or blank.
+
+  Raises:
+    LeakjaxError: naming the file and, for a bad line, its number.
+  """
+  pending = [a.split('=', 1)[1] for a in argv if a.startswith('--flagfile=')]
+  seen = set()
+  while pending:
+    path = pending.pop()
+    if path in seen:
+      continue
+    seen.add(path)
+    try:
+      with open(path, 'rb') as f:
+        data = f.read()
+    except OSError as e:
+      raise LeakjaxError(
+        f'cannot read flagfile {path}: {e.strerror}', 'check the path'
+      ) from None
+    try:
+      text = data.decode('utf-8')
+    except UnicodeDecodeError as e:
+      raise LeakjaxError(
+        f'flagfile {path} is not UTF-8 text (byte {e.start})',
+        'a flagfile holds one --name=value per line',
+      ) from None
+    for number, line in enumerate(text.splitlines(), 1):
+      line = line.strip()
+      if not line or line.startswith(('#', '//')):
+        continue
+      if not line.startswith('-'):
+        raise LeakjaxError(
+          f'flagfile {path}, line {number}: {line[:60]!r} is not a flag',
+          'write it as --name=value, or start a comment with #',
+        )
+      if line.startswith('--flagfile='):
+        pending.append(line.split('=', 1)[1])
+
+
 def run(main) -> None:
   """`app.run(main)` with LeakjaxError -> one stderr line, exit code 2."""
+  try:
+    check_flagfiles(sys.argv[1:])
+  except LeakjaxError as e:
+    print(f'leakjax: error: {e}', file=sys.stderr)
+    sys.exit(2)
 
   def wrapped(argv):
     if 'distributed' in FLAGS and FLAGS.distributed:
@@ -65,6 +116,11 @@ def run(main) -> None:
     try:
       return main(argv)
     except LeakjaxError as e:
+      from leakjax import io  # pylint: disable=g-import-not-at-top
+
+      # A run that failed before its first result leaves no config.json
+      # behind to refuse the corrected re-run.
+      io.forget_unstarted_runs()
       logging.flush()
       print(f'leakjax: error: {e}', file=sys.stderr)
       sys.exit(2)

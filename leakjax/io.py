@@ -108,6 +108,48 @@ def _added_default_fields(config: Any, stored: Mapping[str, Any]) -> set[str]:
   return added
 
 
+# Writers of this process that created their workdir's config.json and
+# have written nothing else yet (see `forget_unstarted_runs`).
+_FRESH: list[ExperimentWriter] = []
+
+
+def forget_unstarted_runs() -> None:
+  """Deletes the config.json of every run of this process that wrote nothing
+  else: called when a run fails on its inputs (a bad --data, a missing
+  model), so that the corrected re-run in the same workdir is not refused
+  as "a different config". Runs that wrote results keep their config."""
+  while _FRESH:
+    writer = _FRESH.pop()
+    try:
+      (writer.workdir / 'config.json').unlink()
+    except OSError:
+      pass
+
+
+def _make_workdir(workdir: Path) -> None:
+  """Creates `workdir` (and its parents) or says in one line why not."""
+  if workdir.exists() and not workdir.is_dir():
+    raise LeakjaxError(
+      f'--workdir {workdir} is a file, not a folder', 'choose another --workdir'
+    )
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+  except (FileExistsError, NotADirectoryError):
+    raise LeakjaxError(
+      f'--workdir {workdir} lies under a file, not a folder',
+      'choose another --workdir',
+    ) from None
+  except OSError as e:
+    raise LeakjaxError(
+      f'cannot create --workdir {workdir}: {e.strerror}',
+      'choose a folder you can write to',
+    ) from None
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise LeakjaxError(
+      f'--workdir {workdir} is not writable', 'choose a folder you can write to'
+    )
+
+
 class ExperimentWriter:
   """The one writer of an experiment's workdir (see module docstring)."""
 
@@ -141,11 +183,17 @@ class ExperimentWriter:
     self._results_path = self.workdir / 'results.jsonl'
     if not enabled:
       return
-    self.workdir.mkdir(parents=True, exist_ok=True)
+    _make_workdir(self.workdir)
     cfg = jsonable(config)
     cfg_path = self.workdir / 'config.json'
     if cfg_path.exists():
-      old = json.loads(cfg_path.read_text())
+      try:
+        old = json.loads(cfg_path.read_text())
+      except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LeakjaxError(
+          f'cannot read {cfg_path}: {e}',
+          'use a new --workdir or delete the old one',
+        ) from None
       added = _added_default_fields(config, old)
       if added and old == {k: v for k, v in cfg.items() if k not in added}:
         atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
@@ -161,10 +209,29 @@ class ExperimentWriter:
         )
     else:
       atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
+      _FRESH.append(self)
     if self._results_path.exists():
-      for line in self._results_path.read_text().splitlines():
+      for number, line in enumerate(
+        self._results_path.read_text().splitlines(), 1
+      ):
         if line.strip():
-          self.results.append(json.loads(line))
+          try:
+            self.results.append(json.loads(line))
+          except json.JSONDecodeError:
+            raise LeakjaxError(
+              f'{self._results_path}, line {number}, is not JSON',
+              'delete that line (or the file) to recompute it',
+            ) from None
+
+  def _write(self, path: Path, data: bytes) -> None:
+    if self in _FRESH:
+      _FRESH.remove(self)
+    try:
+      atomic_write_bytes(path, data)
+    except OSError as e:
+      raise LeakjaxError(
+        f'cannot write {path}: {e.strerror}', 'check --workdir'
+      ) from None
 
   def done(self, **match: Any) -> dict[str, Any] | None:
     """The first earlier result whose fields equal `match`, for resuming."""
@@ -179,7 +246,7 @@ class ExperimentWriter:
     if not self.enabled:
       return
     text = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in self.results)
-    atomic_write_text(self._results_path, text)
+    self._write(self._results_path, text.encode('utf-8'))
 
   def write_summary(self, summary: Mapping[str, float], markdown: str) -> None:
     bad = {
@@ -191,11 +258,11 @@ class ExperimentWriter:
       raise TypeError(f'summary values must be numbers: {bad}')
     if not self.enabled:
       return
-    atomic_write_text(
+    self._write(
       self.workdir / 'summary.json',
-      json.dumps(jsonable(dict(summary)), indent=2, sort_keys=True),
+      json.dumps(jsonable(dict(summary)), indent=2, sort_keys=True).encode(),
     )
-    atomic_write_text(self.workdir / 'summary.md', markdown)
+    self._write(self.workdir / 'summary.md', markdown.encode('utf-8'))
 
   def save_figure(self, fig, name: str) -> str:
     """Saves a matplotlib figure as PNG atomically; returns the file name."""
@@ -205,7 +272,7 @@ class ExperimentWriter:
       return name
     buf = _io.BytesIO()
     fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
-    atomic_write_bytes(self.workdir / name, buf.getvalue())
+    self._write(self.workdir / name, buf.getvalue())
     return name
 
 
