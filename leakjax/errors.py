@@ -25,14 +25,30 @@ def check_finite(tree, what: str) -> None:
   import jax  # pylint: disable=g-import-not-at-top
 
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    arr = np.asarray(leaf)
-    if arr.dtype.kind == 'f' and not np.isfinite(arr).all():
+    if not jax.numpy.issubdtype(np.asarray(leaf).dtype, jax.numpy.floating):
+      continue
+    arr = np.asarray(leaf, np.float32)  # bfloat16 and float16 too
+    if not np.isfinite(arr).all():
       bad = int((~np.isfinite(arr)).sum())
       raise LeakjaxError(
         f'{what} has {bad} NaN/inf values in {jax.tree_util.keystr(path)}',
         'the checkpoint or gradient is corrupt; re-export it or lower the'
         ' learning rate',
       )
+
+
+def check_gradient(grads, what: str = 'the gradient') -> None:
+  """Raises LeakjaxError if an observed gradient (or update) pytree holds
+  NaN/inf or is zero everywhere: an attack on it would return nonsense
+  (a NaN empties a norm-based bag; a zero gradient carries nothing)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  check_finite(grads, what)
+  if all(not np.asarray(leaf).any() for leaf in jax.tree.leaves(grads)):
+    raise LeakjaxError(
+      f'{what} is zero everywhere',
+      'was the client step taken (non-empty batch, nonzero learning rate)?',
+    )
 
 
 def check_token_ids(ids, vocab_size: int, what: str = 'token ids') -> None:
@@ -55,4 +71,29 @@ def check_length(length: int, max_length: int | None, what: str) -> None:
     )
 
 
-__all__ = ['LeakjaxError', 'check_finite', 'check_token_ids', 'check_length']
+def check_positive(config, *names: str, minimum: int = 1) -> None:
+  """Raises LeakjaxError unless each named field of `config` (an int or a
+  tuple of ints, as flags `--name`) is at least `minimum`.
+
+  >>> import types
+  >>> check_positive(types.SimpleNamespace(b=(1, 4), n=0), 'b', 'n')
+  Traceback (most recent call last):
+  ...
+  leakjax.errors.LeakjaxError: --n=0 must be at least 1
+  """
+  for name in names:
+    value = getattr(config, name)
+    values = value if isinstance(value, tuple) else (value,)
+    if not values or any(v < minimum for v in values):
+      shown = ','.join(str(v) for v in values) if values else '(empty)'
+      raise LeakjaxError(f'--{name}={shown} must be at least {minimum}')
+
+
+__all__ = [
+  'LeakjaxError',
+  'check_finite',
+  'check_gradient',
+  'check_length',
+  'check_positive',
+  'check_token_ids',
+]

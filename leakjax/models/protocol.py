@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from leakjax.errors import LeakjaxError
+from leakjax.errors import LeakjaxError, check_token_ids
 
 PyTree = Any
 ParamPath = tuple[str, ...]
@@ -145,6 +145,12 @@ class LanguageModel(Protocol):
 
 
 # ----------------------------------------------------------------- helpers
+def _check_concrete_ids(ids, vocab_size: int) -> None:
+  """`check_token_ids` on concrete ids; traced ids (inside jit) pass."""
+  if not isinstance(ids, jax.core.Tracer):
+    check_token_ids(ids, vocab_size)
+
+
 @dataclasses.dataclass(frozen=True)
 class Bound:
   """`fn` with leading static arguments, compared and hashed by value.
@@ -348,7 +354,13 @@ class Model:
 
   # ---------------------------------------------------------------- compute
   def logits(self, params, ids, mask=None) -> Float[Array, 'b t V']:
-    """Next-token logits, float32 `[batch, time, vocab]`."""
+    """Next-token logits, float32 `[batch, time, vocab]`.
+
+    Concrete `ids` (outside `jax.jit`) must lie in `[0, vocab_size)`: an
+    id outside it would index past the embedding table and give NaN or
+    garbage logits silently. Traced ids are not checked.
+    """
+    _check_concrete_ids(ids, self.vocab_size)
     return self.logits_fn(params, ids, mask)
 
   def token_log_probs(
@@ -380,6 +392,7 @@ class Model:
     Returns `(logits [batch, t, vocab], new_cache)`; decoding a whole
     sequence equals :meth:`logits` on it.
     """
+    _check_concrete_ids(ids, self.vocab_size)
     if self.decode_fn is None:
       return _prefix_decode(self.logits_fn, params, cache, ids)
     return self.decode_fn(params, cache, ids)
@@ -395,6 +408,7 @@ class Model:
         'this model declares no hidden_states function',
         'pass hidden_states= to from_functions / from_flax',
       )
+    _check_concrete_ids(ids, self.vocab_size)
     return self.hidden_fn(params, ids, mask)
 
   def lm_head(self, params, hidden) -> jax.Array:

@@ -41,7 +41,7 @@ from jaxtyping import Array, Float, Int
 
 from leakjax.attacks.dager import search as sr
 from leakjax.attacks.dager.span import span_of
-from leakjax.errors import LeakjaxError
+from leakjax.errors import LeakjaxError, check_gradient
 from leakjax.models.protocol import Model, get_path
 
 PyTree = Any
@@ -279,7 +279,11 @@ def recover(
 
   Returns:
     A :class:`DagerResult`.
+
+  Raises:
+    LeakjaxError: `grads` holds NaN/inf or is zero everywhere.
   """
+  check_gradient(grads)
   seconds = {}
   t0 = time.perf_counter()
   mask, _, rank1, valid1 = _layer1(model, params, grads, config.span)

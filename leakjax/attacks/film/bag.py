@@ -59,7 +59,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from leakjax.attacks.dager.span import Span, span_of
-from leakjax.errors import LeakjaxError
+from leakjax.errors import LeakjaxError, check_gradient
 from leakjax.models.protocol import Model, get_path
 
 PyTree = Any
@@ -647,7 +647,11 @@ def extract_bag(
 
   Returns:
     A :class:`Bag`.
+
+  Raises:
+    LeakjaxError: `grads` holds NaN/inf or is zero everywhere.
   """
+  check_gradient(grads)
   method = resolve_method(model, method, noise_std)
   max_len = None
   if model.paths.position_embeddings is not None:

@@ -60,7 +60,7 @@ from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int
 
 from leakjax import sharding
-from leakjax.errors import LeakjaxError
+from leakjax.errors import LeakjaxError, check_token_ids
 from leakjax.models.protocol import LanguageModel
 
 PyTree = Any
@@ -437,6 +437,18 @@ def bag_beam_search(
     bag_mask = jnp.ones(bag_ids.shape, bool)
   if (prior is None) != (prior_lengths is None):
     raise LeakjaxError('pass prior and prior_lengths together')
+  # Eager calls check the user's ids (the real entries only); under jit
+  # the arrays are traced and pass unchecked.
+  for ids, mask, what in (
+    (prompts, prompt_mask, 'prompt ids'),
+    (bag_ids, bag_mask, 'bag ids'),
+  ):
+    if not isinstance(ids, jax.core.Tracer) and not isinstance(
+      mask, jax.core.Tracer
+    ):
+      check_token_ids(
+        np.asarray(ids)[np.asarray(mask, bool)], model.vocab_size, what
+      )
   if prior is not None:
     prior = jnp.asarray(prior, jnp.int32)
     prior_lengths = jnp.asarray(prior_lengths, jnp.int32)

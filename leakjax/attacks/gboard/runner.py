@@ -47,7 +47,7 @@ from leakjax import metrics as metrics_lib
 from leakjax import train as train_lib
 from leakjax.attacks.gboard import mixture, thresholds, update
 from leakjax.attacks.gboard import reconstruct as reconstruct_lib
-from leakjax.errors import LeakjaxError
+from leakjax.errors import LeakjaxError, check_positive
 from leakjax.fl import defenses as defenses_lib
 from leakjax.models import lstm
 from leakjax.tokenization import WordTokenizer, split_words
@@ -155,6 +155,21 @@ class GboardConfig:
           f'batch size {b!r} is neither "full" nor a positive int',
           'pass e.g. --batch_sizes=full,32',
         )
+    check_positive(
+      self,
+      'vocab_size',
+      'embed_dim',
+      'units',
+      'pretrain_batch_size',
+      'pretrain_max_length',
+      'pretrain_eval',
+      'client_pool',
+      'num_sentences',
+      'num_datasets',
+      'max_sentence_epochs',
+      'public_limit',
+    )
+    check_positive(self, 'pretrain_steps', minimum=0)
     if not self.epochs or min(self.epochs) < 1:
       raise LeakjaxError(f'--epochs={self.epochs} must be >= 1')
     # One trajectory grows through the epochs: sorted, each once.

@@ -47,7 +47,7 @@ from leakjax import data as data_lib
 from leakjax import io, metrics, models, sharding
 from leakjax.attacks.inversion import bei_hei, dct
 from leakjax.attacks.inversion import embed_parrot as ep
-from leakjax.errors import LeakjaxError
+from leakjax.errors import LeakjaxError, check_positive
 from leakjax.models import Model
 
 METRICS = ('f1', 'rouge1', 'rougeL', 'sbert')
@@ -132,6 +132,22 @@ class InversionExperimentConfig:
   mesh: str | None = None
 
   def __post_init__(self):
+    check_positive(
+      self,
+      'num_test',
+      'num_train',
+      'max_length',
+      'batch_size',
+      'ep_width',
+      'ep_layers',
+      'ep_heads',
+      'ep_batch_size',
+    )
+    check_positive(
+      self, 'ep_steps', 'ep_ppl_steps', 'sbert_limit', 'ppl_texts', minimum=0
+    )
+    if self.defense_subsets:
+      check_positive(self, 'defense_subsets')
     names = [name for name, _ in self.corpus_paths()]
     if self.train_corpus not in names:
       raise LeakjaxError(

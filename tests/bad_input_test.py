@@ -1,0 +1,322 @@
+"""Bad inputs end in one clear `LeakjaxError` (CLI: one `leakjax: error:` line,
+exit code 2), never a traceback or a silent wrong result.
+
+Library-level cases call the host wrappers directly; the CLI cases run an
+entry point in a subprocess and must fail before any model is loaded.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import common
+from leakjax import errors, fl, io
+from leakjax.attacks import dager
+from leakjax.attacks.film import bag as bow
+from leakjax.attacks.film import beam_search as bs
+from leakjax.attacks.gboard import GboardConfig
+from leakjax.attacks.inversion.runner import InversionExperimentConfig
+from leakjax.errors import LeakjaxError
+from leakjax.models import gpt2
+
+ROOT = Path(__file__).resolve().parents[1]
+V = 64
+
+
+@functools.cache
+def tiny():
+  """`(model, params)`: a random 2-block GPT-2 (tied head, learned positions)."""
+  config = gpt2.GPT2Config.tiny(
+    vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=16
+  )
+  return gpt2.init_model(config, key=jax.random.key(0))
+
+
+@functools.cache
+def tiny_grads():
+  model, params = tiny()
+  ids = jnp.asarray([[1, 5, 9, 13, 17], [2, 6, 10, 14, 18]], jnp.int32)
+  return fl.client_gradient(model, params, ids, jnp.ones_like(ids))
+
+
+def cli(*args, cwd=ROOT):
+  """Runs `python -m <args>`; returns (exit code, stderr)."""
+  proc = subprocess.run(
+    [sys.executable, '-m', *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+  )
+  return proc.returncode, proc.stderr
+
+
+def assert_one_error_line(code, stderr, fragment):
+  assert code == 2, stderr
+  last = stderr.strip().splitlines()[-1]
+  assert last.startswith('leakjax: error: '), stderr
+  assert fragment in last, last
+  assert 'Traceback' not in stderr
+
+
+# ------------------------------------------------------------- flagfiles
+def test_binary_flagfile_is_refused(tmp_path):
+  path = tmp_path / 'bin.flags'
+  path.write_bytes(b'\xff\xfe--workdir=x\n')
+  with pytest.raises(LeakjaxError, match='not UTF-8'):
+    common.check_flagfiles([f'--flagfile={path}'])
+
+
+def test_flagfile_line_without_dashes_is_refused(tmp_path):
+  path = tmp_path / 'a.flags'
+  path.write_text('# a comment\n\n--seed=1\nworkdir=/x\n')
+  with pytest.raises(LeakjaxError, match=r'line 4: .workdir=/x. is not a flag'):
+    common.check_flagfiles([f'--flagfile={path}'])
+
+
+def test_nested_flagfile_is_checked(tmp_path):
+  inner = tmp_path / 'inner.flags'
+  inner.write_text('seed 3\n')
+  outer = tmp_path / 'outer.flags'
+  outer.write_text(f'// comment\n--flagfile={inner}\n')
+  with pytest.raises(LeakjaxError, match='inner.flags, line 1'):
+    common.check_flagfiles([f'--flagfile={outer}'])
+
+
+def test_missing_flagfile_is_refused(tmp_path):
+  with pytest.raises(LeakjaxError, match='cannot read flagfile'):
+    common.check_flagfiles([f'--flagfile={tmp_path / "none.flags"}'])
+
+
+def test_good_flagfiles_pass():
+  for path in (ROOT / 'experiments' / 'configs').glob('*.flags'):
+    common.check_flagfiles([f'--flagfile={path}'])
+
+
+def test_cli_binary_flagfile(tmp_path):
+  path = tmp_path / 'bin.flags'
+  path.write_bytes(b'\x80\x81\n')
+  code, err = cli('experiments.film', f'--flagfile={path}')
+  assert_one_error_line(code, err, 'is not UTF-8 text')
+
+
+# --------------------------------------------------------------- workdir
+def test_workdir_that_is_a_file(tmp_path):
+  (tmp_path / 'f').write_text('x')
+  with pytest.raises(LeakjaxError, match='is a file, not a folder'):
+    io.ExperimentWriter(tmp_path / 'f', {'b': 1}, enabled=True)
+
+
+def test_workdir_under_a_file(tmp_path):
+  (tmp_path / 'f').write_text('x')
+  with pytest.raises(LeakjaxError, match='lies under a file'):
+    io.ExperimentWriter(tmp_path / 'f' / 'w', {'b': 1}, enabled=True)
+
+
+@pytest.mark.skipif(
+  hasattr(os, 'geteuid') and os.geteuid() == 0,
+  reason='root may write into read-only folders',
+)
+def test_read_only_workdir(tmp_path):
+  ro = tmp_path / 'ro'
+  ro.mkdir()
+  ro.chmod(0o500)
+  try:
+    with pytest.raises(LeakjaxError, match='not writable'):
+      io.ExperimentWriter(ro, {'b': 1}, enabled=True)
+  finally:
+    ro.chmod(0o700)
+
+
+def test_corrupt_config_json(tmp_path):
+  (tmp_path / 'config.json').write_text('{not json')
+  with pytest.raises(LeakjaxError, match='cannot read .*config.json'):
+    io.ExperimentWriter(tmp_path, {'b': 1}, enabled=True)
+
+
+def test_corrupt_results_line(tmp_path):
+  w = io.ExperimentWriter(tmp_path, {'b': 1}, enabled=True)
+  w.add_result({'batch': 0})
+  with (tmp_path / 'results.jsonl').open('a') as f:
+    f.write('{"batch": 1, "trunc\n')
+  with pytest.raises(LeakjaxError, match='line 2, is not JSON'):
+    io.ExperimentWriter(tmp_path, {'b': 1}, enabled=True)
+
+
+def test_failed_first_run_does_not_block_the_corrected_one(tmp_path):
+  io.ExperimentWriter(tmp_path, {'data': 'bad.txt'}, enabled=True)
+  io.forget_unstarted_runs()  # what the entry point does on a LeakjaxError
+  assert not (tmp_path / 'config.json').exists()
+  w = io.ExperimentWriter(tmp_path, {'data': 'good.txt'}, enabled=True)
+  w.add_result({'batch': 0})
+  io.forget_unstarted_runs()  # a run with results keeps its config
+  stored = json.loads((tmp_path / 'config.json').read_text())
+  assert stored == {'data': 'good.txt'}
+  with pytest.raises(LeakjaxError, match='changed: data'):
+    io.ExperimentWriter(tmp_path, {'data': 'other.txt'}, enabled=True)
+
+
+def test_cli_workdir_is_a_file(tmp_path):
+  (tmp_path / 'f').write_text('x')
+  code, err = cli(
+    'experiments.differential',
+    '--flagfile=experiments/configs/differential_quick.flags',
+    f'--workdir={tmp_path / "f"}',
+    f'--data={ROOT / "README.md"}',
+  )
+  assert_one_error_line(code, err, 'is a file, not a folder')
+
+
+def test_cli_bad_data_leaves_no_config(tmp_path):
+  code, err = cli(
+    'experiments.differential',
+    '--flagfile=experiments/configs/differential_quick.flags',
+    f'--workdir={tmp_path / "w"}',
+    f'--data={tmp_path / "missing.txt"}',
+  )
+  assert_one_error_line(code, err, 'does not exist')
+  assert not (tmp_path / 'w' / 'config.json').exists()
+
+
+# ----------------------------------------------------------- config sizes
+@pytest.mark.parametrize(
+  'field, value',
+  [
+    ('num_sentences', (16, 0)),
+    ('vocab_size', 0),
+    ('units', -1),
+    ('client_pool', 0),
+    ('num_datasets', 0),
+  ],
+)
+def test_gboard_config_sizes(field, value):
+  with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least 1'):
+    GboardConfig(**{field: value})
+
+
+@pytest.mark.parametrize(
+  'field, value',
+  [('batch_size', 0), ('num_test', 0), ('ep_batch_size', 0), ('ep_steps', -1)],
+)
+def test_embed_parrot_config_sizes(field, value):
+  with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least'):
+    InversionExperimentConfig(**{field: value})
+
+
+def test_cli_gboard_zero_sentences(tmp_path):
+  code, err = cli(
+    'experiments.gboard',
+    '--flagfile=experiments/configs/gboard_quick.flags',
+    f'--workdir={tmp_path}',
+    '--num_sentences=0',
+  )
+  assert_one_error_line(code, err, '--num_sentences=0 must be at least 1')
+
+
+def test_cli_embed_parrot_zero_batch(tmp_path):
+  code, err = cli(
+    'experiments.embed_parrot',
+    '--flagfile=experiments/configs/embed_parrot_quick.flags',
+    f'--workdir={tmp_path}',
+    '--batch_size=0',
+  )
+  assert_one_error_line(code, err, '--batch_size=0 must be at least 1')
+
+
+# -------------------------------------------------------------- gradients
+def test_check_gradient_nan_inf_zero():
+  good = {'a': jnp.ones(3), 'b': jnp.zeros((2, 2))}
+  errors.check_gradient(good)
+  with pytest.raises(LeakjaxError, match=r"1 NaN/inf values in \['a'\]"):
+    errors.check_gradient({**good, 'a': jnp.asarray([1.0, jnp.nan, 2.0])})
+  with pytest.raises(LeakjaxError, match='2 NaN/inf'):
+    errors.check_gradient({**good, 'b': jnp.full((2, 2), jnp.inf).at[0].set(1)})
+  with pytest.raises(LeakjaxError, match='zero everywhere'):
+    errors.check_gradient(jax.tree.map(jnp.zeros_like, good))
+
+
+def test_check_finite_sees_bfloat16():
+  with pytest.raises(LeakjaxError, match='NaN/inf'):
+    errors.check_finite(jnp.asarray([1.0, jnp.nan], jnp.bfloat16), 'x')
+
+
+def test_film_bag_refuses_a_nan_gradient():
+  model, params = tiny()
+  grads = tiny_grads()
+  assert len(bow.extract_bag(model, params, grads).ids) > 0
+  emb = model.paths.word_embeddings
+  bad = jax.tree_util.tree_map_with_path(
+    lambda p, x: (
+      x.at[0, 0].set(jnp.nan) if tuple(k.key for k in p) == tuple(emb) else x
+    ),
+    grads,
+  )
+  with pytest.raises(LeakjaxError, match='NaN/inf'):
+    bow.extract_bag(model, params, bad)
+  with pytest.raises(LeakjaxError, match='zero everywhere'):
+    bow.extract_bag(model, params, jax.tree.map(jnp.zeros_like, grads))
+
+
+def test_dager_refuses_a_nan_gradient():
+  model, params = tiny()
+  bad = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), tiny_grads())
+  with pytest.raises(LeakjaxError, match='NaN/inf'):
+    dager.recover(model, params, bad)
+
+
+# ----------------------------------------------------------- token ids
+@pytest.mark.parametrize('bad', [999999, -5, V])
+def test_logits_refuse_out_of_vocabulary_ids(bad):
+  model, params = tiny()
+  ids = jnp.asarray([[1, bad, 3]], jnp.int32)
+  with pytest.raises(LeakjaxError, match='token ids out of range'):
+    model.logits(params, ids)
+  with pytest.raises(LeakjaxError, match='token ids out of range'):
+    model.decode(params, model.init_cache(params, 1, 8), ids)
+
+
+def test_traced_ids_are_not_checked():
+  model, params = tiny()
+  ids = jnp.asarray([[1, 2, 3]], jnp.int32)
+  out = jax.jit(model.logits)(params, ids)
+  np.testing.assert_allclose(out, model.logits(params, ids), atol=1e-5)
+
+
+def test_beam_search_refuses_out_of_vocabulary_ids():
+  model, params = tiny()
+  config = bs.BeamSearchConfig(num_beams=2, length=2)
+  prompts = jnp.asarray([[[0, 5]]], jnp.int32)
+  bag = jnp.asarray([5, 7, 9], jnp.int32)
+  bs.bag_beam_search(model, params, prompts, bag, config=config)
+  with pytest.raises(LeakjaxError, match='prompt ids out of range'):
+    bs.bag_beam_search(
+      model, params, prompts.at[0, 0, 1].set(999999), bag, config=config
+    )
+  with pytest.raises(LeakjaxError, match='bag ids out of range'):
+    bs.bag_beam_search(model, params, prompts, bag.at[1].set(-5), config=config)
+  # Padding entries (mask False) may hold any id.
+  bs.bag_beam_search(
+    model,
+    params,
+    prompts,
+    bag.at[1].set(-5),
+    bag_mask=jnp.asarray([True, False, True]),
+    config=config,
+  )
+
+
+def test_check_positive_names_the_flag():
+  import types
+
+  with pytest.raises(LeakjaxError, match=r'--sizes=4,0 must be at least 1'):
+    errors.check_positive(types.SimpleNamespace(sizes=(4, 0)), 'sizes')
+  errors.check_positive(types.SimpleNamespace(steps=0), 'steps', minimum=0)
