@@ -165,25 +165,38 @@ def test_failed_first_run_does_not_block_the_corrected_one(tmp_path):
     io.ExperimentWriter(tmp_path, {'data': 'other.txt'}, enabled=True)
 
 
-def test_cli_workdir_is_a_file(tmp_path):
+@pytest.mark.parametrize(
+  'experiment, args, fragment',
+  [
+    # --workdir is a file.
+    (
+      'differential',
+      ['--workdir={tmp}/f', '--data={root}/README.md'],
+      'is a file',
+    ),
+    # A corpus that does not exist; no config.json may stay behind.
+    (
+      'differential',
+      ['--workdir={tmp}/w', '--data={tmp}/no.txt'],
+      'does not exist',
+    ),
+    ('gboard', ['--workdir={tmp}/w', '--num_sentences=0'], '--num_sentences=0'),
+    ('embed_parrot', ['--workdir={tmp}/w', '--batch_size=0'], '--batch_size=0'),
+  ],
+)
+def test_cli_refuses_before_any_work(tmp_path, experiment, args, fragment):
   (tmp_path / 'f').write_text('x')
+  flagfile = {
+    'differential': 'differential_quick',
+    'gboard': 'gboard_quick',
+    'embed_parrot': 'embed_parrot_quick',
+  }[experiment]
   code, err = cli(
-    'experiments.differential',
-    '--flagfile=experiments/configs/differential_quick.flags',
-    f'--workdir={tmp_path / "f"}',
-    f'--data={ROOT / "README.md"}',
+    f'experiments.{experiment}',
+    f'--flagfile=experiments/configs/{flagfile}.flags',
+    *(a.format(tmp=tmp_path, root=ROOT) for a in args),
   )
-  assert_one_error_line(code, err, 'is a file, not a folder')
-
-
-def test_cli_bad_data_leaves_no_config(tmp_path):
-  code, err = cli(
-    'experiments.differential',
-    '--flagfile=experiments/configs/differential_quick.flags',
-    f'--workdir={tmp_path / "w"}',
-    f'--data={tmp_path / "missing.txt"}',
-  )
-  assert_one_error_line(code, err, 'does not exist')
+  assert_one_error_line(code, err, fragment)
   assert not (tmp_path / 'w' / 'config.json').exists()
 
 
@@ -210,26 +223,6 @@ def test_gboard_config_sizes(field, value):
 def test_embed_parrot_config_sizes(field, value):
   with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least'):
     InversionExperimentConfig(**{field: value})
-
-
-def test_cli_gboard_zero_sentences(tmp_path):
-  code, err = cli(
-    'experiments.gboard',
-    '--flagfile=experiments/configs/gboard_quick.flags',
-    f'--workdir={tmp_path}',
-    '--num_sentences=0',
-  )
-  assert_one_error_line(code, err, '--num_sentences=0 must be at least 1')
-
-
-def test_cli_embed_parrot_zero_batch(tmp_path):
-  code, err = cli(
-    'experiments.embed_parrot',
-    '--flagfile=experiments/configs/embed_parrot_quick.flags',
-    f'--workdir={tmp_path}',
-    '--batch_size=0',
-  )
-  assert_one_error_line(code, err, '--batch_size=0 must be at least 1')
 
 
 # -------------------------------------------------------------- gradients
