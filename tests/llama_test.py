@@ -329,13 +329,17 @@ def test_bad_tensors_raise(untied, tmp_path, edit, message):
 @pytest.mark.parametrize(
   'key,value,message',
   [
-    ('rope_scaling', {'rope_type': 'linear', 'factor': 2.0}, 'linear'),
+    ('rope_scaling', {'rope_type': 'yarn', 'factor': 2.0}, 'yarn'),
+    (
+      'rope_parameters',
+      {'rope_type': 'dynamic', 'factor': 8.0, 'rope_theta': 5e5},
+      'dynamic',
+    ),
     (
       'rope_parameters',
       {'rope_type': 'llama3', 'factor': 8.0, 'rope_theta': 5e5},
-      'llama3',
+      'original_max_position_embeddings',
     ),
-    ('attention_bias', True, 'attention_bias'),
     ('mlp_bias', True, 'mlp_bias'),
     ('hidden_act', 'gelu', 'gelu'),
   ],

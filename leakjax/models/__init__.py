@@ -98,7 +98,7 @@ def load(source: str | os.PathLike, *, dtype=None) -> tuple[Model, PyTree]:
     from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
 
     return gpt2.from_hf_directory(path, config, dtype=dtype)
-  if model_type in ('llama', 'mistral', 'qwen2_no_bias'):
+  if model_type in ('llama', 'mistral', 'qwen2', 'qwen2_no_bias'):
     from leakjax.models import llama  # pylint: disable=g-import-not-at-top
 
     return llama.from_hf_directory(path, config, dtype=dtype)

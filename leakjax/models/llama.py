@@ -1,4 +1,4 @@
-"""Llama-architecture decoder (Llama 2/3, SmolLM2, Mistral without windows).
+"""Llama-architecture decoder (Llama 2/3.x, SmolLM2, Qwen2/2.5, Mistral without windows).
 
 Pre-norm blocks of grouped-query attention with rotary position embeddings
 (Hugging Face's `rotate_half` layout) and a SwiGLU MLP, RMSNorm everywhere,
@@ -40,7 +40,9 @@ from leakjax.models.protocol import (
 )
 
 FAMILY = 'llama'
-_HF_MODEL_TYPES = ('llama', 'mistral', 'qwen2_no_bias')
+_HF_MODEL_TYPES = ('llama', 'mistral', 'qwen2', 'qwen2_no_bias')
+ATTENTION_BIASES = ('none', 'qkv', 'qkvo')
+ROPE_TYPES = ('default', 'linear', 'llama3')
 
 
 # ------------------------------------------------------------------ config
@@ -62,6 +64,16 @@ class LlamaConfig:
     max_position_embeddings: context length (longest sequence accepted).
     tie_word_embeddings: whether the LM head is the embedding matrix.
     bos_token_id / eos_token_id: special ids, or None.
+    attention_bias: which attention projections carry a bias: 'none'
+      (Llama, SmolLM2, Mistral), 'qkv' (Qwen2 / Qwen2.5: q, k and v, not
+      the output; Yang et al. 2024, arXiv 2407.10671, Sec. 2.2.1) or 'qkvo'
+      (HF Llama's `attention_bias=true`).
+    rope_type: 'default', 'linear' (positions divided by `rope_factor`) or
+      'llama3' (the frequency-dependent scaling of Llama 3.1; see
+      :func:`rope_inv_freq`).
+    rope_factor, rope_low_freq_factor, rope_high_freq_factor,
+      rope_original_max_position_embeddings: the scaling's parameters
+      (HF `rope_scaling` / `rope_parameters` names without the prefix).
   """
 
   vocab_size: int
@@ -77,8 +89,35 @@ class LlamaConfig:
   tie_word_embeddings: bool = False
   bos_token_id: int | None = 1
   eos_token_id: int | None = 2
+  attention_bias: str = 'none'
+  rope_type: str = 'default'
+  rope_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_position_embeddings: int | None = None
 
   def __post_init__(self):
+    if self.attention_bias not in ATTENTION_BIASES:
+      raise LeakjaxError(
+        f'attention_bias={self.attention_bias!r} is not one of'
+        f' {", ".join(ATTENTION_BIASES)}'
+      )
+    if self.rope_type not in ROPE_TYPES:
+      raise LeakjaxError(
+        f'RoPE scaling of type {self.rope_type!r} is not supported',
+        f'leakjax implements {", ".join(ROPE_TYPES)}',
+      )
+    if self.rope_type != 'default' and self.rope_factor <= 0:
+      raise LeakjaxError(f'rope factor {self.rope_factor} must be positive')
+    if self.rope_type == 'llama3' and (
+      self.rope_original_max_position_embeddings is None
+      or self.rope_high_freq_factor <= self.rope_low_freq_factor
+    ):
+      raise LeakjaxError(
+        'llama3 RoPE scaling needs original_max_position_embeddings and'
+        ' high_freq_factor > low_freq_factor',
+        'fix the rope_scaling entry of config.json',
+      )
     if self.num_key_value_heads is None:
       object.__setattr__(self, 'num_key_value_heads', self.num_attention_heads)
     if self.head_dim is None:
@@ -132,13 +171,17 @@ class LlamaConfig:
     act = d.get('hidden_act', 'silu')
     if act not in ('silu', 'swish'):
       raise LeakjaxError(f'hidden_act={act!r} is not supported (only silu)')
-    for flag in ('attention_bias', 'mlp_bias'):
-      if d.get(flag):
-        raise LeakjaxError(
-          f'{flag}=true is not supported by leakjax Llama',
-          'use a checkpoint without biases',
-        )
+    if d.get('mlp_bias'):
+      raise LeakjaxError(
+        'mlp_bias=true is not supported by leakjax Llama',
+        'use a checkpoint without MLP biases',
+      )
+    if model_type == 'qwen2':  # q, k, v biases, always (Qwen2 Sec. 2.2.1)
+      bias = 'qkv'
+    else:
+      bias = 'qkvo' if d.get('attention_bias') else 'none'
     rope_theta = d.get('rope_theta')
+    scaling = {}
     for key in ('rope_scaling', 'rope_parameters'):
       rope = d.get(key)
       if rope is None:
@@ -146,11 +189,21 @@ class LlamaConfig:
       if not isinstance(rope, Mapping):
         raise LeakjaxError(f'{key}={rope!r} is not understood')
       kind = rope.get('rope_type', rope.get('type', 'default'))
-      if kind != 'default':
+      if kind not in ROPE_TYPES:
         raise LeakjaxError(
-          f'{key} of type {kind!r} is not supported (only plain RoPE)',
-          'use a model without RoPE scaling',
+          f'{key} of type {kind!r} is not supported',
+          f'leakjax implements RoPE {", ".join(ROPE_TYPES)}',
         )
+      if kind != 'default':
+        scaling = {
+          'rope_type': kind,
+          'rope_factor': float(rope.get('factor', 1.0)),
+          'rope_low_freq_factor': float(rope.get('low_freq_factor', 1.0)),
+          'rope_high_freq_factor': float(rope.get('high_freq_factor', 4.0)),
+          'rope_original_max_position_embeddings': rope.get(
+            'original_max_position_embeddings'
+          ),
+        }
       rope_theta = rope.get('rope_theta', rope_theta)
     missing = [
       k
@@ -186,13 +239,28 @@ class LlamaConfig:
       tie_word_embeddings=bool(d.get('tie_word_embeddings', False)),
       bos_token_id=_first_id(d.get('bos_token_id')),
       eos_token_id=_first_id(d.get('eos_token_id')),
+      attention_bias=bias,
+      **scaling,
     )
 
   def to_hf_dict(self) -> dict[str, Any]:
-    """An HF `config.json` dict that transformers 4.x and 5.x both read."""
+    """An HF `config.json` dict that transformers 4.x and 5.x both read
+    (Qwen2's when the q/k/v projections alone carry biases)."""
+    qwen = self.attention_bias == 'qkv'
+    rope = {'rope_type': self.rope_type, 'rope_theta': self.rope_theta}
+    if self.rope_type != 'default':
+      rope['factor'] = self.rope_factor
+    if self.rope_type == 'llama3':
+      rope.update(
+        low_freq_factor=self.rope_low_freq_factor,
+        high_freq_factor=self.rope_high_freq_factor,
+        original_max_position_embeddings=(
+          self.rope_original_max_position_embeddings
+        ),
+      )
     return {
-      'architectures': ['LlamaForCausalLM'],
-      'model_type': 'llama',
+      'architectures': ['Qwen2ForCausalLM' if qwen else 'LlamaForCausalLM'],
+      'model_type': 'qwen2' if qwen else 'llama',
       'vocab_size': self.vocab_size,
       'hidden_size': self.hidden_size,
       'intermediate_size': self.intermediate_size,
@@ -203,14 +271,12 @@ class LlamaConfig:
       'hidden_act': 'silu',
       'rms_norm_eps': self.rms_norm_eps,
       'rope_theta': self.rope_theta,
-      'rope_parameters': {
-        'rope_type': 'default',
-        'rope_theta': self.rope_theta,
-      },
-      'rope_scaling': None,
+      'rope_parameters': rope,
+      'rope_scaling': None if self.rope_type == 'default' else rope,
+      'use_sliding_window': False,
       'max_position_embeddings': self.max_position_embeddings,
       'tie_word_embeddings': self.tie_word_embeddings,
-      'attention_bias': False,
+      'attention_bias': self.attention_bias == 'qkvo',
       'mlp_bias': False,
       'bos_token_id': self.bos_token_id,
       'eos_token_id': self.eos_token_id,
@@ -247,19 +313,58 @@ class LlamaCache:
 
 
 # ----------------------------------------------------------------- layers
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope_inv_freq(config: LlamaConfig) -> jax.Array:
+  """RoPE's inverse frequencies, float32 `[head_dim // 2]`, with scaling.
+
+  'default': `theta ** (-2i / head_dim)` (Su et al. 2021). 'linear':
+  divided by `factor` (positions interpolated). 'llama3' (Llama 3.1; Meta,
+  "The Llama 3 Herd of Models", 2024): with wavelength `w = 2 pi / f` and
+  the original context `L`, frequencies whose `w > L / low_freq_factor`
+  are divided by `factor`, those with `w < L / high_freq_factor` are kept,
+  and in between `f` moves smoothly from one to the other with weight
+  `s = (L / w - low) / (high - low)`: `(1 - s) f / factor + s f`.
+  """
+  half = config.head_dim // 2
+  inv_freq = 1.0 / (
+    config.rope_theta ** (jnp.arange(0, half, dtype=jnp.float32) / half)
+  )
+  if config.rope_type == 'linear':
+    return inv_freq / config.rope_factor
+  if config.rope_type == 'llama3':
+    old_len = float(config.rope_original_max_position_embeddings)
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    wavelen = 2 * jnp.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)
+    mixed = (1 - smooth) * inv_freq / config.rope_factor + smooth * inv_freq
+    return jnp.where(
+      wavelen > old_len / low,
+      inv_freq / config.rope_factor,
+      jnp.where(wavelen < old_len / high, inv_freq, mixed),
+    )
+  return inv_freq
+
+
+def rope(
+  x: jax.Array,
+  positions: jax.Array,
+  theta: float,
+  inv_freq: jax.Array | None = None,
+) -> jax.Array:
   """Rotary embedding, HF `rotate_half` layout.
 
   Args:
     x: `[batch, time, heads, head_dim]`.
     positions: int `[batch, time]`.
-    theta: RoPE base.
+    theta: RoPE base (used when `inv_freq` is None).
+    inv_freq: float32 `[head_dim // 2]` from :func:`rope_inv_freq`, for
+      scaled RoPE.
 
   Returns:
     `x` rotated, same shape and dtype.
   """
   half = x.shape[-1] // 2
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) / half))
+  if inv_freq is None:
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) / half))
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, t, half]
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
   cos = jnp.cos(angles).astype(x.dtype)
@@ -289,10 +394,10 @@ class RMSNorm(nn.Module):
     return _rms_norm(x, scale, self.eps)
 
 
-def _dense(features: int, dtype, name: str) -> nn.Dense:
+def _dense(features: int, dtype, name: str, bias: bool = False) -> nn.Dense:
   return nn.Dense(
     features,
-    use_bias=False,
+    use_bias=bias,
     dtype=dtype,
     param_dtype=dtype,
     kernel_init=nn.initializers.normal(0.02),
@@ -317,16 +422,19 @@ class Attention(nn.Module):
 
   def setup(self):
     c = self.config
+    qkv = c.attention_bias != 'none'
     self.q_proj = _dense(
-      c.num_attention_heads * c.head_dim, self.dtype, 'q_proj'
+      c.num_attention_heads * c.head_dim, self.dtype, 'q_proj', qkv
     )
     self.k_proj = _dense(
-      c.num_key_value_heads * c.head_dim, self.dtype, 'k_proj'
+      c.num_key_value_heads * c.head_dim, self.dtype, 'k_proj', qkv
     )
     self.v_proj = _dense(
-      c.num_key_value_heads * c.head_dim, self.dtype, 'v_proj'
+      c.num_key_value_heads * c.head_dim, self.dtype, 'v_proj', qkv
     )
-    self.o_proj = _dense(c.hidden_size, self.dtype, 'o_proj')
+    self.o_proj = _dense(
+      c.hidden_size, self.dtype, 'o_proj', c.attention_bias == 'qkvo'
+    )
 
   def __call__(self, x, positions, allowed, kv=None, index=None):
     """Attention of `x [b, t, D]`.
@@ -347,8 +455,9 @@ class Attention(nn.Module):
     q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)
     k = self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
     v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
-    q = rope(q, positions, c.rope_theta)
-    k = rope(k, positions, c.rope_theta)
+    inv_freq = None if c.rope_type == 'default' else rope_inv_freq(c)
+    q = rope(q, positions, c.rope_theta, inv_freq)
+    k = rope(k, positions, c.rope_theta, inv_freq)
     new_kv = None
     if kv is not None:
       k = _write_rows(kv[0], k, index)
@@ -688,6 +797,13 @@ def from_params(config: LlamaConfig, params, tokenizer=None):
 
 
 # ----------------------------------------------------------- HF weights
+_BIASED = {
+  'none': (),
+  'qkv': ('q_proj', 'k_proj', 'v_proj'),
+  'qkvo': ('q_proj', 'k_proj', 'v_proj', 'o_proj'),
+}
+
+
 def hf_name_map(config: LlamaConfig) -> dict[str, TensorSpec]:
   """HF tensor name -> our param path, one entry per parameter."""
   t = hf_checkpoint.transpose()
@@ -707,6 +823,10 @@ def hf_name_map(config: LlamaConfig) -> dict[str, TensorSpec]:
       specs[f'{hf}.self_attn.{proj}.weight'] = TensorSpec(
         (ours, 'attn', proj, 'kernel'), **t
       )
+      if proj in _BIASED[config.attention_bias]:
+        specs[f'{hf}.self_attn.{proj}.bias'] = TensorSpec(
+          (ours, 'attn', proj, 'bias')
+        )
     for proj in ('gate_proj', 'up_proj', 'down_proj'):
       specs[f'{hf}.mlp.{proj}.weight'] = TensorSpec(
         (ours, 'mlp', proj, 'kernel'), **t
