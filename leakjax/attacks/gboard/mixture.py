@@ -15,6 +15,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jaxtyping import Array, Bool, Float
 
 from leakjax.attacks.gboard.thresholds import (
   choose_threshold,
@@ -38,15 +39,15 @@ def _gaussian_loglik(
 
 
 def mixture_word_posterior(
-  delta: jax.Array,
-  rows: jax.Array,
-  candidates: jax.Array | None = None,
+  delta: Float[Array, 'V'],
+  rows: Float[Array, 'V D'],
+  candidates: Bool[Array, 'V'] | None = None,
   *,
   init_fraction: float = 0.05,
   min_signal: float = 2.0,
   num_iters: int = 200,
   tol: float = 1e-5,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[Float[Array, 'V'], Float[Array, 'V']]:
   """Log-odds and posterior that each word was typed, under local DP noise.
 
   The bias alone carries little of a typed word's signal under Algorithm
@@ -212,7 +213,9 @@ def _fit_mixture(x, y, keep, candidates, n, init_fraction, num_iters, tol):
   return log_odds, prob
 
 
-def expected_f1_cut(scores: jax.Array, posterior: jax.Array) -> jax.Array:
+def expected_f1_cut(
+  scores: Float[Array, 'V'], posterior: Float[Array, 'V']
+) -> Float[Array, '']:
   """The cut on `scores` that maximises the F1 expected under `posterior`.
 
   Keeping the top m words by score, the expected true positives are the sum
@@ -242,16 +245,16 @@ def expected_f1_cut(scores: jax.Array, posterior: jax.Array) -> jax.Array:
 
 
 def recover_words_auto(
-  delta: jax.Array,
-  rows: jax.Array,
-  candidates: jax.Array | None = None,
+  delta: Float[Array, 'V'],
+  rows: Float[Array, 'V D'],
+  candidates: Bool[Array, 'V'] | None = None,
   *,
-  rows0: jax.Array | None = None,
-  bias0: jax.Array | None = None,
+  rows0: Float[Array, 'V D'] | None = None,
+  bias0: Float[Array, 'V'] | None = None,
   q: float = 0.05,
   max_drift: float = 8.0,
   bias_first_drift: float = 50.0,
-) -> jax.Array:
+) -> Bool[Array, 'V']:
   """The no-oracle word recovery used by the experiments.
 
   Three rules; which one applies is read off the update (no true words):

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 from jax import lax
+from jaxtyping import Array, Bool, Float, Int
 
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model, PyTree
@@ -65,12 +66,12 @@ def padded_indices(
 def greedy_generate(
   model: Model,
   params: PyTree,
-  start_words: jax.Array,
-  allowed: jax.Array,
+  start_words: Int[Array, 'M'],
+  allowed: Bool[Array, 'V'],
   *,
   length: int,
   bos_id: int,
-) -> jax.Array:
+) -> Int[Array, 'M L1']:
   """Sec. 3.2 greedy continuation of `<S> w` for many start words at once.
 
   At each step the next-word distribution of `params` is restricted to the
@@ -114,8 +115,8 @@ def greedy_generate(
 
 
 def relative_perplexity_change(
-  model: Model, params0: PyTree, params1: PyTree, tokens: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+  model: Model, params0: PyTree, params1: PyTree, tokens: Int[Array, 'M T']
+) -> tuple[Float[Array, 'M'], Float[Array, 'M'], Float[Array, 'M']]:
   """`(PP0, PP1, (PP0 - PP1) / PP0)` of `[M, T]` token rows (Sec. 3.2).
 
   `PP_θ(x_0..x_t) = Σ_{i=1..t} -log Pr(x_i | x_<i; θ)`, the summed
@@ -131,9 +132,9 @@ def reconstruct_sentences(
   model: Model,
   params0: PyTree,
   params1: PyTree,
-  start_words: jax.Array,
-  valid: jax.Array,
-  allowed: jax.Array,
+  start_words: Int[Array, 'M'],
+  valid: Bool[Array, 'M'],
+  allowed: Bool[Array, 'V'],
   *,
   length: int,
   bos_id: int,

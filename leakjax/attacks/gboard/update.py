@@ -13,6 +13,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Float
 
 from leakjax import fl
 from leakjax import io as io_lib
@@ -29,7 +30,9 @@ def _require_bias(model: Model) -> None:
     )
 
 
-def bias_update(model: Model, params0: PyTree, params1: PyTree) -> jax.Array:
+def bias_update(
+  model: Model, params0: PyTree, params1: PyTree
+) -> Float[Array, 'V']:
   """`b1 - b0`, the output-bias change, float32 `[vocab]` (Algorithm 2's d).
 
   Args:
@@ -47,7 +50,7 @@ def bias_update(model: Model, params0: PyTree, params1: PyTree) -> jax.Array:
   ).astype(jnp.float32)
 
 
-def output_rows(model: Model, params: PyTree) -> jax.Array:
+def output_rows(model: Model, params: PyTree) -> Float[Array, 'V D']:
   """The output matrix as rows per word, float32 `[vocab, D]`.
 
   The tied matrix is the word embedding; an untied head (`[D, vocab]`) is
@@ -58,7 +61,7 @@ def output_rows(model: Model, params: PyTree) -> jax.Array:
   return get_path(params, model.paths.lm_head).astype(jnp.float32).T
 
 
-def output_bias(model: Model, params: PyTree) -> jax.Array:
+def output_bias(model: Model, params: PyTree) -> Float[Array, 'V']:
   """The output bias, float32 `[vocab]`."""
   _require_bias(model)
   return get_path(params, model.paths.output_bias).astype(jnp.float32)
@@ -66,7 +69,7 @@ def output_bias(model: Model, params: PyTree) -> jax.Array:
 
 def output_rows_update(
   model: Model, params0: PyTree, params1: PyTree
-) -> jax.Array:
+) -> Float[Array, 'V D']:
   """`W1 - W0` of the output matrix as rows per word, float32 `[vocab, D]`."""
   return output_rows(model, params1) - output_rows(model, params0)
 

@@ -51,6 +51,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Float, Int
 
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model
@@ -294,7 +295,9 @@ def _intercept(path: ModulePath, *, before=None, after=None, skip=False):
   return interceptor
 
 
-def final_norm(model: Model, params, hidden: jax.Array) -> jax.Array:
+def final_norm(
+  model: Model, params, hidden: Float[Array, '*batch D']
+) -> Float[Array, '*batch D']:
   """The model's final norm alone: `[..., D] -> [..., D]`.
 
   Runs `Model.lm_head` and keeps the norm's output; under `jit` the unused
@@ -341,7 +344,7 @@ def layer_states(
 # --------------------------------------------------------------- BEI, HEI
 def head_logits(
   model: Model, params, hidden: jax.Array, *, apply_final_norm: bool = False
-) -> jax.Array:
+) -> Float[Array, '*batch V']:
   """`logits(H) = H w + b` (Eq. 4), float32 `[..., vocab]`.
 
   Args:
@@ -360,7 +363,7 @@ def head_logits(
 
 def bei_ids(
   model: Model, params, hidden: jax.Array, *, apply_final_norm: bool = False
-) -> jax.Array:
+) -> Int[Array, '*batch']:
   """Base Embed Inversion (Sec. 4.1, Eq. 8): int32 argmax ids `[...]`.
 
   Softmax is monotone, so `argmax(softmax(logits)) = argmax(logits)`.
@@ -370,8 +373,11 @@ def bei_ids(
 
 
 def cosine_scores(
-  hidden: jax.Array, embeddings: jax.Array, *, eps: float = 1e-8
-) -> jax.Array:
+  hidden: Float[Array, '*batch D'],
+  embeddings: Float[Array, 'V D'],
+  *,
+  eps: float = 1e-8,
+) -> Float[Array, '*batch V']:
   """`W H^T / (|W| |H|)` of Eq. 9: `[..., D] x [V, D] -> [..., V]` float32."""
   h = hidden.astype(jnp.float32)
   w = embeddings.astype(jnp.float32)
@@ -385,7 +391,9 @@ def _inverse_row_norms(embeddings: jax.Array, eps: float = 1e-8) -> jax.Array:
   return 1.0 / jnp.maximum(jnp.linalg.norm(w, axis=-1), eps)  # [V]
 
 
-def hei_ids(hidden: jax.Array, embeddings: jax.Array) -> jax.Array:
+def hei_ids(
+  hidden: Float[Array, '*batch D'], embeddings: Float[Array, 'V D']
+) -> Int[Array, '*batch']:
   """Hotmap Embed Inversion (Sec. 4.2, Eq. 9): int32 ids `[...]`.
 
   The vocabulary entry whose embedding has the largest cosine similarity
@@ -415,8 +423,8 @@ def has_tied_linear_head(model: Model) -> bool:
 
 
 def tied_bei_hei_ids(
-  hidden: jax.Array, embeddings: jax.Array
-) -> tuple[jax.Array, jax.Array]:
+  hidden: Float[Array, '*batch D'], embeddings: Float[Array, 'V D']
+) -> tuple[Int[Array, '*batch'], Int[Array, '*batch']]:
   """BEI and HEI ids from one shared matmul, for tied-head models.
 
   When :func:`has_tied_linear_head`, BEI without the final norm is
@@ -438,7 +446,7 @@ def tied_bei_hei_ids(
 
 def bei_hei_ids(
   model: Model, params, hidden: jax.Array
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[Int[Array, '*batch'], Int[Array, '*batch']]:
   """BEI (no final norm, the paper's) and HEI ids of `hidden [..., D]`.
 
   Equal to `(bei_ids(model, params, hidden), hei_ids(hidden, W))`; with a
@@ -519,7 +527,9 @@ def logits_from_hidden(
   )
 
 
-def sequence_nll(logits: jax.Array, ids, mask) -> tuple[jax.Array, jax.Array]:
+def sequence_nll(
+  logits: Float[Array, 'B T V'], ids, mask
+) -> tuple[Float[Array, 'B'], Float[Array, 'B']]:
   """Summed next-token NLL and token count per row, each float32 `[B]`.
 
   Perplexity over a corpus is `exp(sum(nll) / sum(count))`.

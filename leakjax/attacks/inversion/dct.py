@@ -18,6 +18,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Float
 
 from leakjax.attacks.inversion.bei_hei import (
   Layer,
@@ -28,7 +29,7 @@ from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model
 
 
-def dct_matrix(n: int, dtype=jnp.float32) -> jax.Array:
+def dct_matrix(n: int, dtype=jnp.float32) -> Float[Array, 'n n']:
   """The orthonormal DCT-II matrix C `[n, n]`: `DCT(x) = C x`, `IDCT = C^T`.
 
   `C[k, m] = a_k cos(pi (2m + 1) k / (2n))`, `a_0 = sqrt(1/n)`,
@@ -41,13 +42,13 @@ def dct_matrix(n: int, dtype=jnp.float32) -> jax.Array:
   return jnp.asarray(c, dtype)
 
 
-def dct(x: jax.Array) -> jax.Array:
+def dct(x: Float[Array, '*batch n']) -> Float[Array, '*batch n']:
   """Orthonormal DCT-II over the last axis."""
   c = dct_matrix(x.shape[-1], jnp.float32)
   return jnp.einsum('...m,km->...k', x.astype(jnp.float32), c)
 
 
-def idct(y: jax.Array) -> jax.Array:
+def idct(y: Float[Array, '*batch n']) -> Float[Array, '*batch n']:
   """Inverse of :func:`dct` (orthonormal DCT-III) over the last axis."""
   c = dct_matrix(y.shape[-1], jnp.float32)
   return jnp.einsum('...k,km->...m', y.astype(jnp.float32), c)
@@ -124,7 +125,9 @@ def make_dct_defense(dim: int, num_subsets: int, *, key) -> DCTDefense:
   )
 
 
-def apply_dct_defense(hidden: jax.Array, overlap: jax.Array) -> jax.Array:
+def apply_dct_defense(
+  hidden: Float[Array, '*batch D'], overlap: Float[Array, 'D D']
+) -> Float[Array, '*batch D']:
   """`E_trans = IDCT(DCT(E) O_s)` over the feature axis (Sec. 5.3.1).
 
   The paper writes `IDCT(DCT(E^T) O_s)^T` for `E [n, d]`; the transposes
