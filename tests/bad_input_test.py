@@ -20,8 +20,11 @@ import pytest
 from experiments import common
 from leakjax import errors, fl, io
 from leakjax.attacks import dager
+from leakjax.attacks.dager.runner import DagerExperimentConfig
+from leakjax.attacks.differential.runner import DifferentialConfig
 from leakjax.attacks.film import bag as bow
 from leakjax.attacks.film import beam_search as bs
+from leakjax.attacks.film.runner import FilmExperimentConfig
 from leakjax.attacks.gboard import GboardConfig
 from leakjax.attacks.inversion.runner import InversionExperimentConfig
 from leakjax.errors import LeakjaxError
@@ -100,6 +103,46 @@ def test_missing_flagfile_is_refused(tmp_path):
 def test_good_flagfiles_pass():
   for path in (ROOT / 'experiments' / 'configs').glob('*.flags'):
     common.check_flagfiles([f'--flagfile={path}'])
+
+
+_BUILD_CONFIGS = """
+import sys
+from absl import flags
+from experiments import common, {module} as m
+m.define_flags()
+for path in sys.argv[2:]:
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(['prog', '--flagfile=' + path])
+  if hasattr(m, 'config_from_flags'):
+    m.config_from_flags()
+  else:
+    common.config_from_flags(getattr(m, sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize(
+  'module, config',
+  [
+    ('film', 'FilmExperimentConfig'),
+    ('dager', 'DagerExperimentConfig'),
+    ('differential', ''),
+    ('gboard', ''),
+    ('embed_parrot', ''),
+  ],
+)
+def test_committed_flagfiles_pass_the_config_checks(module, config):
+  """Each committed flagfile builds its config (the size checks pass)."""
+  paths = sorted((ROOT / 'experiments' / 'configs').glob(f'{module}_*.flags'))
+  assert paths
+  code = _BUILD_CONFIGS.format(module=module)
+  done = subprocess.run(
+    [sys.executable, '-c', code, config or '-', *map(str, paths)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_cli_binary_flagfile(tmp_path):
@@ -212,8 +255,17 @@ def test_cli_refuses_before_any_work(tmp_path, experiment, args, fragment):
   ],
 )
 def test_gboard_config_sizes(field, value):
-  with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least 1'):
+  with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least'):
     GboardConfig(**{field: value})
+
+
+def test_word_vocabulary_needs_a_word():
+  # <UNK> and <S> take ids 0 and 1: --vocab_size=2 leaves no room for a word.
+  with pytest.raises(LeakjaxError, match='--vocab_size=2 must be at least 3'):
+    GboardConfig(vocab_size=2)
+  with pytest.raises(LeakjaxError, match='--vocab_size=2 must be at least 3'):
+    DifferentialConfig(data='c.txt', vocab_size=2)
+  DifferentialConfig(data='c.txt', vocab_size=3)
 
 
 @pytest.mark.parametrize(
@@ -223,6 +275,52 @@ def test_gboard_config_sizes(field, value):
 def test_embed_parrot_config_sizes(field, value):
   with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least'):
     InversionExperimentConfig(**{field: value})
+
+
+def test_embed_parrot_test_fraction():
+  for bad in (0.0, 1.0, -0.1):
+    with pytest.raises(LeakjaxError, match='--test_fraction=.* must be in'):
+      InversionExperimentConfig(test_fraction=bad)
+
+
+@pytest.mark.parametrize(
+  'field, value',
+  [
+    ('num_beams', (32, 0)),
+    ('max_tokens', 0),
+    ('train_batch_size', 0),
+    ('reorder_candidates', 0),
+    ('max_sentences', 0),
+    ('train_steps', -1),
+    ('ngram_size', (-1,)),
+  ],
+)
+def test_film_config_sizes(field, value):
+  with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least'):
+    FilmExperimentConfig(**{field: value})
+
+
+def test_film_eval_fraction():
+  with pytest.raises(LeakjaxError, match='--eval_fraction=1.0 must be in'):
+    FilmExperimentConfig(eval_fraction=1.0)
+
+
+@pytest.mark.parametrize(
+  'field, value',
+  [('train_batch_size', 0), ('film_steps', -1), ('max_sentences', 0)],
+)
+def test_dager_config_sizes(field, value):
+  with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least'):
+    DagerExperimentConfig(**{field: value})
+
+
+@pytest.mark.parametrize(
+  'field, value',
+  [('row_width', 0), ('batch_size', 0), ('top', 0), ('hidden_size', -1)],
+)
+def test_differential_config_sizes(field, value):
+  with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least'):
+    DifferentialConfig(data='c.txt', **{field: value})
 
 
 # -------------------------------------------------------------- gradients

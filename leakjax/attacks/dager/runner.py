@@ -42,7 +42,7 @@ from leakjax import fl, io, metrics
 from leakjax.attacks.dager import hybrid, pipeline, search
 from leakjax.attacks.film import pipeline as film_pipeline
 from leakjax.attacks.film import runner as film_runner
-from leakjax.errors import LeakjaxError
+from leakjax.errors import LeakjaxError, check_positive
 
 ATTACKS = ('dager', 'film', 'hybrid')
 
@@ -134,6 +134,10 @@ class DagerExperimentConfig:
         )
     if self.first_batch < 0 or self.max_length < 0 or self.extra_live < 0:
       raise LeakjaxError('first_batch, max_length and extra_live must be >= 0')
+    check_positive(self, 'train_batch_size')
+    check_positive(self, 'train_steps', 'film_steps', 'seed', minimum=0)
+    if self.max_sentences is not None:
+      check_positive(self, 'max_sentences')
     for attack in self.attacks:
       if attack not in ATTACKS:
         raise LeakjaxError(

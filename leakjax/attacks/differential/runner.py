@@ -68,7 +68,7 @@ from leakjax.attacks.differential.score import (
   differential_rank_lower_bound,
   differential_score,
 )
-from leakjax.errors import LeakjaxError
+from leakjax.errors import LeakjaxError, check_positive
 from leakjax.models import lstm
 from leakjax.models import num_params as count_params
 from leakjax.tokenization import WordTokenizer
@@ -195,6 +195,31 @@ class DifferentialConfig:
       raise LeakjaxError(f'score must be one of {SCORES}')
     if not 0 <= self.eval_fraction + self.extra_fraction < 1:
       raise LeakjaxError('eval_fraction + extra_fraction must be in [0, 1)')
+    # <UNK> and <S> take two ids: three is the smallest vocabulary with a word.
+    check_positive(self, 'vocab_size', minimum=3)
+    check_positive(
+      self,
+      'row_width',
+      'batch_size',
+      'epochs',
+      'continue_epochs',
+      'continue_batch_size',
+      'min_width',
+      'num_groups',
+      'top',
+    )
+    # 0 = the --model preset's size.
+    check_positive(
+      self,
+      'embed_dim',
+      'hidden_size',
+      'num_layers',
+      'extra_sentences',
+      'seed',
+      minimum=0,
+    )
+    if self.max_sentences is not None:
+      check_positive(self, 'max_sentences')
 
 
 # ------------------------------------------------------------------- data

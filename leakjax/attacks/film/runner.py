@@ -49,7 +49,7 @@ from leakjax.attacks.film import bag as bow
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import pipeline
 from leakjax.attacks.film import reorder as ro
-from leakjax.errors import LeakjaxError
+from leakjax.errors import LeakjaxError, check_positive
 
 MODES = ('attack', 'bag')
 INITS = ('pretrained', 'random')
@@ -186,6 +186,35 @@ class FilmExperimentConfig:
       raise LeakjaxError('num_batches and repetitions must be >= 1')
     for d in self.defenses:
       parse_defense(d)
+    check_positive(
+      self,
+      'max_tokens',
+      'train_batch_size',
+      'num_beams',
+      'num_groups',
+      'length',
+      'max_prompts',
+      'reorder_candidates',
+    )
+    check_positive(
+      self,
+      'train_steps',
+      'eval_every',
+      'early_stopping_patience',
+      'dp_steps',
+      'ngram_size',
+      'prompts_per_search',
+      'phrase_steps',
+      'token_steps',
+      'seed',
+      minimum=0,
+    )
+    if self.max_sentences is not None:
+      check_positive(self, 'max_sentences')
+    if not 0 <= self.eval_fraction < 1:
+      raise LeakjaxError(
+        f'--eval_fraction={self.eval_fraction} must be in [0, 1)'
+      )
 
 
 def parse_defense(spec: str) -> tuple[str, float]:

@@ -155,9 +155,10 @@ class GboardConfig:
           f'batch size {b!r} is neither "full" nor a positive int',
           'pass e.g. --batch_sizes=full,32',
         )
+    # <UNK> and <S> take two ids: three is the smallest vocabulary with a word.
+    check_positive(self, 'vocab_size', minimum=3)
     check_positive(
       self,
-      'vocab_size',
       'embed_dim',
       'units',
       'pretrain_batch_size',

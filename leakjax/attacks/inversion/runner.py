@@ -148,6 +148,12 @@ class InversionExperimentConfig:
     )
     if self.defense_subsets:
       check_positive(self, 'defense_subsets')
+    check_positive(self, 'deep_layer', 'seed', minimum=0)
+    if not 0 < self.test_fraction < 1:
+      raise LeakjaxError(
+        f'--test_fraction={self.test_fraction} must be in (0, 1)',
+        'pass e.g. --test_fraction=0.2 (Sec. 5.1.1)',
+      )
     names = [name for name, _ in self.corpus_paths()]
     if self.train_corpus not in names:
       raise LeakjaxError(
