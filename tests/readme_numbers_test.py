@@ -1,0 +1,148 @@
+"""The numbers in README.md's result tables come from the committed reports.
+
+Each check formats values of a committed `reports/**/summary.json` the way
+the README writes them and looks for that text in the README row it belongs
+to, so a regenerated report that moves a number fails here until the README
+follows.
+"""
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / 'README.md').read_text(encoding='utf-8')
+# The prose with its line breaks as spaces (sentences wrap across lines).
+PROSE = ' '.join(README.split())
+
+
+def summary(report: str) -> dict[str, float]:
+  return json.loads((ROOT / 'reports' / report / 'summary.json').read_text())
+
+
+def row(*anchors: str) -> str:
+  """The one README line that contains every anchor."""
+  lines = [
+    line for line in README.splitlines() if all(a in line for a in anchors)
+  ]
+  assert len(lines) == 1, (anchors, len(lines))
+  return lines[0]
+
+
+def joined(values, digits: int = 2) -> str:
+  return ' / '.join(f'{v:.{digits}f}' for v in values)
+
+
+def test_quickstart_rouge_l():
+  s = summary('film_quickstart')
+  text = 'ROUGE-L ' + joined(s[f'rougeL@b={b}'] for b in (1, 4, 16))
+  assert f'{text} at b = 1 / 4 / 16 (2 batches each' in PROSE
+
+
+def test_film_enron_row():
+  line = row('| FILM, Enron')
+  bs = (1, 16, 64, 128)
+  main = summary('film_enron')
+  assert 'ROUGE-L ' + joined(main[f'rougeL@b={b}'] for b in bs) in line
+  fixed = summary('film_enron/fixed_2_epochs')
+  assert 'fixed 2 epochs: ' + joined(fixed[f'rougeL@b={b}'] for b in bs) in line
+  more = summary('film_enron/more_data')
+  assert (
+    joined(more[f'rougeL@b={b}'] for b in (1, 16)) + ' at b = 1 / 16' in line
+  )
+
+
+def test_film_bag_row():
+  line = row('| FILM bag of words')
+  t0 = summary('film_bag')
+  p = [t0[f'bag_precision@b={b},method=tied'] for b in (1, 4, 16, 64, 128)]
+  assert all(f'{v:.3f}' == '1.000' for v in p) and 'precision 1.000' in line
+  r = [t0[f'bag_recall@b={b},method=tied'] for b in (1, 4, 16)]
+  assert f'recall {min(r):.3f}-{max(r):.3f} at b ≤ 16' in line
+  r = [t0[f'bag_recall@b={b},method=tied'] for b in (64, 128)]
+  assert joined(r, 3) + ' at b = 64 / 128' in line
+  tuned = summary('film_enron')
+  bs = (1, 16, 64, 128)
+  assert (
+    'precision ' + joined((tuned[f'bag_precision@b={b}'] for b in bs), 3)
+    in line
+  )
+  assert 'recall ' + joined((tuned[f'bag_recall@b={b}'] for b in bs), 3) in line
+
+
+def _ratio(s, key):
+  return s[key] / s['f1_upper' + key.removeprefix('f1')]
+
+
+def test_gboard_rows():
+  s = summary('gboard')
+  noise_free = [
+    _ratio(s, k) for k in s if k.startswith('f1@') and 'noise=none' in k
+  ]
+  assert noise_free
+  assert f'F1 ≥ {min(noise_free):.3f} x its upper bound' in row(
+    '| GBoard word recovery, no oracle'
+  )
+  line = row('| GBoard word recovery under DPSGD')
+  for n_k in (64, 256):
+    cells = [
+      _ratio(s, f'f1@B=32,E={e},n_k={n_k},noise=dpsgd,sigma=0.1')
+      for e in (50, 100)
+    ]
+    assert f'{joined(cells)} x upper at n_k = {n_k}' in line or (
+      f'{joined(cells)} at n_k = {n_k}' in line
+    )
+  summed = summary('gboard/batch_sum')
+  cells = [
+    _ratio(summed, f'f1@B=32,E={e},n_k=256,noise=dpsgd,sigma=0.1')
+    for e in (50, 100)
+  ]
+  assert f'batch-summed loss {joined(cells)} at n_k = 256' in line
+
+
+def test_dager_rows():
+  quick = summary('dager/quick')
+  line = row('| DAGER, pretrained')
+  bs = (1, 4, 16)
+  assert 'ROUGE-1 ' + joined((quick[f'rouge1@b={b}'] for b in bs), 3) in line
+  assert 'included) ' + joined(quick[f'exact@b={b}'] for b in bs) in line
+  line = row('| Past DAGER')
+  big = (32, 64, 128)
+  t0 = summary('dager/enron_t0')
+  assert all(t0[f'rougeL@b={b}'] == 0 for b in big) and 'DAGER 0' in line
+  film = summary('dager/film')
+  assert (
+    'FILM ROUGE-L ' + joined(film[f'rougeL@attack=film,b={b}'] for b in big)
+    in line
+  )
+  hybrid = summary('dager/hybrid')
+  assert (
+    'hybrid ' + joined(hybrid[f'rougeL@attack=hybrid,b={b}'] for b in big)
+    in line
+  )
+  assert all(hybrid[f'exact@attack=hybrid,b={b}'] == 0 for b in big)
+  tuned = summary('dager/hybrid_finetuned')
+  assert joined(tuned[f'rougeL@attack=hybrid,b={b}'] for b in big) in line
+  # 3 batches of 32 sentences: the exact fraction as a count of 96.
+  exact = round(tuned['exact@attack=hybrid,b=32'] * 96)
+  assert f'{exact} of 96 exact at b = 32' in line
+
+
+def test_embed_parrot_row():
+  s = summary('embed_parrot')
+  line = row('| Embed Parrot')
+  ep, skip = (
+    s[f'rouge1@data=enron,layer=25,method={m}'] for m in ('ep', 'ep_skip')
+  )
+  assert f'ROUGE-1 {ep:.2f} (paper architecture) / {skip:.2f}' in line
+  off = [
+    s[f'rouge1@data={d},layer=25,method={m}']
+    for d in ('sms', 'wikitext')
+    for m in ('ep', 'ep_skip')
+  ]
+  assert f'{min(off):.2f}-{max(off):.2f} off-domain' in line
+  base = [
+    s[f'rouge1@data={d},layer=25,method={m}']
+    for d in ('enron', 'sms', 'wikitext')
+    for m in ('bei', 'hei')
+  ]
+  assert f'BEI/HEI ≤ {max(base):.2f}' in line
