@@ -214,6 +214,7 @@ def summarize(
     ' without one).\n\n' + io.markdown_table(header, table)
   )
   md += _multi_sentence_table(rows, summary)
+  md += _frozen_table(rows)
   examples = [r for r in rows if r.get('batch') == 0][:4]
   if examples:
     md += '\n## Examples (batch 0)\n\n'
@@ -226,6 +227,74 @@ def summarize(
   figures.append(_plot(rows))
   md += '\n![ROUGE and NERR vs batch size](film_vs_batch_size.png)\n'
   return summary, md, figures
+
+
+def _frozen_table(rows: list[dict]) -> str:
+  """Frozen embeddings (FILM Sec. 6.3) beside no defense, per b.
+
+  FILM's bag reads the word-embedding gradient, which a frozen embedding
+  never sends; the span test reads the first attention layer's input
+  projection gradient instead, whose column space holds every input
+  token's normalised embedding while the batch has fewer distinct tokens
+  than the model width (rank below the width: the test is valid).
+  """
+  by = {}
+  for r in rows:
+    by.setdefault((r['b'], r.get('defense', 'none')), []).append(r)
+  bs_ = sorted({b for b, d in by if d == 'freeze'})
+  if not bs_:
+    return ''
+
+  def cell(b, defense, f, digits=2):
+    rs = by.get((b, defense), [])
+    if not rs:
+      return '–'
+    return f'{_mean_std(rs, f)[0]:.{digits}f}'
+
+  table = []
+  for b in bs_:
+    frozen = by[(b, 'freeze')]
+    valid = [r['span_valid'] for r in frozen if 'span_valid' in r]
+    ranks = [r['span_rank'] for r in frozen if 'span_rank' in r]
+    table.append(
+      [
+        b,
+        len(frozen),
+        f'{cell(b, "none", "bag_precision", 3)} /'
+        f' {cell(b, "none", "bag_recall", 3)}',
+        f'{cell(b, "freeze", "bag_precision", 3)} /'
+        f' {cell(b, "freeze", "bag_recall", 3)}',
+        cell(b, 'none', 'rougeL'),
+        cell(b, 'freeze', 'rougeL'),
+        f'{sum(valid)} of {len(valid)}' if valid else '–',
+        f'{np.mean(ranks):.0f} / {np.mean(_values(frozen, "true_bag_size")):.0f}'
+        if ranks
+        else '–',
+      ]
+    )
+  return (
+    '\n## Frozen embeddings (Sec. 6.3)\n\n'
+    'The paper: with the word embeddings frozen, bag precision and recall'
+    ' are both 0 and the attack is defended. Here the bag comes from the'
+    " span test on the first attention layer's gradient (the embedding"
+    ' gradient is zero), then the same beam search. Span valid: batches'
+    ' whose first-layer gradient has rank below the model width; rank /'
+    ' tokens: mean rank of that gradient and mean number of distinct'
+    ' tokens in the batch.\n\n'
+    + io.markdown_table(
+      [
+        'b',
+        'batches',
+        'bag P / R, none',
+        'bag P / R, frozen',
+        'ROUGE-L, none',
+        'ROUGE-L, frozen',
+        'span valid (frozen)',
+        'rank / tokens',
+      ],
+      table,
+    )
+  )
 
 
 def _multi_sentence_table(rows: list[dict], summary: dict) -> str:
@@ -270,48 +339,78 @@ def _multi_sentence_table(rows: list[dict], summary: dict) -> str:
 
 
 def _plot(rows):
+  """ROUGE/NERR against b, mean ± std; one panel per defense."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  bs_ = sorted({r['b'] for r in rows})
+  # No defense first, then the defenses in the order the rows give them.
+  defenses = sorted(
+    dict.fromkeys(r.get('defense', 'none') for r in rows),
+    key=lambda d: d != 'none',
+  )
+  fig, axes = plt.subplots(
+    1,
+    len(defenses),
+    figsize=(5 * len(defenses), 3.5),
+    sharex=True,
+    sharey=True,
+    squeeze=False,
+  )
   metrics = (
     ('rouge1', 'ROUGE-1'),
     ('rouge2', 'ROUGE-2'),
     ('rougeL', 'ROUGE-L'),
     ('nerr', 'NERR'),
   )
-  for i, (f, label) in enumerate(metrics):
-    stats = [_mean_std([r for r in rows if r['b'] == b], f) for b in bs_]
-    # Bars: ± one standard deviation over the attacked batches; the
-    # metrics sit side by side (x shifted by a few percent) so that the
-    # bars do not overlap.
-    shift = 2 ** (0.04 * (i - (len(metrics) - 1) / 2))
-    ax.errorbar(
-      [b * shift for b in bs_],
-      [m for m, _ in stats],
-      yerr=[sd for _, sd in stats],
-      marker='o',
-      markersize=4,
-      capsize=2,
-      label=label,
-    )
   paper_b = sorted(PAPER_TABLE10_ENRON)
-  ax.plot(
-    paper_b,
-    [PAPER_TABLE10_ENRON[b][2] for b in paper_b],
-    'k--',
-    label='ROUGE-L (paper, Enron)',
+  for ax, defense in zip(axes[0], defenses):
+    rs = [r for r in rows if r.get('defense', 'none') == defense]
+    bs_ = sorted({r['b'] for r in rs})
+    for i, (f, label) in enumerate(metrics):
+      stats = [_mean_std([r for r in rs if r['b'] == b], f) for b in bs_]
+      # Bars: ± one standard deviation over the attacked batches; the
+      # metrics sit side by side (x shifted by a few percent) so that the
+      # bars do not overlap.
+      shift = 2 ** (0.04 * (i - (len(metrics) - 1) / 2))
+      ax.errorbar(
+        [b * shift for b in bs_],
+        [m for m, _ in stats],
+        yerr=[sd for _, sd in stats],
+        marker='o',
+        markersize=4,
+        capsize=2,
+        label=label,
+      )
+    if defense == 'none':
+      ax.plot(
+        paper_b,
+        [PAPER_TABLE10_ENRON[b][2] for b in paper_b],
+        'k--',
+        label='ROUGE-L (paper, Enron)',
+      )
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('batch size b')
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    if len(defenses) > 1:
+      ax.set_title(f'defense: {defense}', fontsize=9)
+  axes[0][0].set_ylabel('score (mean ± std over batches)')
+  legend = {}
+  for ax in axes[0]:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      legend.setdefault(label, handle)
+  handles, labels = list(legend.values()), list(legend)
+  fig.legend(
+    handles,
+    labels,
+    fontsize=7,
+    loc='lower center',
+    ncol=len(labels),
+    bbox_to_anchor=(0.5, -0.02),
   )
-  ax.set_xscale('log', base=2)
-  ax.set_xlabel('batch size b')
-  ax.set_ylabel('score')
-  ax.set_ylim(0, 1.05)
-  ax.set_title('mean ± std over the attacked batches', fontsize=8)
-  ax.legend(fontsize=7)
-  ax.grid(alpha=0.3)
+  fig.tight_layout(rect=(0, 0.08, 1, 1))
   return fig, 'film_vs_batch_size.png'
 
 

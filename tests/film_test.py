@@ -258,6 +258,57 @@ def test_summary_with_entity_free_batches():
   assert '[1]' in md
 
 
+def test_frozen_embedding_table_and_one_panel_per_defense():
+  cfg = runner.FilmExperimentConfig(
+    **{**SMOKE, 'batch_sizes': (1, 64), 'defenses': ('none', 'freeze')}
+  )
+
+  def row(b, defense, rouge, recall, valid, rank):
+    return {
+      'b': b,
+      'defense': defense,
+      'batch': 0,
+      'rouge1': rouge,
+      'rouge2': rouge,
+      'rougeL': rouge,
+      'nerr': None,
+      'bag_precision': 1.0,
+      'bag_recall': recall,
+      'true_bag_size': 600 if b == 64 else 12,
+      'span_valid': valid,
+      'span_rank': rank,
+      'originals': ['A b.'],
+      'match': 0,
+      'recovered': ['A b.'],
+    }
+
+  rows = [
+    row(1, 'none', 0.9, 1.0, True, 12),
+    row(1, 'freeze', 0.8, 0.5, True, 12),
+    row(64, 'none', 0.4, 0.9, False, 576),
+    row(64, 'freeze', 0.1, 0.0, False, 576),
+  ]
+  summary, md, figures = film_report.summarize(cfg, rows, {'num_train': 3})
+  assert summary['rougeL@b=64,defense=freeze'] == 0.1
+  assert summary['bag_recall@b=1,defense=freeze'] == 0.5
+  table = md[md.index('## Frozen embeddings') :]
+  assert (
+    '| 1 | 1 | 1.000 / 1.000 | 1.000 / 0.500 | 0.90 | 0.80 | 1 of 1 | 12 / 12 |'
+    in table
+  )
+  assert (
+    '| 64 | 1 | 1.000 / 0.900 | 1.000 / 0.000 | 0.40 | 0.10 | 0 of 1 | 576 / 600 |'
+    in table
+  )
+  fig, _ = figures[0]
+  titles = [ax.get_title() for ax in fig.axes]
+  assert titles == ['defense: none', 'defense: freeze']
+  # Without a frozen-embedding run there is no such section.
+  plain = [r for r in rows if r['defense'] == 'none']
+  _, md, _ = film_report.summarize(cfg, plain, {'num_train': 3})
+  assert '## Frozen embeddings' not in md
+
+
 # Flags that are not config fields (they do not change the results).
 HAND_WRITTEN_FLAGS = {'workdir', 'mesh', 'distributed', 'grad_microbatch'}
 

@@ -494,6 +494,11 @@ def attack_batch(
     'grad_seconds': grad_s,
     'attack_seconds': attack_s,
   }
+  if result.bag.evidence is not None:
+    # The span test's rank and validity: with frozen embeddings they are
+    # all the bag has to go on.
+    row['span_rank'] = int(result.bag.evidence.span_rank)
+    row['span_valid'] = bool(result.bag.evidence.span_valid)
   if cfg.repetitions > 1:
     # Table 3: recall/precision after the first k repetitions, and all.
     reps = len(result.sentences)
