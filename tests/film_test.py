@@ -104,6 +104,50 @@ def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
   assert set(bag.ids.tolist()) == inputs
 
 
+def test_frozen_embeddings_end_to_end_with_sentence_ends():
+  """With ∇W silent, the bag (inputs only) lacks the final '.', so the
+  search adds the vocabulary's sentence ends: the sentence can end."""
+  model, params = memorising_model()
+  tok = model.tokenizer
+  ids, mask = tok.encode_batch([SECRETS[1]], add_bos=True)
+  grads = fl.client_gradient(
+    model,
+    params,
+    jnp.asarray(ids),
+    jnp.asarray(mask),
+    defense=fl.freeze_embeddings(model),
+  )
+  period = tok.encode('.')[0]
+  assert period == ids[0, -1] and period not in ids[0, :-1]
+  config = film.FilmConfig(
+    beam=bs.BeamSearchConfig(num_beams=4, length=12),
+    reorder=ro.ReorderConfig(phrase_steps=0, token_steps=0, num_candidates=4),
+  )
+  ends = film.pipeline.sentence_end_ids(tok)
+  assert period in ends and all(tok.decode([i]).strip() in '.!?' for i in ends)
+  with_ends = film.recover(
+    model, params, grads, config=config, key=jax.random.key(0)
+  )
+  assert period in with_ends.sentence_ends
+  assert period not in with_ends.bag.ids  # the bag is what the gradient gave
+  assert with_ends.sentences[0] == SECRETS[1]
+  without = film.recover(
+    model,
+    params,
+    grads,
+    config=dataclasses.replace(config, frozen_sentence_ends=False),
+    key=jax.random.key(0),
+  )
+  assert without.sentence_ends == ()
+  assert not without.sentences[0].endswith('.')
+  # A gradient with embedding rows adds nothing.
+  plain = fl.client_gradient(model, params, jnp.asarray(ids), jnp.asarray(mask))
+  result = film.recover(
+    model, params, plain, config=config, key=jax.random.key(0)
+  )
+  assert result.sentence_ends == ()
+
+
 SMOKE = dict(
   model=runner.GPT2_TINY,
   batch_sizes=(2,),

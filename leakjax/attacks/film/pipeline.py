@@ -44,7 +44,7 @@ from leakjax.attacks.film import bag as bow
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError
-from leakjax.models.protocol import Model
+from leakjax.models.protocol import Model, get_path
 
 PyTree = Any
 
@@ -72,6 +72,16 @@ class FilmConfig:
     bag_bucket: pad the bag to a multiple of this (fewer recompilations).
     grad_paths: parameter subset of the reordering gradient norm; None:
       :func:`leakjax.attacks.film.reorder.default_grad_paths`.
+    frozen_sentence_ends: when the gradient of the word embeddings (and of
+      an untied head) is zero everywhere, as under FILM's frozen-embedding
+      defense (Sec. 5), search over the bag plus the vocabulary's
+      one-character sentence ends ('.', '!', '?', with or without a
+      leading space). Our decision, not the paper's: such a bag comes from
+      the span test, which sees model inputs only, and each sentence's
+      last token is a target, never an input; the head gradient that
+      reveals targets is zero too, so without these tokens the beam search
+      could never end a sentence. The bag itself (FilmResult.bag) stays
+      what the gradient gave.
   """
 
   bag_method: str = 'auto'
@@ -86,6 +96,7 @@ class FilmConfig:
   use_bos: bool = True
   bag_bucket: int = 64
   grad_paths: tuple[tuple[str, ...], ...] | None = None
+  frozen_sentence_ends: bool = True
 
 
 @dataclasses.dataclass
@@ -118,11 +129,14 @@ class FilmResult:
     recoveries: one :class:`Recovery` per repetition, in order (the first
       is FILM's single-sentence answer).
     num_prompts: how many start prompts were searched.
+    sentence_ends: token ids searched beside the bag
+      (`FilmConfig.frozen_sentence_ends`); empty when none were added.
   """
 
   bag: bow.Bag
   recoveries: list[Recovery]
   num_prompts: int
+  sentence_ends: tuple[int, ...] = ()
 
   @property
   def sentences(self) -> list[str]:
@@ -277,6 +291,10 @@ def recover(
       'the recovered bag of words is empty',
       'the gradient carries no embedding information (frozen embeddings?)',
     )
+  ends = ()
+  if config.frozen_sentence_ends and _silent_token_gradients(model, grads):
+    ends = tuple(sorted(set(sentence_end_ids(tok)) - set(bag_ids)))
+    bag_ids = sorted(bag_ids + list(ends))
   prompts = bs.make_prompts(
     tok, bag_ids, use_bos=config.use_bos, mode=config.prompt_mode
   )
@@ -349,11 +367,39 @@ def recover(
       rec.text = _decode(tok, new)
       rec.prior_score = float(state.score)
       rec.initial_prior_score = float(state.initial_score)
-  return FilmResult(bag=bag, recoveries=recoveries, num_prompts=len(prompts))
+  return FilmResult(
+    bag=bag,
+    recoveries=recoveries,
+    num_prompts=len(prompts),
+    sentence_ends=ends,
+  )
+
+
+def _silent_token_gradients(model: Model, grads: PyTree) -> bool:
+  """Whether the word-embedding (and untied head) gradients are all zero."""
+  paths = [model.paths.word_embeddings, model.paths.lm_head]
+  return not any(
+    np.any(np.asarray(get_path(grads, p))) for p in paths if p is not None
+  )
+
+
+def sentence_end_ids(tokenizer) -> list[int]:
+  """Ids of the tokens whose text is '.', '!' or '?' (spaces stripped)."""
+  return [
+    i
+    for i, s in enumerate(tokenizer.token_strings())
+    if s.strip() in ('.', '!', '?')
+  ]
 
 
 def _decode(tokenizer, tokens) -> str:
   return tokenizer.decode(tokens, skip_special=True).strip()
 
 
-__all__ = ['FilmConfig', 'FilmResult', 'Recovery', 'recover']
+__all__ = [
+  'FilmConfig',
+  'FilmResult',
+  'Recovery',
+  'recover',
+  'sentence_end_ids',
+]

@@ -494,6 +494,8 @@ def attack_batch(
     'grad_seconds': grad_s,
     'attack_seconds': attack_s,
   }
+  if result.sentence_ends:  # searched beside a bag from a silent head
+    row['sentence_ends_added'] = len(result.sentence_ends)
   if result.bag.evidence is not None:
     # The span test's rank and validity: with frozen embeddings they are
     # all the bag has to go on.
