@@ -357,3 +357,25 @@ def test_bag_mask_compiles_once_for_new_params():
     grads = fl.client_gradient(model, p, ids, mask)
     fn(p, grads)
   assert len(traces) == 1
+
+
+def test_tied_bag_with_a_silent_embedding_gradient():
+  """Frozen embeddings: ∇W = 0, so only the span test can name tokens; it
+  is used without a spectral gap while the rank leaves room."""
+  v, d = 40, 10
+  w = jax.random.normal(jax.random.key(0), (v, d))
+  silent = jnp.zeros((v, d))
+  # Tokens 0, 1, 2 lie on the span (residual < span_tolerance 0.05).
+  residual = jnp.concatenate(
+    [jnp.asarray([0.0, 0.01, 0.02]), jnp.full(v - 3, 0.5)]
+  )
+  kw = dict(span_residual=residual, span_valid=jnp.asarray(False))
+  bag = bow.tied_bag(silent, w, span_rank=jnp.asarray(3), **kw)
+  np.testing.assert_array_equal(np.flatnonzero(bag), [0, 1, 2])
+  # Rank past max_rank_fraction (0.9) of d: the span says nothing.
+  assert not bow.tied_bag(silent, w, span_rank=jnp.asarray(10), **kw).any()
+  # A gradient with rows keeps the rule: no gap -> norm outliers, and
+  # here none of the span's tokens stands out.
+  rows = silent.at[20].set(w[20] * 1e3)
+  bag = bow.tied_bag(rows, w, span_rank=jnp.asarray(3), **kw)
+  assert not bag[:3].any()

@@ -166,6 +166,21 @@ SMOKE = dict(
 )
 
 
+def test_experiment_frozen_embeddings_past_the_span_rank(tmp_path):
+  """At b = 8 the tiny model's 64-wide first layer sees more inputs than
+  the span test can separate: an empty bag, a zero row, not a crash."""
+  cfg = runner.FilmExperimentConfig(
+    **{**SMOKE, 'batch_sizes': (1, 8), 'defenses': ('freeze',)}
+  )
+  summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
+  lines = (tmp_path / 'results.jsonl').read_text().splitlines()
+  rows = {r['b']: r for r in map(json.loads, lines)}
+  assert rows[1]['bag_size'] > 0 and rows[1]['span_rank'] < 0.9 * 64
+  assert rows[8]['empty_bag'] and rows[8]['span_rank'] > 0.9 * 64
+  assert rows[8]['rougeL'] == rows[8]['bag_recall'] == 0.0
+  assert summary['rougeL@b=8,defense=freeze'] == 0.0
+
+
 def test_experiment_smoke_and_resume(tmp_path):
   cfg = runner.FilmExperimentConfig(**SMOKE)
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)

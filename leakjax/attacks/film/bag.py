@@ -319,7 +319,10 @@ def tied_bag(
   """The bag for a tied embedding (module docstring, tests 1-3).
 
   bag = target-sign ∪ (input span if the span test is valid, else norm
-  outliers that are not aligned with their own centred logit).
+  outliers that are not aligned with their own centred logit). With ∇W
+  zero everywhere (frozen embeddings) there are neither target signs nor
+  outliers, and the input span is used whenever its rank is at most
+  `max_rank_fraction` of the width, gap or no gap.
 
   Args:
     grad_rows: `∇W`, the gradient of the shared embedding/head matrix.
@@ -348,6 +351,7 @@ def tied_bag(
   if span_residual is None:
     return bag | outliers
   span = span_residual < config.span_tolerance
+  use_span = span_valid
   if span_rank is not None:
     order = jnp.argsort(span_residual)
     closest = (
@@ -356,7 +360,14 @@ def tied_bag(
       .set(jnp.arange(span.shape[0]) < span_rank)
     )
     span &= closest
-  return bag | jnp.where(span_valid, span, outliers)
+    # A silent ∇W (frozen embeddings) leaves tests 2 and 3 nothing to
+    # read: then the span's closest tokens are taken even without a clear
+    # spectral gap, as long as the rank leaves room (a span of nearly all
+    # of R^d is close to every token and says nothing).
+    silent = jnp.all(norms == 0)
+    room = span_rank <= config.max_rank_fraction * embeddings.shape[-1]
+    use_span = use_span | (silent & room)
+  return bag | jnp.where(use_span, span, outliers)
 
 
 # ------------------------------------------------------ model-level entry

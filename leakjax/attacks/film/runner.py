@@ -416,7 +416,8 @@ def _grad_paths(cfg):
 
 
 def sweep_points(cfg: FilmExperimentConfig) -> list[dict[str, Any]]:
-  """The product of swept values; keys only for dimensions with > 1 value."""
+  """The product of swept values; keys only for dimensions with > 1 value
+  (and for a defense other than 'none', so its results say so)."""
   dims = {
     'b': cfg.batch_sizes,
     'beams': cfg.num_beams,
@@ -429,10 +430,50 @@ def sweep_points(cfg: FilmExperimentConfig) -> list[dict[str, Any]]:
   for values in itertools.product(*dims.values()):
     point = dict(zip(dims, values, strict=True))
     point['key'] = {
-      k: v for k, v in point.items() if k == 'b' or len(dims[k]) > 1
+      k: v
+      for k, v in point.items()
+      if k == 'b' or len(dims[k]) > 1 or (k == 'defense' and v != 'none')
     }
     points.append(point)
   return points
+
+
+def _span_fields(bag) -> dict[str, Any]:
+  """The span test's rank and validity (all the bag has to go on when the
+  embeddings are frozen)."""
+  if bag.evidence is None:
+    return {}
+  return {
+    'span_rank': int(bag.evidence.span_rank),
+    'span_valid': bool(bag.evidence.span_valid),
+  }
+
+
+def _empty_bag_row(point, index, texts, bag, truth, grad_s, start):
+  """The row of a batch whose gradient gave an empty bag: all scores 0."""
+  ents = metrics.named_entities(texts)
+  best = metrics.best_of_batch(texts, '', entities=ents)
+  return {
+    **point['key'],
+    'batch': index,
+    'originals': list(texts),
+    'recovered': [''],
+    'beam_sentence': '',
+    'rouge1': best['rouge1'],
+    'rouge2': best['rouge2'],
+    'rougeL': best['rougeL'],
+    'nerr': best['nerr'],
+    'match': best['match'],
+    'bag_precision': 0.0,
+    'bag_recall': 0.0,
+    'bag_size': 0,
+    'true_bag_size': len(truth),
+    'num_prompts': 0,
+    'grad_seconds': grad_s,
+    'attack_seconds': time.perf_counter() - start,
+    'empty_bag': True,
+    **_span_fields(bag),
+  }
 
 
 def attack_batch(
@@ -461,6 +502,19 @@ def attack_batch(
   grad_s = time.perf_counter() - start
   fcfg = film_config(cfg, point['beams'], point['ngram'], point['beta'])
   start = time.perf_counter()
+  bag = bow.extract_bag(
+    model,
+    params,
+    grads,
+    method=fcfg.bag_method,
+    noise_std=noise,
+    config=fcfg.tied,
+  )
+  truth = true_tokens(ids, mask)
+  if not any(i != model.tokenizer.bos_id for i in bag.ids.tolist()):
+    # Nothing to search (e.g. frozen embeddings past the span test's rank
+    # limit): the batch counts as recovering nothing.
+    return _empty_bag_row(point, index, texts, bag, truth, grad_s, start)
   result = pipeline.recover(
     model,
     params,
@@ -468,10 +522,10 @@ def attack_batch(
     config=fcfg,
     key=jax.random.fold_in(key, 1),
     noise_std=noise,
+    bag=bag,
     mesh=mesh,
   )
   attack_s = time.perf_counter() - start
-  truth = true_tokens(ids, mask)
   prec, rec = metrics.bag_precision_recall(result.bag.ids, truth)
   ents = metrics.named_entities(texts)
   best = metrics.best_of_batch(texts, result.sentences[0], entities=ents)
@@ -496,11 +550,7 @@ def attack_batch(
   }
   if result.sentence_ends:  # searched beside a bag from a silent head
     row['sentence_ends_added'] = len(result.sentence_ends)
-  if result.bag.evidence is not None:
-    # The span test's rank and validity: with frozen embeddings they are
-    # all the bag has to go on.
-    row['span_rank'] = int(result.bag.evidence.span_rank)
-    row['span_valid'] = bool(result.bag.evidence.span_valid)
+  row.update(_span_fields(result.bag))
   if cfg.repetitions > 1:
     # Table 3: recall/precision after the first k repetitions, and all.
     reps = len(result.sentences)
