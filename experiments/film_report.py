@@ -214,7 +214,7 @@ def summarize(
     ' without one).\n\n' + io.markdown_table(header, table)
   )
   md += _multi_sentence_table(rows, summary)
-  md += _frozen_table(rows)
+  md += _frozen_table(rows, extra.get('hidden_size'))
   examples = [r for r in rows if r.get('batch') == 0][:4]
   if examples:
     md += '\n## Examples (batch 0)\n\n'
@@ -229,14 +229,15 @@ def summarize(
   return summary, md, figures
 
 
-def _frozen_table(rows: list[dict]) -> str:
+def _frozen_table(rows: list[dict], width: int | None = None) -> str:
   """Frozen embeddings (FILM Sec. 6.3) beside no defense, per b.
 
   FILM's bag reads the word-embedding gradient, which a frozen embedding
   never sends; the span test reads the first attention layer's input
   projection gradient instead, whose column space holds every input
   token's normalised embedding while the batch has fewer distinct tokens
-  than the model width (rank below the width: the test is valid).
+  than the model width `width` (past it the span is all of R^width and
+  the test names nothing).
   """
   by = {}
   for r in rows:
@@ -255,7 +256,8 @@ def _frozen_table(rows: list[dict]) -> str:
   for b in bs_:
     frozen = by[(b, 'freeze')]
     valid = [r['span_valid'] for r in frozen if 'span_valid' in r]
-    ranks = [r['span_rank'] for r in frozen if 'span_rank' in r]
+    tokens = _values(frozen, 'true_bag_size')
+    empty = sum(bool(r.get('empty_bag')) for r in frozen)
     table.append(
       [
         b,
@@ -267,9 +269,8 @@ def _frozen_table(rows: list[dict]) -> str:
         cell(b, 'none', 'rougeL'),
         cell(b, 'freeze', 'rougeL'),
         f'{sum(valid)} of {len(valid)}' if valid else '–',
-        f'{np.mean(ranks):.0f} / {np.mean(_values(frozen, "true_bag_size")):.0f}'
-        if ranks
-        else '–',
+        f'{min(tokens)}-{max(tokens)}' if tokens else '–',
+        f'{empty} of {len(frozen)}',
       ]
     )
   return (
@@ -277,10 +278,13 @@ def _frozen_table(rows: list[dict]) -> str:
     'The paper: with the word embeddings frozen, bag precision and recall'
     ' are both 0 and the attack is defended. Here the bag comes from the'
     " span test on the first attention layer's gradient (the embedding"
-    ' gradient is zero), then the same beam search. Span valid: batches'
-    ' whose first-layer gradient has rank below the model width; rank /'
-    ' tokens: mean rank of that gradient and mean number of distinct'
-    ' tokens in the batch.\n\n'
+    ' gradient is zero), then the same beam search over it and the'
+    ' one-character sentence ends. Span valid: batches whose first-layer'
+    ' gradient spectrum has a clear gap; distinct tokens: per batch, the'
+    ' least and most'
+    + (f' (the model width d = {width})' if width else '')
+    + '; past d the span is the whole space and names nothing, so the bag'
+    ' is empty and the batch scores 0.\n\n'
     + io.markdown_table(
       [
         'b',
@@ -290,7 +294,8 @@ def _frozen_table(rows: list[dict]) -> str:
         'ROUGE-L, none',
         'ROUGE-L, frozen',
         'span valid (frozen)',
-        'rank / tokens',
+        'distinct tokens',
+        'empty bags (frozen)',
       ],
       table,
     )

@@ -345,20 +345,22 @@ def test_frozen_embedding_table_and_one_panel_per_defense():
     row(1, 'none', 0.9, 1.0, True, 12),
     row(1, 'freeze', 0.8, 0.5, True, 12),
     row(64, 'none', 0.4, 0.9, False, 576),
-    row(64, 'freeze', 0.1, 0.0, False, 576),
+    {**row(64, 'freeze', 0.0, 0.0, False, 1), 'empty_bag': True},
   ]
-  summary, md, figures = film_report.summarize(cfg, rows, {'num_train': 3})
-  assert summary['rougeL@b=64,defense=freeze'] == 0.1
+  extra = {'num_train': 3, 'hidden_size': 576}
+  summary, md, figures = film_report.summarize(cfg, rows, extra)
+  assert summary['rougeL@b=64,defense=freeze'] == 0.0
   assert summary['bag_recall@b=1,defense=freeze'] == 0.5
   table = md[md.index('## Frozen embeddings') :]
   assert (
-    '| 1 | 1 | 1.000 / 1.000 | 1.000 / 0.500 | 0.90 | 0.80 | 1 of 1 | 12 / 12 |'
+    '| 1 | 1 | 1.000 / 1.000 | 1.000 / 0.500 | 0.90 | 0.80 | 1 of 1 | 12-12 | 0 of 1 |'
     in table
   )
   assert (
-    '| 64 | 1 | 1.000 / 0.900 | 1.000 / 0.000 | 0.40 | 0.10 | 0 of 1 | 576 / 600 |'
+    '| 64 | 1 | 1.000 / 0.900 | 1.000 / 0.000 | 0.40 | 0.00 | 0 of 1 | 600-600 | 1 of 1 |'
     in table
   )
+  assert '(the model width d = 576)' in table
   fig, _ = figures[0]
   titles = [ax.get_title() for ax in fig.axes]
   assert titles == ['defense: none', 'defense: freeze']

@@ -69,6 +69,18 @@ def test_film_bag_row():
   assert 'recall ' + joined((tuned[f'bag_recall@b={b}'] for b in bs), 3) in line
 
 
+def test_film_freeze_row():
+  s = summary('film_freeze')
+  line = row('| FILM against frozen word embeddings')
+  bs = (1, 16, 64)
+  frozen = joined(s[f'rougeL@b={b},defense=freeze'] for b in bs)
+  plain = joined(s[f'rougeL@b={b},defense=none'] for b in bs)
+  assert f'ROUGE-L {frozen} at b = 1 / 16 / 64 (undefended: {plain})' in line
+  p = [s[f'bag_precision@b={b},defense=freeze'] for b in (1, 16)]
+  assert f'precision {min(p):.3f} at b ≤ 16' in line
+  assert s['bag_recall@b=64,defense=freeze'] == 0
+
+
 def _ratio(s, key):
   return s[key] / s['f1_upper' + key.removeprefix('f1')]
 

@@ -766,7 +766,10 @@ def run(
     if cfg.eval_fraction
     else (sentences, [])
   )
-  extra: dict[str, Any] = {'num_train': len(train_texts)}
+  extra: dict[str, Any] = {
+    'num_train': len(train_texts),
+    'hidden_size': model.hidden_size,
+  }
   if cfg.train_steps:
     params, trained = fine_tune(
       model,
