@@ -19,7 +19,7 @@ from absl import flags
 
 from experiments import common, dager_report, film_data
 from leakjax import data as data_lib
-from leakjax import io
+from leakjax import io, models
 from leakjax.attacks.dager import runner
 
 DagerExperimentConfig = runner.DagerExperimentConfig
@@ -32,7 +32,11 @@ def run_experiment(
   texts = (
     data_lib.load_corpus(cfg.data) if cfg.data else list(film_data.SENTENCES)
   )
-  writer = io.ExperimentWriter(workdir, cfg)
+  writer = io.ExperimentWriter(
+    workdir,
+    cfg,
+    inputs={'data': cfg.data, 'model': models.source_path(cfg.model)},
+  )
   dager_run = runner.run(cfg, texts, writer, progress=progress)
   return dager_report.write(writer, cfg, dager_run)
 

@@ -38,8 +38,9 @@ def summarize(cfg: runner.DagerExperimentConfig, rows: list[dict], extra: dict):
     means = {m: float(np.mean([r[m] for r in rs])) for m in METRICS}
     for m, v in means.items():
       summary[io.summary_key(m, **params)] = v
+    # Timings stay in results.jsonl and the table: equal runs give equal
+    # summaries.
     secs = float(np.mean([r['seconds'] for r in rs]))
-    summary[io.summary_key('seconds', **params)] = secs
     tokens = float(np.mean([r['num_tokens'] for r in rs]))
     limited = sum(bool(r.get('rank_limited')) for r in rs)
     table.append(

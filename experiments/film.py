@@ -23,7 +23,7 @@ from absl import flags
 
 from experiments import common, film_data, film_report
 from leakjax import data as data_lib
-from leakjax import io, sharding
+from leakjax import io, models, sharding
 from leakjax.attacks.film import runner
 
 FilmExperimentConfig = runner.FilmExperimentConfig
@@ -41,7 +41,11 @@ def run_experiment(
   texts = (
     data_lib.load_corpus(cfg.data) if cfg.data else list(film_data.SENTENCES)
   )
-  writer = io.ExperimentWriter(workdir, cfg)
+  writer = io.ExperimentWriter(
+    workdir,
+    cfg,
+    inputs={'data': cfg.data, 'model': models.source_path(cfg.model)},
+  )
   film_run = runner.run(
     cfg, texts, writer, progress=progress, mesh=mesh, microbatch=microbatch
   )

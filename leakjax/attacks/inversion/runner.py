@@ -44,7 +44,7 @@ import numpy as np
 from absl import logging
 
 from leakjax import data as data_lib
-from leakjax import io, metrics, models, sharding
+from leakjax import io, metrics, models, provenance, sharding
 from leakjax.attacks.inversion import bei_hei, dct
 from leakjax.attacks.inversion import embed_parrot as ep
 from leakjax.errors import LeakjaxError, check_positive
@@ -512,7 +512,15 @@ def run_experiment(
       'run_experiment takes model and params together',
       'pass both (e.g. from models.load) or neither',
     )
-  writer = io.ExperimentWriter(workdir, cfg)
+  source = models.source_path(cfg.model) if model is None else None
+  writer = io.ExperimentWriter(
+    workdir,
+    cfg,
+    inputs={
+      **{f'corpus:{name}': path for name, path in cfg.corpus_paths()},
+      'model': source,
+    },
+  )
   cache_dir = Path(cache_dir)
   mesh = sharding.data_mesh(cfg.mesh)
   key = jax.random.key(cfg.seed)
@@ -551,7 +559,14 @@ def run_experiment(
   )
 
   # Target hidden states, cached on disk.
-  model_key = _cache_key(cfg.model, model, cfg.max_length, cfg.add_bos)
+  # The weights' own fingerprint: new weights at the same path (or passed
+  # in memory) never read the old weights' cached states.
+  weights = (
+    provenance.file_sha256(source)
+    if source is not None
+    else provenance.pytree_sha256(params)
+  )
+  model_key = _cache_key(cfg.model, model, weights, cfg.max_length, cfg.add_bos)
   passes = {}
   for name, split in tests.items():
     k = _cache_key(model_key, split.texts, layer_names, keep_layers)
