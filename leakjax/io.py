@@ -16,9 +16,11 @@ per pytree, each leaf named by its key path, the one parameter format of the
 library (`leakjax.models.save` writes the same format under Hugging Face's
 names, for export).
 
-All writes go to a temp file in the same folder followed by `os.replace`, so
-an interrupted run never leaves a truncated file, and a re-run with the same
-workdir resumes from the rows already in `results.jsonl`.
+Rows are appended to `results.jsonl` (and flushed) one at a time; every
+other file is written to a temp file in the same folder followed by
+`os.replace`. An interrupted run never leaves a truncated file, except
+possibly the last line of `results.jsonl`, which the next run drops; a
+re-run with the same workdir resumes from the rows already there.
 """
 
 from __future__ import annotations
@@ -129,6 +131,16 @@ def forget_unstarted_runs() -> None:
         pass
 
 
+def _read_workdir_json(path: Path) -> Any:
+  """A JSON file of an earlier run in the workdir, or one error line."""
+  try:
+    return json.loads(path.read_text())
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise LeakjaxError(
+      f'cannot read {path}: {e}', 'use a new --workdir or delete the old one'
+    ) from None
+
+
 def _make_workdir(workdir: Path) -> None:
   """Creates `workdir` (and its parents) or says in one line why not."""
   if workdir.exists() and not workdir.is_dir():
@@ -195,13 +207,7 @@ class ExperimentWriter:
     cfg = jsonable(config)
     cfg_path = self.workdir / 'config.json'
     if cfg_path.exists():
-      try:
-        old = json.loads(cfg_path.read_text())
-      except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LeakjaxError(
-          f'cannot read {cfg_path}: {e}',
-          'use a new --workdir or delete the old one',
-        ) from None
+      old = _read_workdir_json(cfg_path)
       added = _added_default_fields(config, old)
       if added and old == {k: v for k, v in cfg.items() if k not in added}:
         atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
@@ -220,17 +226,35 @@ class ExperimentWriter:
       _FRESH.append(self)
     self._record_provenance(inputs or {})
     if self._results_path.exists():
-      for number, line in enumerate(
-        self._results_path.read_text().splitlines(), 1
-      ):
-        if line.strip():
-          try:
-            self.results.append(json.loads(line))
-          except json.JSONDecodeError:
-            raise LeakjaxError(
-              f'{self._results_path}, line {number}, is not JSON',
-              'delete that line (or the file) to recompute it',
-            ) from None
+      self._read_results()
+
+  def _read_results(self) -> None:
+    """Reads results.jsonl; a torn last line (a run killed in the middle
+    of an append) is dropped, and the file rewritten without it."""
+    text = self._results_path.read_text()
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
+      if not line.strip():
+        continue
+      try:
+        self.results.append(json.loads(line))
+      except json.JSONDecodeError:
+        if number == len(lines) and not text.endswith('\n'):
+          from absl import logging  # pylint: disable=g-import-not-at-top
+
+          logging.warning(
+            '%s: dropping its unfinished last line (the run was killed'
+            ' while writing it); that row is recomputed',
+            self._results_path,
+          )
+          atomic_write_text(
+            self._results_path, ''.join(x + '\n' for x in lines[:-1])
+          )
+          return
+        raise LeakjaxError(
+          f'{self._results_path}, line {number}, is not JSON',
+          'delete that line (or the file) to recompute it',
+        ) from None
 
   def _record_provenance(self, inputs) -> None:
     """Writes provenance.json, or checks the inputs against it."""
@@ -242,13 +266,7 @@ class ExperimentWriter:
     if not path.exists():
       record = {'inputs': fingerprints, 'environment': env}
     else:
-      try:
-        record = json.loads(path.read_text())
-      except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LeakjaxError(
-          f'cannot read {path}: {e}',
-          'use a new --workdir or delete the old one',
-        ) from None
+      record = _read_workdir_json(path)
       provenance.check_inputs(
         record.get('inputs', {}), fingerprints, self.workdir
       )
@@ -292,12 +310,25 @@ class ExperimentWriter:
     return None
 
   def add_result(self, row: Mapping[str, Any]) -> None:
-    """Appends one row to results.jsonl (rewritten atomically)."""
-    self.results.append(jsonable(dict(row)))
+    """Appends one row to results.jsonl, flushed to disk before it
+    returns. A run killed mid-append leaves a torn last line, which the
+    next run drops and recomputes (`_read_results`)."""
+    row = jsonable(dict(row))
+    self.results.append(row)
     if not self.enabled:
       return
-    text = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in self.results)
-    self._write(self._results_path, text.encode('utf-8'))
+    if self in _FRESH:
+      _FRESH.remove(self)
+    line = json.dumps(row, sort_keys=True) + '\n'
+    try:
+      with open(self._results_path, 'a', encoding='utf-8') as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+    except OSError as e:
+      raise LeakjaxError(
+        f'cannot write {self._results_path}: {e.strerror}', 'check --workdir'
+      ) from None
 
   def write_summary(self, summary: Mapping[str, float], markdown: str) -> None:
     bad = {

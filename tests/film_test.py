@@ -84,11 +84,10 @@ def test_film_recovers_a_memorised_sentence_from_its_gradient():
   )
 
 
-def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
-  """FILM Sec. 5's defense empties ∇W, yet layer 0's gradient still spans
-  the inputs (test 1 of the tied bag method), so the bag survives."""
-  model, params = memorising_model()
-  ids, mask = model.tokenizer.encode_batch([SECRETS[1]], add_bos=True)
+def frozen_gradient(model, params, sentence):
+  """`(ids, grads)`: the client's gradient of `sentence` with the word
+  embeddings frozen (FILM Sec. 5's defense)."""
+  ids, mask = model.tokenizer.encode_batch([sentence], add_bos=True)
   grads = fl.client_gradient(
     model,
     params,
@@ -96,6 +95,14 @@ def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
     jnp.asarray(mask),
     defense=fl.freeze_embeddings(model),
   )
+  return ids, grads
+
+
+def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
+  """FILM Sec. 5's defense empties ∇W, yet layer 0's gradient still spans
+  the inputs (test 1 of the tied bag method), so the bag survives."""
+  model, params = memorising_model()
+  ids, grads = frozen_gradient(model, params, SECRETS[1])
   rows = get_path(grads, model.paths.word_embeddings)
   assert not np.asarray(rows).any()
   assert bow.extract_bag(model, params, grads, method='nonzero').ids.size == 0
@@ -109,14 +116,8 @@ def test_frozen_embeddings_end_to_end_with_sentence_ends():
   search adds the vocabulary's sentence ends: the sentence can end."""
   model, params = memorising_model()
   tok = model.tokenizer
-  ids, mask = tok.encode_batch([SECRETS[1]], add_bos=True)
-  grads = fl.client_gradient(
-    model,
-    params,
-    jnp.asarray(ids),
-    jnp.asarray(mask),
-    defense=fl.freeze_embeddings(model),
-  )
+  ids, grads = frozen_gradient(model, params, SECRETS[1])
+  mask = np.ones_like(ids)
   period = tok.encode('.')[0]
   assert period == ids[0, -1] and period not in ids[0, :-1]
   config = film.FilmConfig(

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from torch_reference import torch_lm_loss_backward
 
 from leakjax import models
 from leakjax.errors import LeakjaxError
@@ -184,15 +185,9 @@ def test_padding_mask_matches_transformers_and_isolates_padding(untied):
 def test_gradients_match_transformers(pair):
   ours, params, hf_model, _ = pair
   ids = _ids(2, 10, seed=5)
-  hf_model.zero_grad()
-  logits = hf_model(torch.tensor(ids, dtype=torch.long)).logits
-  loss = torch.nn.functional.cross_entropy(
-    logits[:, :-1].reshape(-1, VOCAB),
-    torch.tensor(ids[:, 1:], dtype=torch.long).reshape(-1),
-  )
-  loss.backward()
+  torch_loss = torch_lm_loss_backward(hf_model, ids, VOCAB)
   our_loss, grads = jax.value_and_grad(ours.loss)(params, ids)
-  assert abs(float(our_loss) - loss.item()) <= 1e-5
+  assert abs(float(our_loss) - torch_loss) <= 1e-5
   hf_params = dict(hf_model.named_parameters())
   worst = 0.0
   for name, spec in llama.hf_name_map(ours.config).items():
