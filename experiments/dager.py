@@ -44,6 +44,8 @@ def run_experiment(
 def define_flags() -> None:
   common.define_common_flags('/tmp/leakjax_dager')
   common.define_config_flags(DagerExperimentConfig)
+  # --help lists the common and config flags, not only this module's.
+  flags.adopt_module_key_flags(common)
 
 
 def main(argv):

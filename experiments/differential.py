@@ -63,6 +63,8 @@ def define_flags() -> None:
     ' profile; empty: random words per quintile.',
   )
   common.define_config_flags(DifferentialConfig, skip=HAND_WRITTEN)
+  # --help lists the common and config flags, not only this module's.
+  flags.adopt_module_key_flags(common)
 
 
 def config_from_flags() -> DifferentialConfig:

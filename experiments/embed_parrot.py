@@ -39,6 +39,8 @@ def define_flags() -> None:
     'Hidden-state caches and the Embed Parrot checkpoint.',
   )
   common.define_config_flags(Config)
+  # --help lists the common and config flags, not only this module's.
+  flags.adopt_module_key_flags(common)
 
 
 def config_from_flags() -> Config:

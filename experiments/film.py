@@ -62,6 +62,8 @@ def define_flags() -> None:
     ' one chunk: SmolLM2 at b = 128 needs ~16 GB in one pass); 0: one pass.'
     ' Same gradient up to float rounding; not part of the config.',
   )
+  # --help lists the common and config flags, not only this module's.
+  flags.adopt_module_key_flags(common)
 
 
 def main(argv):

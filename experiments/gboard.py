@@ -88,6 +88,8 @@ def define_flags() -> None:
     'n_k:B[:max E] of the DPSGD-like trajectories.',
   )
   common.define_config_flags(Config, skip=HAND_WRITTEN)
+  # --help lists the common and config flags, not only this module's.
+  flags.adopt_module_key_flags(common)
 
 
 def config_from_flags() -> gboard.GboardConfig:

@@ -29,6 +29,7 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer('limit', 8, 'Number of sentences to score.')
 common.define_common_flags('/tmp/leakjax_sanity')
+flags.adopt_module_key_flags(common)
 FLAGS = flags.FLAGS
 
 # Embedded default text, so the check needs no download.

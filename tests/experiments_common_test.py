@@ -1,6 +1,9 @@
 """Flags generated from a config dataclass: names, types, defaults, help."""
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +65,24 @@ def test_an_undocumented_field_is_refused(fresh_flags):
 
   with pytest.raises(TypeError, match='no docstring entry'):
     common.define_config_flags(Undocumented)
+
+
+@pytest.mark.parametrize(
+  'module', ['film', 'dager', 'differential', 'gboard', 'embed_parrot']
+)
+def test_plain_help_lists_the_common_and_config_flags(module):
+  proc = subprocess.run(
+    [sys.executable, '-m', f'experiments.{module}', '--help'],
+    cwd=Path(__file__).resolve().parents[1],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  listed = {
+    line.split(':')[0].strip()
+    for line in proc.stdout.splitlines()
+    if line.strip().startswith('--')
+  }
+  assert {'--workdir', '--data', '--seed', '--mesh'} <= listed, proc.stdout
+  # And at least one config field of each experiment besides those.
+  assert len(listed) > 10
