@@ -358,6 +358,45 @@ class ExperimentWriter:
     return name
 
 
+class Progress:
+  """Rate and time left of a loop of `total` units, for log lines.
+
+  Only units computed in this process count towards the rate (resumed
+  ones are skipped in no time).
+
+  >>> p = Progress(total=10)
+  >>> p.computed()  # after each computed unit            # doctest: +SKIP
+  >>> p.skipped()   # after each unit found in results    # doctest: +SKIP
+  >>> p.describe()                                       # doctest: +SKIP
+  '4/10, 12.5 s each, about 1 min left'
+  """
+
+  def __init__(self, total: int):
+    import time  # pylint: disable=g-import-not-at-top
+
+    self._clock = time.perf_counter
+    self.total = total
+    self.done = 0
+    self._computed = 0
+    self._start = self._clock()
+
+  def skipped(self) -> None:
+    self.done += 1
+
+  def computed(self) -> None:
+    self.done += 1
+    self._computed += 1
+
+  def describe(self) -> str:
+    text = f'{self.done}/{self.total}'
+    if not self._computed:
+      return text
+    each = (self._clock() - self._start) / self._computed
+    left = each * (self.total - self.done)
+    when = f'{left / 60:.0f} min' if left >= 90 else f'{left:.0f} s'
+    return f'{text}, {each:.1f} s each, about {when} left'
+
+
 def markdown_table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
   """A GitHub markdown table; floats get 3 decimals."""
 

@@ -171,3 +171,16 @@ def test_pytree_file_refuses_another_structure(tmp_path):
   path.write_bytes(b'not a safetensors file')
   with pytest.raises(LeakjaxError, match='cannot read'):
     io.load_pytree(path, {'a': jnp.zeros((2, 3)), 'b': jnp.ones(4)})
+
+
+def test_progress_counts_only_computed_units_towards_the_rate():
+  clock = iter([30.0, 60.0])
+  p = io.Progress(total=4)
+  p._clock = lambda: next(clock)
+  p._start = 0.0
+  p.skipped()  # resumed: no time
+  assert p.describe() == '1/4'
+  p.computed()
+  assert p.describe() == '2/4, 30.0 s each, about 60 s left'
+  p.computed()
+  assert p.describe() == '3/4, 30.0 s each, about 30 s left'

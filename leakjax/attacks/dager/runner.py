@@ -420,26 +420,23 @@ def run(
     for spec in cfg.defenses
     for attack in cfg.attacks
   ]
-  total = len(points) * cfg.num_batches
-  done = 0
-  t0 = time.perf_counter()
+  counter = io.Progress(len(points) * cfg.num_batches)
   for b, spec, attack in points:
     for index, batch in consecutive_batches(
       sentences, b, cfg.num_batches, cfg.first_batch
     ):
-      done += 1
       match = dict(b=b, batch=index, defense=spec, attack=attack)
       if writer.done(**match) is not None:
+        counter.skipped()
         continue
       row = attack_batch(
         model, params, batch, b, index, spec, attack, cfg, film_config
       )
       writer.add_result(row)
+      counter.computed()
       logging.info(
-        '[%d/%d] %s b=%d batch %d %s: ROUGE-L %.3f exact %.2f in %.1f s'
-        ' (%.0f s elapsed)',
-        done,
-        total,
+        '[%s] %s b=%d batch %d %s: ROUGE-L %.3f exact %.2f in %.1f s',
+        counter.describe(),
         attack,
         b,
         index,
@@ -447,7 +444,6 @@ def run(
         row['rougeL'],
         row['exact'],
         row['seconds'],
-        time.perf_counter() - t0,
       )
   return DagerRun(results=writer.results, extra=extra)
 

@@ -707,12 +707,11 @@ def fine_tune(
   return result.params, extra
 
 
-def _log_rows(done, total, b, index, rows, mode, elapsed):
+def _log_rows(progress, b, index, rows, mode):
   head = rows[0]
   logging.info(
-    '[%d/%d] b=%d batch %d: %s (%.0f s elapsed)',
-    done,
-    total,
+    '[%s] b=%d batch %d: %s',
+    progress.describe(),
     b,
     index,
     (
@@ -724,7 +723,6 @@ def _log_rows(done, total, b, index, rows, mode, elapsed):
         for r in rows
       )
     ),
-    elapsed,
   )
 
 
@@ -792,17 +790,15 @@ def run(
     if cfg.mode == 'attack'
     else [{'b': b, 'key': {'b': b}} for b in cfg.batch_sizes]
   )
-  total = len(points) * cfg.num_batches
-  done = 0
-  t0 = time.perf_counter()
+  counter = io.Progress(len(points) * cfg.num_batches)
   for point in points:
     for index in range(cfg.num_batches):
-      done += 1
       match = {**point['key'], 'batch': index}
       if cfg.mode == 'bag':
         match['method'] = 'tied' if model.paths.lm_head is None else 'nonzero'
         match['defense'] = cfg.defenses[0]
       if writer.done(**match) is not None:
+        counter.skipped()
         continue
       rows_idx = draw_batch(len(train_texts), point['b'], index, cfg.seed)
       batch = [train_texts[i] for i in rows_idx]
@@ -826,13 +822,6 @@ def run(
         )
       for row in rows:
         writer.add_result(row)
-      _log_rows(
-        done,
-        total,
-        point['b'],
-        index,
-        rows,
-        cfg.mode,
-        time.perf_counter() - t0,
-      )
+      counter.computed()
+      _log_rows(counter, point['b'], index, rows, cfg.mode)
   return FilmRun(results=writer.results, extra=extra)
