@@ -15,7 +15,7 @@ in PyTorch on the CPU, on **the same weights** (our model is exported with
   (FILM Sec. 4.3), HF gets all S prompts as one batch (its fastest mode).
 
 For each (model, b, k) the workload is the bag of a batch of b sentences
-(Enron from `../shared/data` when present, else synthetic) and the first
+(FILM's Enron sentences when fetched, else synthetic) and the first
 S = min(#prompts, max_searches) prompts. Both sides run interleaved
 (`repeats` rounds after a warm-up); we report medians, the ratio, and
 
@@ -54,18 +54,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import peak as peak_lib
-from leakjax import models
+from leakjax import datasets, models
 from leakjax.attacks.film import beam_search as bs
 from leakjax.io import atomic_write_text, summary_key
 
 BENCH = 'beam_search'
-DEFAULT_DATA = (
-  Path(__file__).resolve().parents[2]
-  / 'shared'
-  / 'data'
-  / 'enron_film'
-  / 'dataset.json'
-)
+# FILM's Enron sentences where `python -m leakjax.data fetch film-enron` put
+# them, else synthetic sentences.
+DEFAULT_DATA = datasets.cached_path('film-enron')
 
 
 # ---------------------------------------------------------------- settings

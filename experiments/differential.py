@@ -70,9 +70,7 @@ def define_flags() -> None:
 def config_from_flags() -> DifferentialConfig:
   f = flags.FLAGS
   if not f.data:
-    raise LeakjaxError(
-      '--data is required', 'pass e.g. ../shared/data/wikitext-2/valid.txt'
-    )
+    raise LeakjaxError('--data is required', 'pass e.g. wikitext-2-valid')
   phrases = tuple(p.strip() for p in f.canaries.split(';') if p.strip())
   return common.config_from_flags(DifferentialConfig, canaries=phrases)
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from leakjax import datasets
 from leakjax.errors import LeakjaxError
 
 SUFFIXES = ('.txt', '.json', '.jsonl', '.tsv')
@@ -42,7 +44,8 @@ def load_corpus(
   """Loads a list of texts from a local file or a `datasets` hub name.
 
   Args:
-    source: a `.txt` file (one example per line, blank lines skipped), a
+    source: the name of a data set of :mod:`leakjax.datasets` (e.g.
+      'film-enron'), a `.txt` file (one example per line, blank lines skipped), a
       `.json` file (a list of strings, or a list of objects with a text
       field), a `.jsonl` file (one string or object per line), a `.tsv` file
       (header row; tabs separate fields, quotes are literal), or a hub name
@@ -65,6 +68,8 @@ def load_corpus(
   """
   if limit is not None and limit < 1:
     raise LeakjaxError(f'limit must be positive, got {limit}')
+  if str(source) in datasets.REGISTRY:  # a named data set (leakjax.datasets)
+    source = datasets.path(str(source))
   path = Path(source).expanduser()
   if path.is_dir():
     raise LeakjaxError(
@@ -555,3 +560,7 @@ __all__ = [
   'num_batches',
   'SUFFIXES',
 ]
+
+
+if __name__ == '__main__':
+  sys.exit(datasets.main(sys.argv[1:]))

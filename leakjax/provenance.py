@@ -98,11 +98,15 @@ def pytree_sha256(tree: Any) -> str:
 def fingerprint_inputs(
   inputs: Mapping[str, str | os.PathLike | None],
 ) -> dict[str, dict[str, str]]:
-  """`{name: {'path', 'sha256'}}` of the inputs that are files or folders
-  (None, and names that are not paths, e.g. an embedded corpus, are
-  skipped)."""
+  """`{name: {'path', 'sha256'}}` of the inputs that are files, folders
+  or named data sets (:mod:`leakjax.datasets`, by their cached file); None
+  and other names (an embedded corpus, a hub name) are skipped."""
+  from leakjax import datasets  # pylint: disable=g-import-not-at-top
+
   out = {}
   for name, path in sorted(inputs.items()):
+    if path is not None and str(path) in datasets.REGISTRY:
+      path = datasets.path(str(path))
     if path is None or not Path(path).exists():
       continue
     out[name] = {'path': str(path), 'sha256': file_sha256(path)}

@@ -1,16 +1,23 @@
 """Tests for leakjax.data: corpus loading, sentences, splits, batches."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from leakjax import data
+from leakjax import data, datasets
 from leakjax.errors import LeakjaxError
 from leakjax.tokenization import WordTokenizer
 
-SHARED = Path(__file__).resolve().parents[2] / 'shared' / 'data'
+
+def _cached(*names):
+  """Whether the named data sets are in the local cache (no download)."""
+  try:
+    for name in names:
+      datasets.path(name, download=False)
+  except LeakjaxError:
+    return False
+  return True
 
 
 def write(tmp_path, name, content, mode='w'):
@@ -276,19 +283,18 @@ def test_batches_have_one_shape(tokenizer):
 
 
 # --------------------------------------------------------------- real files
-@pytest.mark.skipif(not SHARED.is_dir(), reason='no ../shared/data')
-def test_real_corpora_load():
-  ham = data.load_corpus(
-    SHARED / 'sms_spam' / 'SMSSpamCollection.tsv', label=('Label', 'ham')
-  )
+@pytest.mark.skipif(
+  not _cached('sms-spam', 'film-enron', 'wikitext-2-valid'),
+  reason='real corpora not fetched (python -m leakjax.data fetch)',
+)
+def test_real_corpora_load_by_name():
+  ham = data.load_corpus('sms-spam', label=('Label', 'ham'))
   assert len(ham) == 4827
-  spam = data.load_corpus(
-    SHARED / 'sms_spam' / 'SMSSpamCollection.tsv', label=('Label', 'spam')
-  )
+  spam = data.load_corpus('sms-spam', label=('Label', 'spam'))
   assert len(spam) == 747
-  enron = data.load_corpus(SHARED / 'enron_film' / 'dataset.json')
+  enron = data.load_corpus('film-enron')
   assert len(enron) == 31797
   assert enron[0].startswith('Don and rogers have decided')
-  wiki = data.load_corpus(SHARED / 'wikitext-2' / 'valid.txt')
+  wiki = data.load_corpus('wikitext-2-valid')
   sentences = [s for p in wiki for s in data.split_sentences(p)]
   assert len(sentences) > 3 * len(wiki) > 3000

@@ -731,7 +731,7 @@ def test_committed_quick_flagfile_gives_its_config(fresh_flags):
   flagfile = root / 'experiments/configs/differential_quick.flags'
   fresh_flags(['prog', f'--flagfile={flagfile}', '--canaries=a b; c d;e,f g;h'])
   assert exp.config_from_flags() == dlib.DifferentialConfig(
-    data='../shared/data/wikitext-2/valid.txt',
+    data='wikitext-2-valid',
     max_sentences=3000,
     vocab_size=2000,
     model='ptb_small',

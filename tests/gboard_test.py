@@ -873,8 +873,8 @@ def test_committed_flagfiles_parse(fresh_flags, name):
   fresh_flags(['prog', f'--flagfile={root}/experiments/configs/{name}.flags'])
   cfg = experiment.config_from_flags()
   assert cfg.public == (
-    ('wikitext', '../shared/data/wikitext-2/valid.txt'),
-    ('enron', '../shared/data/enron_film/dataset.json'),
+    ('wikitext', 'wikitext-2-valid'),
+    ('enron', 'film-enron'),
   )
   if name == 'gboard_quick':
     assert cfg == gboard.GboardConfig(

@@ -55,10 +55,10 @@ from leakjax.tokenization import WordTokenizer, split_words
 NOISES = ('none', 'dpsgd', 'single')
 LOSSES = ('sentence_sum', 'token_mean', 'batch_sum')
 NO_ORACLE_RULES = ('auto', 'fdr', 'universal', 'zero')  # --threshold_rule
-SMS_DEFAULT = '../shared/data/sms_spam/SMSSpamCollection.tsv'
+SMS_DEFAULT = 'sms-spam'
 PUBLIC_DEFAULT = (
-  ('wikitext', '../shared/data/wikitext-2/valid.txt'),
-  ('enron', '../shared/data/enron_film/dataset.json'),
+  ('wikitext', 'wikitext-2-valid'),
+  ('enron', 'film-enron'),
 )
 
 

@@ -55,9 +55,9 @@ METRICS = ('f1', 'rouge1', 'rougeL', 'sbert')
 BUCKETS = ((1, 8), (8, 16), (16, 32), (32, 64), (64, 128), (128, 256))
 EP_VARIANTS = ('ep', 'ep_skip')
 DEFAULT_CORPORA = (
-  'enron=../shared/data/enron_film/dataset.json',
-  'wikitext=../shared/data/wikitext-2/valid.txt',
-  'sms=../shared/data/sms_spam/SMSSpamCollection.tsv',
+  'enron=film-enron',
+  'wikitext=wikitext-2-valid',
+  'sms=sms-spam',
 )
 
 

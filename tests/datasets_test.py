@@ -1,0 +1,118 @@
+"""Named data sets: cache, mirror, download, sha256 checks, the CLI."""
+
+import hashlib
+
+import pytest
+
+from leakjax import data, datasets, provenance
+from leakjax.errors import LeakjaxError
+
+TEXT = 'First line of the corpus.\nSecond line.\n'
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+  """A registry with one data set `toy`, an empty cache and no mirror."""
+  source = tmp_path / 'src' / 'toy.txt'
+  source.parent.mkdir()
+  source.write_text(TEXT)
+  entry = datasets.Dataset(
+    name='toy',
+    filename='toy.txt',
+    sha256=hashlib.sha256(TEXT.encode()).hexdigest(),
+    url=source.as_uri(),
+    mirror_path='toys/toy.txt',
+    source='a test file',
+    licence='CC0',
+    citation='none',
+  )
+  monkeypatch.setattr(datasets, 'REGISTRY', {'toy': entry})
+  monkeypatch.setenv('LEAKJAX_DATA', str(tmp_path / 'cache'))
+  monkeypatch.delenv('LEAKJAX_DATA_MIRROR', raising=False)
+  return entry, source, tmp_path
+
+
+def test_download_verifies_and_caches(toy):
+  entry, _, tmp = toy
+  path = datasets.path('toy')
+  assert path == tmp / 'cache' / 'toy' / 'toy.txt'
+  assert path.read_text() == TEXT
+  assert data.load_corpus('toy') == [
+    'First line of the corpus.',
+    'Second line.',
+  ]
+
+
+def test_a_download_with_other_bytes_is_refused(toy, monkeypatch):
+  entry, source, tmp = toy
+  source.write_text(TEXT + 'tampered\n')
+  with pytest.raises(LeakjaxError, match='did not serve the pinned file'):
+    datasets.path('toy')
+  assert not (tmp / 'cache' / 'toy' / 'toy.txt').exists()
+
+
+def test_mirror_is_used_before_the_url(toy, monkeypatch):
+  entry, _, tmp = toy
+  mirror = tmp / 'mirror'
+  (mirror / 'toys').mkdir(parents=True)
+  (mirror / 'toys' / 'toy.txt').write_text(TEXT)
+  monkeypatch.setattr(
+    datasets,
+    'REGISTRY',
+    {'toy': datasets.Dataset(**{**vars(entry), 'url': None})},
+  )
+  monkeypatch.setenv('LEAKJAX_DATA_MIRROR', str(mirror))
+  assert datasets.path('toy').read_text() == TEXT
+  (mirror / 'toys' / 'toy.txt').write_text('other')
+  (tmp / 'cache' / 'toy' / 'toy.txt').unlink()
+  with pytest.raises(LeakjaxError, match='mirror file .* does not have'):
+    datasets.path('toy')
+
+
+def test_offline_error_says_what_to_put_where(toy, monkeypatch):
+  entry, _, tmp = toy
+  offline = datasets.Dataset(
+    **{**vars(entry), 'url': None, 'how': 'ask the authors'}
+  )
+  monkeypatch.setattr(datasets, 'REGISTRY', {'toy': offline})
+  with pytest.raises(LeakjaxError) as info:
+    datasets.path('toy')
+  message = str(info.value)
+  assert 'ask the authors' in message
+  assert str(tmp / 'cache' / 'toy' / 'toy.txt') in message
+  assert entry.sha256 in message
+
+
+def test_a_damaged_cached_file_is_refused(toy):
+  path = datasets.path('toy')
+  path.write_text('damaged')
+  with pytest.raises(LeakjaxError, match='damaged or replaced'):
+    datasets.path('toy')
+
+
+def test_unknown_name_lists_the_known_ones():
+  with pytest.raises(LeakjaxError, match='use one of film-enron'):
+    datasets.get('enron')
+
+
+def test_provenance_fingerprints_a_named_data_set(toy):
+  record = provenance.fingerprint_inputs({'data': 'toy'})
+  assert record['data']['sha256'] == toy[0].sha256
+  assert record['data']['path'].endswith('toy/toy.txt')
+
+
+def test_cli(toy, capsys):
+  assert datasets.main(['verify']) == 0
+  assert 'toy: not fetched' in capsys.readouterr().out
+  assert datasets.main(['fetch']) == 0
+  assert datasets.main(['verify']) == 0
+  assert 'toy: ok' in capsys.readouterr().out
+  assert datasets.main(['list']) == 0
+  assert 'CC0' in capsys.readouterr().out
+  assert datasets.main(['nonsense']) == 2
+
+
+def test_registry_pins_every_entry():
+  for d in datasets.REGISTRY.values():
+    assert len(d.sha256) == 64 and d.licence and d.citation
+    assert d.url or d.how  # some way to get the file
