@@ -113,7 +113,7 @@ import numpy as np
 
 BENCH = 'dager_vs_reference'
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO.parent / 'shared' / 'data' / 'enron_film' / 'dataset.json'
+DEFAULT_DATA = 'film-enron'  # a leakjax.datasets name, or a path
 DEFAULT_OUT = REPO / 'benchmarks' / 'results' / f'{BENCH}.json'
 MAX_TOKENS = 40  # FILM Appendix B.1: sentences with fewer tokens
 REFERENCE_FILES = (
@@ -218,6 +218,14 @@ def git_commit(path: str) -> str | None:
 # ---------------------------------------------------------------------- data
 def load_sentences(path: str) -> list[str]:
   """The FILM Enron JSON list of sentences (a clear error when missing)."""
+  from leakjax import datasets  # pylint: disable=g-import-not-at-top
+  from leakjax.errors import LeakjaxError  # pylint: disable=g-import-not-at-top
+
+  if path in datasets.REGISTRY:
+    try:
+      path = str(datasets.path(path))
+    except LeakjaxError as e:
+      raise SystemExit(f'error: {e}') from None
   p = Path(path)
   if not p.is_file():
     raise SystemExit(
@@ -816,7 +824,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     '--num_batches', type=int, default=1, help='consecutive batches per b'
   )
   parser.add_argument(
-    '--data', default=str(DEFAULT_DATA), help="FILM's Enron JSON list"
+    '--data',
+    default=str(DEFAULT_DATA),
+    help="FILM's Enron JSON list: film-enron or a path",
   )
   parser.add_argument('--out', default=str(DEFAULT_OUT), help='JSON output')
   parser.add_argument(

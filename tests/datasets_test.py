@@ -1,6 +1,7 @@
 """Named data sets: cache, mirror, download, sha256 checks, the CLI."""
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +117,24 @@ def test_registry_pins_every_entry():
   for d in datasets.REGISTRY.values():
     assert len(d.sha256) == 64 and d.licence and d.citation
     assert d.url or d.how  # some way to get the file
+
+
+def test_nothing_in_the_repository_points_at_a_local_mirror():
+  # Flagfiles, defaults, reports and benchmarks name data sets; a path
+  # into one machine's mirror folder would not exist anywhere else.
+  root = Path(__file__).resolve().parents[1]
+  needles = ('../' + 'shared/', 'shared/' + 'data/')  # split: no self-match
+  offenders = []
+  for path in root.rglob('*'):
+    rel = path.relative_to(root)
+    if rel.parts[0].startswith('.') and rel.parts[0] != '.ci':
+      continue
+    if not path.is_file() or path.suffix in ('.png', '.pyc', '.safetensors'):
+      continue
+    try:
+      text = path.read_text()
+    except (UnicodeDecodeError, OSError):
+      continue
+    if any(n in text for n in needles):
+      offenders.append(str(rel))
+  assert not offenders
