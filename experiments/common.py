@@ -34,8 +34,20 @@ def define_common_flags(default_workdir: str) -> None:
   flags.DEFINE_string(
     'data',
     None,
-    'Corpus: a local .txt (one example per line), .json'
-    ' (list of strings) or .tsv file, or a datasets name.',
+    'Corpus: a named data set (python -m leakjax.data list), a local'
+    ' .txt (one example per line), .json (list of strings) or .tsv'
+    ' file, or hub:NAME[:CONFIG[:SPLIT]] (a Hugging Face dataset).',
+  )
+  flags.DEFINE_string(
+    'data_column',
+    None,
+    'The text field of --data rows (.json objects, .tsv, hub rows);'
+    ' default: the field named text (or sentence, content, sms).',
+  )
+  flags.DEFINE_string(
+    'data_label',
+    None,
+    'Keep only the --data rows with FIELD=VALUE[,VALUE...], e.g. Label=ham.',
   )
   flags.DEFINE_integer('seed', 0, 'Random seed.')
   flags.DEFINE_string(
@@ -51,6 +63,14 @@ def define_common_flags(default_workdir: str) -> None:
     'Call jax.distributed.initialize() first (multi-host TPU'
     ' pod slices: run the same command on every host).',
   )
+
+
+def reject_data_fields(why: str) -> None:
+  """Refuses --data_column / --data_label in an experiment that reads its
+  corpora's fields itself (`why` says how)."""
+  for name in ('data_column', 'data_label'):
+    if name in FLAGS and FLAGS[name].value is not None:
+      raise LeakjaxError(f'--{name} is not used by this experiment', why)
 
 
 def check_flagfiles(argv: Sequence[str]) -> None:

@@ -30,7 +30,9 @@ def run_experiment(
 ) -> dict[str, float]:
   """Runs (or resumes) the experiment into `workdir`; returns the summary."""
   texts = (
-    data_lib.load_corpus(cfg.data) if cfg.data else list(film_data.SENTENCES)
+    data_lib.load_corpus(cfg.data, column=cfg.data_column, label=cfg.data_label)
+    if cfg.data
+    else list(film_data.SENTENCES)
   )
   writer = io.ExperimentWriter(
     workdir,

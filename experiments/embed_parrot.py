@@ -45,6 +45,9 @@ def define_flags() -> None:
 
 def config_from_flags() -> Config:
   """The frozen config; `--data` replaces `--corpora`/`--train_corpus`."""
+  common.reject_data_fields(
+    'each corpus of --corpora is read with its default text field'
+  )
   if FLAGS.data:
     return common.config_from_flags(
       Config, corpora=(f'data={FLAGS.data}',), train_corpus='data'

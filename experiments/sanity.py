@@ -51,6 +51,8 @@ class SanityConfig:
   data: str | None
   limit: int
   seed: int
+  data_column: str | None = None
+  data_label: str | None = None
 
 
 @functools.partial(jax.jit, static_argnames=('model',))
@@ -79,10 +81,17 @@ def shuffle_words(text: str, rng: np.random.Generator) -> str:
 def main(argv):
   del argv
   cfg = SanityConfig(
-    model=FLAGS.model, data=FLAGS.data, limit=FLAGS.limit, seed=FLAGS.seed
+    model=FLAGS.model,
+    data=FLAGS.data,
+    limit=FLAGS.limit,
+    seed=FLAGS.seed,
+    data_column=FLAGS.data_column,
+    data_label=FLAGS.data_label,
   )
   texts = (
-    data_lib.load_corpus(cfg.data, limit=cfg.limit)
+    data_lib.load_corpus(
+      cfg.data, column=cfg.data_column, label=cfg.data_label, limit=cfg.limit
+    )
     if cfg.data
     else list(SENTENCES[: cfg.limit])
   )

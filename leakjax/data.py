@@ -29,6 +29,7 @@ from leakjax import datasets
 from leakjax.errors import LeakjaxError
 
 SUFFIXES = ('.txt', '.json', '.jsonl', '.tsv')
+HUB_PREFIX = 'hub:'  # hub:NAME[:CONFIG[:SPLIT]], a Hugging Face dataset
 _TEXT_COLUMNS = ('text', 'sentence', 'content', 'sms')
 
 
@@ -38,25 +39,29 @@ def load_corpus(
   *,
   split: str = 'train',
   column: str | None = None,
-  label: tuple[str, str | Sequence[str]] | None = None,
+  label: tuple[str, str | Sequence[str]] | str | None = None,
   limit: int | None = None,
 ) -> list[str]:
-  """Loads a list of texts from a local file or a `datasets` hub name.
+  """Loads a list of texts from a named data set, a file or the Hub.
 
   Args:
     source: the name of a data set of :mod:`leakjax.datasets` (e.g.
-      'film-enron'), a `.txt` file (one example per line, blank lines skipped), a
-      `.json` file (a list of strings, or a list of objects with a text
-      field), a `.jsonl` file (one string or object per line), a `.tsv` file
-      (header row; tabs separate fields, quotes are literal), or a hub name
-      such as `'wikitext'` (needs network access).
-    split: the split of a hub dataset.
+      'film-enron'); a `.txt` file (one example per line, blank lines
+      skipped), a `.json` file (a list of strings, or a list of objects with
+      a text field), a `.jsonl` file (one string or object per line), a
+      `.tsv` file (header row; tabs separate fields, quotes are literal); or
+      `hub:NAME[:CONFIG[:SPLIT]]`, a Hugging Face dataset loaded with
+      `datasets.load_dataset(NAME, CONFIG, split=SPLIT)` (the `hub` extra;
+      needs the Hub or its local cache; NAME may also be a local folder).
+    split: the split of a hub dataset, unless `source` names one.
     column: the text field of objects / TSV rows / hub rows. Default: the
       last TSV column; the field named 'text' (or 'sentence', 'content',
       'sms', any case) of objects and hub rows.
     label: `(field, value)` keeps only the rows whose `field` equals `value`
       (or is one of the values, if a list), e.g. `('Label', 'ham')` for the
-      personal messages of the UCI SMS Spam Collection.
+      personal messages of the UCI SMS Spam Collection; the string form
+      `'Label=ham'` (values separated by commas) is what `--data_label`
+      takes.
     limit: keep the first `limit` examples (after filtering).
 
   Returns:
@@ -68,21 +73,37 @@ def load_corpus(
   """
   if limit is not None and limit < 1:
     raise LeakjaxError(f'limit must be positive, got {limit}')
-  if str(source) in datasets.REGISTRY:  # a named data set (leakjax.datasets)
-    source = datasets.path(str(source))
-  path = Path(source).expanduser()
-  if path.is_dir():
-    raise LeakjaxError(
-      f'{path} is a directory', 'pass a .txt, .json, .jsonl or .tsv file'
+  if isinstance(label, str):
+    label = parse_label(label)
+  source = str(source)
+  if source in datasets.REGISTRY:  # a named data set (leakjax.datasets)
+    source = str(datasets.path(source))
+  if source.startswith(HUB_PREFIX):
+    name, config, hub_split = _parse_hub(source)
+    split = hub_split or split
+    rows = _read_hub(
+      name, config=config, split=split, column=column, label=label
     )
-  if path.is_file():
+    where = f'dataset {source!r} (split {split})'
+  else:
+    path = Path(source).expanduser()
+    if path.is_dir():
+      raise LeakjaxError(
+        f'{path} is a directory', 'pass a .txt, .json, .jsonl or .tsv file'
+      )
+    if not path.is_file():
+      if _looks_like_path(source):
+        raise LeakjaxError(
+          f'corpus file {path} does not exist', 'check the path'
+        )
+      raise LeakjaxError(
+        f'{source!r} is neither a file nor a named data set',
+        f'use a path, one of {", ".join(datasets.REGISTRY)} (python -m'
+        f' leakjax.data list), or {HUB_PREFIX}NAME[:CONFIG[:SPLIT]] for a'
+        ' Hugging Face dataset',
+      )
     rows = _read_file(path, column=column, label=label)
     where = str(path)
-  elif _looks_like_path(str(source)):
-    raise LeakjaxError(f'corpus file {path} does not exist', 'check the path')
-  else:
-    rows = _read_hub(str(source), split=split, column=column, label=label)
-    where = f'dataset {source!r} (split {split})'
   texts = [t.strip() for t in rows]
   texts = [t for t in texts if t]
   if not texts:
@@ -91,6 +112,30 @@ def load_corpus(
       'check the file, column and label filter',
     )
   return texts[:limit] if limit is not None else texts
+
+
+def _parse_hub(source: str) -> tuple[str, str | None, str | None]:
+  """`hub:NAME[:CONFIG[:SPLIT]]` -> (NAME, CONFIG or None, SPLIT or None)."""
+  parts = source[len(HUB_PREFIX) :].split(':')
+  if not parts[0] or len(parts) > 3:
+    raise LeakjaxError(
+      f'{source!r} is not {HUB_PREFIX}NAME[:CONFIG[:SPLIT]]',
+      f'e.g. {HUB_PREFIX}wikitext:wikitext-2-raw-v1:test',
+    )
+  parts += [''] * (3 - len(parts))
+  return parts[0], parts[1] or None, parts[2] or None
+
+
+def parse_label(text: str) -> tuple[str, tuple[str, ...]]:
+  """`'FIELD=VALUE[,VALUE...]'` (what `--data_label` takes) -> (FIELD,
+  VALUES)."""
+  field, sep, values = text.partition('=')
+  wanted = tuple(v.strip() for v in values.split(',') if v.strip())
+  if not sep or not field.strip() or not wanted:
+    raise LeakjaxError(
+      f'label {text!r} is not FIELD=VALUE[,VALUE...]', 'e.g. Label=ham'
+    )
+  return field.strip(), wanted
 
 
 def _looks_like_path(source: str) -> bool:
@@ -203,6 +248,8 @@ def _read_tsv(path: Path, *, column, label) -> list[str]:
 
 
 def _parse_label(label) -> tuple[str, frozenset[str]]:
+  if isinstance(label, str):
+    label = parse_label(label)
   try:
     field, value = label
   except (TypeError, ValueError):
@@ -293,22 +340,33 @@ def _hub_unreachable() -> bool:
   return False
 
 
-def _read_hub(name: str, *, split, column, label) -> list[str]:
-  if _hub_unreachable():
+def _read_hub(name: str, *, config, split, column, label) -> list[str]:
+  try:
+    import datasets as hf_datasets  # pylint: disable=g-import-not-at-top
+  except ImportError:
     raise LeakjaxError(
-      f'{name!r} is not a local file, and the Hugging Face Hub is out of'
-      ' reach (offline) to load it as a dataset',
-      'pass a local .txt, .json, .jsonl or .tsv file',
+      f'{HUB_PREFIX}{name} needs the Hugging Face datasets package',
+      "pip install 'leakjax[hub]'",
+    ) from None
+  if not Path(name).expanduser().is_dir() and _hub_unreachable():
+    raise LeakjaxError(
+      f'dataset {name!r}: the Hugging Face Hub is out of reach (offline)',
+      'pass a local .txt, .json, .jsonl or .tsv file, or a named data set',
     )
   try:
-    import datasets  # pylint: disable=g-import-not-at-top
-
-    ds = datasets.load_dataset(name, split=split)
+    ds = hf_datasets.load_dataset(
+      str(Path(name).expanduser())
+      if Path(name).expanduser().is_dir()
+      else name,
+      config,
+      split=split,
+    )
   except Exception as e:  # noqa: BLE001 (offline, unknown name, ...)
+    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
     raise LeakjaxError(
-      f'{name!r} is not a local file and could not be loaded with'
-      f' datasets.load_dataset ({type(e).__name__})',
-      'pass a local .txt, .json, .jsonl or .tsv file',
+      f'dataset {name!r} (config {config}, split {split}) could not be'
+      f' loaded with datasets.load_dataset ({type(e).__name__}: {first})',
+      'check the name, config and split, or pass a local file',
     ) from None
   fields = list(ds.column_names)
   column = column or _default_column(fields, f'dataset {name!r}')
@@ -558,7 +616,9 @@ __all__ = [
   'take_batch',
   'batches',
   'num_batches',
+  'HUB_PREFIX',
   'SUFFIXES',
+  'parse_label',
 ]
 
 

@@ -101,6 +101,23 @@ REGISTRY: dict[str, Dataset] = {
       citation='Merity et al., Pointer Sentinel Mixture Models, 2016',
     ),
     Dataset(
+      name='wikitext-2-test',
+      filename='test.txt',
+      sha256='d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0',
+      url=(
+        'https://raw.githubusercontent.com/pytorch/examples/'
+        '37ce9402ff0cae48d764d7788810fd2ed8238b25/word_language_model/data/'
+        'wikitext-2/test.txt'
+      ),
+      mirror_path='wikitext-2/test.txt',
+      source=(
+        'WikiText-2 test split (tokenized, <unk>), as copied in'
+        ' github.com/pytorch/examples word_language_model/data/wikitext-2'
+      ),
+      licence='CC BY-SA 3.0',
+      citation='Merity et al., Pointer Sentinel Mixture Models, 2016',
+    ),
+    Dataset(
       name='sms-spam',
       filename='SMSSpamCollection.tsv',
       sha256='fae7ea7d915ef73903e5c2f46ffa2f4a39909a574e20fda4f2b81f7cb1e15e1f',

@@ -223,12 +223,29 @@ def test_failed_first_run_does_not_block_the_corrected_one(tmp_path):
       ['--workdir={tmp}/w', '--data={tmp}/no.txt'],
       'does not exist',
     ),
+    # A misspelt data set name is neither a file nor a name.
+    (
+      'differential',
+      ['--workdir={tmp}/w', '--data=wikitext2'],
+      'neither a file nor a named data set',
+    ),
+    (
+      'differential',
+      ['--workdir={tmp}/w', '--data={tmp}/f.tsv', '--data_label=Label'],
+      'is not FIELD=VALUE',
+    ),
+    (
+      'embed_parrot',
+      ['--workdir={tmp}/w', '--data_label=Label=ham'],
+      '--data_label is not used',
+    ),
     ('gboard', ['--workdir={tmp}/w', '--num_sentences=0'], '--num_sentences=0'),
     ('embed_parrot', ['--workdir={tmp}/w', '--batch_size=0'], '--batch_size=0'),
   ],
 )
 def test_cli_refuses_before_any_work(tmp_path, experiment, args, fragment):
   (tmp_path / 'f').write_text('x')
+  (tmp_path / 'f.tsv').write_text('Label\tText\nham\thello there\n')
   flagfile = {
     'differential': 'differential_quick',
     'gboard': 'gboard_quick',

@@ -143,3 +143,32 @@ def test_fedavg_view_of_one_full_batch_step_is_the_fedsgd_gradient():
   )
   emb = model.paths.word_embeddings
   assert not np.any(np.asarray(get_path(frozen, emb)))
+
+
+def test_data_column_and_label_choose_the_private_rows(tmp_path):
+  # A .tsv with two text columns and a label: only the `Body` of the rows
+  # labelled private may reach the client batches.
+  corpus = tmp_path / 'mail.tsv'
+  rows = [
+    ('private', 'Please send the contract to Houston tonight.', 'x'),
+    ('public', 'The weather service expects rain.', 'y'),
+    ('private', 'Call Maria about the budget review.', 'z'),
+  ]
+  corpus.write_text(
+    'Kind\tBody\tSubject\n' + ''.join('\t'.join(r) + '\n' for r in rows)
+  )
+  cfg = runner.DagerExperimentConfig(
+    model='gpt2-tiny',
+    data=str(corpus),
+    data_column='Body',
+    data_label='Kind=private',
+    max_tokens=20,
+    batch_sizes=(1,),
+    num_batches=2,
+  )
+  dager_exp.run_experiment(cfg, tmp_path / 'run', progress=False)
+  got = [
+    json.loads(x)['originals'][0]
+    for x in (tmp_path / 'run' / 'results.jsonl').open()
+  ]
+  assert sorted(got) == sorted(r[1] for r in rows if r[0] == 'private')

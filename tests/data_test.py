@@ -149,9 +149,45 @@ def test_path_errors(tmp_path):
 def test_hub_name_offline_is_one_line_error(monkeypatch):
   monkeypatch.setenv('HF_HUB_OFFLINE', '1')
   monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
-  with pytest.raises(LeakjaxError, match='pass a local') as e:
-    data.load_corpus('leakjax-test/surely-not-a-dataset')
+  with pytest.raises(LeakjaxError, match='could not be loaded') as e:
+    data.load_corpus('hub:leakjax-test/surely-not-a-dataset')
   assert '\n' not in str(e.value)
+
+
+def test_a_bare_unknown_name_is_neither_file_nor_data_set():
+  with pytest.raises(LeakjaxError, match='hub:NAME') as e:
+    data.load_corpus('leakjax-test/surely-not-a-dataset')
+  assert 'film-enron' in str(e.value)
+
+
+def test_hub_spec_config_split_column_label(tmp_path, monkeypatch):
+  pytest.importorskip('datasets')
+  monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
+  monkeypatch.setenv('HF_DATASETS_CACHE', str(tmp_path / 'hf'))
+  folder = tmp_path / 'corpus'  # load_dataset reads a local folder too
+  folder.mkdir()
+  (folder / 'train.csv').write_text('body,kind\nfirst row,a\nsecond,b\n')
+  (folder / 'test.csv').write_text('body,kind\nheld out,a\n')
+  hub = f'hub:{folder}'
+  assert data.load_corpus(hub, column='body') == ['first row', 'second']
+  assert data.load_corpus(f'{hub}::test', column='body') == ['held out']
+  assert data.load_corpus(hub, split='test', column='body') == ['held out']
+  assert data.load_corpus(hub, column='body', label='kind=b') == ['second']
+  with pytest.raises(LeakjaxError, match='no column'):
+    data.load_corpus(hub, column='text')
+  with pytest.raises(LeakjaxError, match='split validation'):
+    data.load_corpus(f'{hub}::validation', column='body')
+  with pytest.raises(LeakjaxError, match='is not hub:NAME'):
+    data.load_corpus('hub:a:b:c:d')
+
+
+def test_label_string_form(tmp_path):
+  path = write(tmp_path, 's.tsv', 'Label\tSMS\nham\thi\nspam\twin\nx\tyo\n')
+  assert data.parse_label('Label=ham, x') == ('Label', ('ham', 'x'))
+  assert data.load_corpus(path, label='Label=ham,x') == ['hi', 'yo']
+  for bad in ('Label', '=ham', 'Label='):
+    with pytest.raises(LeakjaxError, match='FIELD=VALUE'):
+      data.parse_label(bad)
 
 
 # -------------------------------------------------------------- sentences

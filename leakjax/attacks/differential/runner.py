@@ -82,8 +82,13 @@ class DifferentialConfig:
   r"""Everything that determines the experiment's results.
 
   Attributes:
-    data: the corpus (.txt, one paragraph per line; WikiText headings
-      ` = Title = ` are dropped).
+    data: the corpus (a named data set such as wikitext-2-valid, a .txt
+      with one paragraph per line, or any corpus `leakjax.data.load_corpus`
+      reads; WikiText headings ` = Title = ` are dropped).
+    data_column: the text field of the corpus's rows (.json objects, .tsv,
+      hub rows); None: the default field (see `leakjax.data.load_corpus`).
+    data_label: keep only the rows with FIELD=VALUE[,VALUE...], e.g.
+      `Label=ham`; None: every row.
     max_sentences: use at most this many sentences (after shuffling); None
       for all.
     eval_fraction: fraction of the sentences held out for perplexity.
@@ -127,6 +132,8 @@ class DifferentialConfig:
   """
 
   data: str
+  data_column: str | None = None
+  data_label: str | None = None
   max_sentences: int | None = None
   eval_fraction: float = 0.1
   extra_fraction: float = 0.1
@@ -233,14 +240,19 @@ class Corpus:
 
 
 def read_sentences(
-  path: str, *, max_sentences: int | None, seed: int
+  path: str,
+  *,
+  max_sentences: int | None,
+  seed: int,
+  column: str | None = None,
+  label: str | None = None,
 ) -> list[str]:
   """Sentences of a paragraph-per-line corpus, shuffled (seeded).
 
   WikiText headings (` = Title = `) are dropped and its `<unk>` marker
   becomes the word `unk` (a word of the vocabulary like any other).
   """
-  paragraphs = data_lib.load_corpus(path)
+  paragraphs = data_lib.load_corpus(path, column=column, label=label)
   sentences = []
   for p in paragraphs:
     if re.fullmatch(r'=.*=', p):  # WikiText heading
@@ -623,7 +635,11 @@ def run(
   workdir = Path(workdir)
   writer = io.ExperimentWriter(workdir, cfg, inputs={'data': cfg.data})
   sentences = read_sentences(
-    cfg.data, max_sentences=cfg.max_sentences, seed=cfg.seed
+    cfg.data,
+    max_sentences=cfg.max_sentences,
+    seed=cfg.seed,
+    column=cfg.data_column,
+    label=cfg.data_label,
   )
   corpus = split_corpus(sentences, cfg)
   tokenizer = WordTokenizer.build(corpus.train, cfg.vocab_size)

@@ -70,9 +70,13 @@ class FilmExperimentConfig:
       (a 2-layer GPT-2 with the GPT-2 tokenizer, for tests).
     init: pretrained or random weights (same architecture, re-initialised;
       FILM Sec. 6.2 "pretrained vs randomly-initialized").
-    data: Corpus: a local .txt (one example per line), .json (list of
-      strings) or .tsv file, or a datasets name; None: the embedded
-      quickstart corpus.
+    data: Corpus: a named data set (`python -m leakjax.data list`), a local
+      .txt (one example per line), .json (list of strings) or .tsv file, or
+      hub:NAME[:CONFIG[:SPLIT]]; None: the embedded quickstart corpus.
+    data_column: the text field of the corpus's rows (.json objects, .tsv,
+      hub rows); None: the default field (see `leakjax.data.load_corpus`).
+    data_label: keep only the rows with FIELD=VALUE[,VALUE...], e.g.
+      `Label=ham`; None: every row.
     max_sentences: Keep at most this many sentences after preprocessing.
     max_tokens: Sentences must have fewer tokens (Appendix B.1: 40).
     require_entity: Keep only sentences with a named entity (Appendix B.1;
@@ -133,6 +137,8 @@ class FilmExperimentConfig:
   model: str = models.SMOLLM2_ALIAS
   init: str = 'pretrained'
   data: str | None = None
+  data_column: str | None = None
+  data_label: str | None = None
   max_sentences: int | None = None
   max_tokens: int = 40
   require_entity: bool = True
