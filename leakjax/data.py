@@ -51,8 +51,8 @@ def load_corpus(
       a text field), a `.jsonl` file (one string or object per line), a
       `.tsv` file (header row; tabs separate fields, quotes are literal); or
       `hub:NAME[:CONFIG[:SPLIT]]`, a Hugging Face dataset loaded with
-      `datasets.load_dataset(NAME, CONFIG, split=SPLIT)` (the `hub` extra;
-      needs the Hub or its local cache; NAME may also be a local folder).
+      `datasets.load_dataset(NAME, CONFIG, split=SPLIT)` (needs the Hub
+      or its local cache; NAME may also be a local folder).
     split: the split of a hub dataset, unless `source` names one.
     column: the text field of objects / TSV rows / hub rows. Default: the
       last TSV column; the field named 'text' (or 'sentence', 'content',
@@ -346,7 +346,7 @@ def _read_hub(name: str, *, config, split, column, label) -> list[str]:
   except ImportError:
     raise LeakjaxError(
       f'{HUB_PREFIX}{name} needs the Hugging Face datasets package',
-      "pip install 'leakjax[hub]'",
+      'pip install datasets',
     ) from None
   if not Path(name).expanduser().is_dir() and _hub_unreachable():
     raise LeakjaxError(
