@@ -57,11 +57,29 @@ def define_common_flags(default_workdir: str) -> None:
     ' (candidates split over 8 devices, parameters'
     ' replicated); absent: no sharding, one device.',
   )
+  define_distributed_flags()
+
+
+def define_distributed_flags() -> None:
+  """--distributed and, off TPU/Slurm/MPI, where the coordinator is."""
   flags.DEFINE_bool(
     'distributed',
     False,
     'Call jax.distributed.initialize() first (multi-host TPU'
-    ' pod slices: run the same command on every host).',
+    ' pod slices: run the same command on every host). Only process 0'
+    ' writes to --workdir.',
+  )
+  flags.DEFINE_string(
+    'coordinator_address',
+    None,
+    'With --distributed: host:port of process 0 (absent: detected on'
+    ' TPU, Slurm and Open MPI).',
+  )
+  flags.DEFINE_integer(
+    'num_processes', None, 'With --coordinator_address: how many processes.'
+  )
+  flags.DEFINE_integer(
+    'process_id', None, 'With --coordinator_address: this process, 0..N-1.'
   )
 
 
@@ -128,10 +146,30 @@ def run(main) -> None:
     sys.exit(2)
 
   def wrapped(argv):
+    if 'workdir' in FLAGS and '://' in str(FLAGS.workdir):
+      print(  # before any work; io.ExperimentWriter says the same
+        f'leakjax: error: --workdir {FLAGS.workdir} is a URL; workdirs are'
+        ' local folders; write to a local folder (on a pod, process 0'
+        ' writes) and copy it off afterwards',
+        file=sys.stderr,
+      )
+      sys.exit(2)
     if 'distributed' in FLAGS and FLAGS.distributed:
       import jax  # pylint: disable=g-import-not-at-top
 
-      jax.distributed.initialize()
+      given = {
+        name: FLAGS[name].value
+        for name in ('coordinator_address', 'num_processes', 'process_id')
+        if FLAGS[name].value is not None
+      }
+      if given and len(given) < 3:
+        print(
+          'leakjax: error: --coordinator_address, --num_processes and'
+          ' --process_id go together; pass all three or none',
+          file=sys.stderr,
+        )
+        sys.exit(2)
+      jax.distributed.initialize(**given)
       logging.info('process %d of %d', jax.process_index(), jax.process_count())
     try:
       return main(argv)
@@ -247,6 +285,11 @@ def print_summary(workdir, summary, start: float) -> None:
   import pathlib  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
 
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if jax.process_index() != 0:  # only process 0 wrote it
+    print(f'process {jax.process_index()}: done')
+    return
   print((pathlib.Path(workdir) / 'summary.md').read_text())
   print(
     f'Wrote {workdir}/summary.json ({len(summary)} keys) in'

@@ -67,12 +67,7 @@ def define_flags() -> None:
     'Device mesh for the sentence candidates, e.g. "data:8"; absent: one'
     ' device.',
   )
-  flags.DEFINE_bool(
-    'distributed',
-    False,
-    'Call jax.distributed.initialize() first (multi-host TPU'
-    ' pod slices: run the same command on every host).',
-  )
+  common.define_distributed_flags()
   flags.DEFINE_string(
     'public',
     ','.join(f'{n}={p}' for n, p in runner.PUBLIC_DEFAULT),

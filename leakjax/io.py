@@ -193,6 +193,12 @@ class ExperimentWriter:
       enabled: whether this process writes; default: only JAX process 0, so
         on a multi-host pod every host runs the same code and one writes.
     """
+    if '://' in str(workdir):
+      raise LeakjaxError(
+        f'--workdir {workdir} is a URL; workdirs are local folders',
+        'write to a local folder (on a pod, process 0 writes) and copy it'
+        ' off afterwards, e.g. with gcloud storage cp -r',
+      )
     if enabled is None:
       import jax  # pylint: disable=g-import-not-at-top
 

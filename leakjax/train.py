@@ -443,7 +443,10 @@ def train(
     config: hyperparameters.
     workdir: checkpoint folder. If it holds a checkpoint of the same config
       and data, training resumes from it and ends with the same parameters
-      as an uninterrupted run; a finished run returns at once.
+      as an uninterrupted run; a finished run returns at once. In a
+      multi-process run only JAX process 0 reads and writes it: the others
+      train without checkpoints (no host reads what another wrote; the
+      steps are deterministic, so all end with the same parameters).
     progress: show a tqdm bar.
 
   Returns:
@@ -497,6 +500,8 @@ def train(
     *([eval_ids, eval_mask] if eval_texts is not None else []),
   )
 
+  if jax.process_index() != 0:
+    workdir = None  # only process 0 checkpoints (see the docstring)
   workdir = Path(workdir) if workdir is not None else None
   checkpoint = _find_checkpoint(workdir) if workdir is not None else None
   key = jax.random.key(config.seed)

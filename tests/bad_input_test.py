@@ -180,6 +180,14 @@ def test_read_only_workdir(tmp_path):
     ro.chmod(0o700)
 
 
+def test_url_workdir_is_refused(tmp_path, monkeypatch):
+  # pathlib would make a local folder named 'gs:' instead.
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(LeakjaxError, match='is a URL'):
+    io.ExperimentWriter('gs://bucket/run', {'a': 1}, enabled=True)
+  assert not (tmp_path / 'gs:').exists()
+
+
 def test_corrupt_config_json(tmp_path):
   (tmp_path / 'config.json').write_text('{not json')
   with pytest.raises(LeakjaxError, match='cannot read .*config.json'):
