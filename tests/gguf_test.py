@@ -1,5 +1,6 @@
 """GGUF loading: tiny files we write in llama.cpp's layout, and SmolLM2."""
 
+import dataclasses
 import functools
 import importlib.util
 import random
@@ -115,13 +116,23 @@ def _gguf_name(hf_name: str) -> str:
   if hf_name in fixed:
     return fixed[hf_name]
   _, _, layer, rest = hf_name.split('.', 3)
-  return f'blk.{layer}.{_TO_GGUF[rest.removesuffix(".weight")]}.weight'
+  module, part = rest.rsplit('.', 1)  # part: weight or bias
+  return f'blk.{layer}.{_TO_GGUF[module]}.{part}'
 
 
 def write_gguf(
-  path, hf_model, *, qtype=QT.F32, arch='llama', pre='smollm', edit=None
+  path,
+  hf_model,
+  *,
+  qtype=QT.F32,
+  arch='llama',
+  pre='smollm',
+  edit=None,
+  rope_freqs=None,
 ):
-  """Writes `hf_model` as llama.cpp would: permuted q/k, GGUF names."""
+  """Writes `hf_model` as llama.cpp would: GGUF names, q/k rows permuted
+  for the 'llama' architecture (not for 'qwen2'), and `rope_freqs` (the
+  per-frequency divisors of Llama 3.1's scaling) as a tensor."""
   c = hf_model.config
   writer = gguf.GGUFWriter(str(path), arch)
   writer.add_name('tiny-test')
@@ -132,8 +143,12 @@ def write_gguf(
   writer.add_head_count(c.num_attention_heads)
   writer.add_head_count_kv(c.num_key_value_heads)
   writer.add_rope_freq_base(c.rope_parameters['rope_theta'])
+  if rope_freqs is not None:
+    writer.add_tensor('rope_freqs.weight', np.asarray(rope_freqs, np.float32))
   writer.add_layer_norm_rms_eps(c.rms_norm_eps)
-  writer.add_rope_dimension_count(c.head_dim)
+  writer.add_rope_dimension_count(
+    getattr(c, 'head_dim', None) or c.hidden_size // c.num_attention_heads
+  )
   writer.add_vocab_size(VOCAB)
   writer.add_tokenizer_model('gpt2')
   writer.add_tokenizer_pre(pre)
@@ -148,9 +163,9 @@ def write_gguf(
     if name == 'lm_head.weight' and c.tie_word_embeddings:
       continue
     w = tensor.numpy().astype(np.float32)
-    if name.endswith('q_proj.weight'):
+    if arch == 'llama' and name.endswith('q_proj.weight'):
       w = llama_cpp_permute(w, c.num_attention_heads)
-    elif name.endswith('k_proj.weight'):
+    elif arch == 'llama' and name.endswith('k_proj.weight'):
       w = llama_cpp_permute(w, c.num_key_value_heads)
     if w.ndim == 2 and qtype != QT.F32:
       writer.add_tensor(
@@ -410,13 +425,131 @@ def test_unsupported_quant_type_raises(tmp_path, tiny_models):
     leakjax_gguf.load_gguf(path)
 
 
+# ------------------------------------- Llama 3.1 RoPE, linear RoPE, Qwen2
+# head_dim 16 with theta 500: wavelengths 6.3, 13, 28, 59, ... positions lie
+# below, between and above the llama3 cut-offs 32 / 4 and 32 / 1, and the
+# 48 test positions pass the original context of 32.
+ROPE_THETA = 500.0
+LLAMA3 = {
+  'rope_type': 'llama3',
+  'factor': 8.0,
+  'low_freq_factor': 1.0,
+  'high_freq_factor': 4.0,
+  'original_max_position_embeddings': 32,
+  'rope_theta': ROPE_THETA,
+}
+
+
+def _variant(kind: str):
+  common = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    attn_implementation='eager',
+  )
+  if kind == 'qwen2':
+    config = transformers.Qwen2Config(**common, rope_theta=ROPE_THETA)
+    cls = transformers.Qwen2ForCausalLM
+  else:
+    rope = (
+      LLAMA3
+      if kind == 'llama3'
+      else {'rope_type': 'linear', 'factor': 4.0, 'rope_theta': ROPE_THETA}
+    )
+    config = transformers.LlamaConfig(**common, rope_scaling=rope)
+    cls = transformers.LlamaForCausalLM
+  torch.manual_seed(0)
+  model = cls(config).eval()
+  gen = torch.Generator().manual_seed(1)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=gen)
+      p.copy_(1.0 + 0.1 * noise if 'norm' in name else 0.1 * noise)
+  return model
+
+
+def _llama3_divisors(config) -> np.ndarray:
+  """What llama.cpp stores as rope_freqs: plain / llama3 frequencies,
+  the llama3 ones from transformers' own RoPE initialiser."""
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+  scaled, _ = ROPE_INIT_FUNCTIONS['llama3'](config, 'cpu')
+  dim = config.head_dim
+  plain = 1.0 / (ROPE_THETA ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+  return (plain / scaled.double().numpy()).astype(np.float32)
+
+
+def test_llama31_rope_freqs_gguf_matches_transformers(tmp_path):
+  source = _variant('llama3')
+  divisors = _llama3_divisors(source.config)
+  assert divisors.min() == pytest.approx(1.0) and divisors.max() == 8.0
+  path = write_gguf(tmp_path / 'l31.gguf', source, rope_freqs=divisors)
+  model, params = leakjax_gguf.load_gguf(path)
+  assert model.config.rope_type == 'factors'
+  np.testing.assert_allclose(model.config.rope_freq_factors, divisors)
+  ids = _ids(2, 48)
+  got = np.asarray(_logits(model, params, ids))
+  want = _torch_logits(source, ids)
+  assert np.abs(got - want).max() <= 1e-5
+  # The same file read without its rope_freqs is far off: they matter.
+  plain = dataclasses.replace(
+    model.config, rope_type='default', rope_freq_factors=None
+  )
+  off = np.asarray(_logits(llama.from_params(plain, params)[0], params, ids))
+  assert np.abs(off - want).max() > 0.1
+  with pytest.raises(LeakjaxError, match='no HF'):
+    model.config.to_hf_dict()
+
+
+def test_linear_rope_gguf_matches_transformers(tmp_path):
+  source = _variant('linear')
+
+  def linear(writer):
+    writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    writer.add_rope_scaling_factor(4.0)
+
+  path = write_gguf(tmp_path / 'linear.gguf', source, edit=linear)
+  model, params = leakjax_gguf.load_gguf(path)
+  assert (model.config.rope_type, model.config.rope_factor) == ('linear', 4.0)
+  ids = _ids(2, 48)
+  got = np.asarray(_logits(model, params, ids))
+  assert np.abs(got - _torch_logits(source, ids)).max() <= 1e-5
+
+
+def test_qwen2_gguf_matches_transformers(tmp_path):
+  source = _variant('qwen2')
+  path = write_gguf(tmp_path / 'qwen2.gguf', source, arch='qwen2', pre='qwen2')
+  model, params = models.load(path)
+  assert model.config.attention_bias == 'qkv'
+  ids = _ids(2, 48)
+  got = np.asarray(_logits(model, params, ids))
+  assert np.abs(got - _torch_logits(source, ids)).max() <= 1e-5
+  theirs = transformers_gguf_model(path)  # transformers' own GGUF reader
+  assert np.abs(got - _torch_logits(theirs, ids)).max() <= 1e-5
+
+
 def test_rope_scaling_and_bad_files_raise(tmp_path, tiny_models):
   path = write_gguf(
     tmp_path / 'scaled.gguf',
     tiny_models[True],
+    edit=lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.YARN),
+  )
+  with pytest.raises(LeakjaxError, match="RoPE scaling 'yarn'"):
+    leakjax_gguf.load_gguf(path)
+  path = write_gguf(
+    tmp_path / 'no_factor.gguf',
+    tiny_models[True],
     edit=lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR),
   )
-  with pytest.raises(LeakjaxError, match='RoPE scaling'):
+  with pytest.raises(LeakjaxError, match='rope.scaling.factor'):
     leakjax_gguf.load_gguf(path)
   junk = tmp_path / 'junk.gguf'
   junk.write_bytes(b'not a gguf file at all')

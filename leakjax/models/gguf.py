@@ -1,10 +1,14 @@
-"""Llama-architecture models from llama.cpp's GGUF files.
+"""Llama-architecture models (and Qwen2) from llama.cpp's GGUF files.
 
 Reads the file with the `gguf` package's `GGUFReader` (memory-mapped, no
 pickles), dequantizes every tensor to float32, undoes llama.cpp's layout
 changes and hands HF-named tensors to :mod:`leakjax.models.llama`, which
 checks names and shapes. The config and the tokenizer come from the file's
-metadata, so a GGUF is self-contained:
+metadata, so a GGUF is self-contained. Architectures: `llama` (Llama 1-3.x,
+SmolLM, Mistral; Llama 3.1's RoPE scaling as llama.cpp writes it, a
+`rope_freqs` tensor of per-frequency divisors; linear RoPE scaling) and
+`qwen2` (Qwen2 / Qwen2.5: q/k/v biases, q/k rows not permuted, since
+llama.cpp runs Qwen2 with the NeoX rotation, HF's `rotate_half`):
 
 >>> model, params = load_gguf('SmolLM2-135M-Instruct.Q4_1.gguf')  # doctest: +SKIP
 >>> model.tokenizer.encode('Hello world')                  # doctest: +SKIP
@@ -48,7 +52,11 @@ _GLOBAL_NAMES = {
   'output_norm.weight': 'model.norm.weight',
   'output.weight': 'lm_head.weight',
 }
-_LAYER_RE = re.compile(r'blk\.(\d+)\.(\w+)\.weight')
+_LAYER_RE = re.compile(r'blk\.(\d+)\.(\w+)\.(weight|bias)')
+# general.architecture -> the attention biases of the HF model. llama.cpp
+# permutes q/k rows for 'llama' only (its RoPE pairs adjacent dims there).
+ARCHITECTURES = {'llama': 'none', 'qwen2': 'qkv'}
+_ROPE_FREQS = 'rope_freqs.weight'
 
 
 def _reader(path: Path):
@@ -119,16 +127,19 @@ def hf_tensors(
   Names we do not know are kept as they are, so that the name check in
   `hf_checkpoint.params_from_hf` reports them as unused.
   """
+  permuted = _meta(reader, 'general.architecture') == 'llama'
   tensors = {}
   for t in reader.tensors:
+    if t.name == _ROPE_FREQS:  # read into the config
+      continue
     name = _GLOBAL_NAMES.get(t.name)
     value = None
     if name is None:
       match = _LAYER_RE.fullmatch(t.name)
       if match and match.group(2) in _LAYER_NAMES:
-        layer, kind = match.groups()
-        name = f'model.layers.{layer}.{_LAYER_NAMES[kind]}.weight'
-        if kind in ('attn_q', 'attn_k'):
+        layer, kind, part = match.groups()
+        name = f'model.layers.{layer}.{_LAYER_NAMES[kind]}.{part}'
+        if permuted and part == 'weight' and kind in ('attn_q', 'attn_k'):
           heads = (
             config.num_attention_heads
             if kind == 'attn_q'
@@ -150,39 +161,34 @@ def hf_tensors(
 
 # ----------------------------------------------------------------- config
 def config_from_metadata(reader, source: str = 'GGUF') -> llama.LlamaConfig:
-  """A :class:`LlamaConfig` from the file's `llama.*` metadata."""
+  """A :class:`LlamaConfig` from the file's `<architecture>.*` metadata."""
   arch = _meta(reader, 'general.architecture')
-  if arch != 'llama':
+  if arch not in ARCHITECTURES:
     raise LeakjaxError(
-      f'{source} has general.architecture={arch!r}; leakjax reads only'
-      " 'llama' GGUF files",
-      'use a Llama-architecture GGUF or the HF checkpoint of this model',
+      f'{source} has general.architecture={arch!r}; leakjax reads'
+      f' {", ".join(repr(a) for a in ARCHITECTURES)} GGUF files',
+      'use the HF checkpoint of this model, if leakjax reads its family',
     )
 
+  def meta(key, default=None):
+    return _meta(reader, f'{arch}.{key}', default)
+
   def need(key):
-    value = _meta(reader, f'llama.{key}')
+    value = meta(key)
     if value is None:
       raise LeakjaxError(
-        f'{source} lacks metadata llama.{key}',
+        f'{source} lacks metadata {arch}.{key}',
         'the file is incomplete; re-convert it',
       )
     return value
 
-  if (_meta(reader, 'llama.expert_count') or 0) > 0:
+  if (meta('expert_count') or 0) > 0:
     raise LeakjaxError(
       f'{source} is a mixture-of-experts model',
       'leakjax supports dense Llama models only',
     )
-  scaling = _meta(reader, 'llama.rope.scaling.type')
-  if scaling not in (None, 'none') or any(
-    t.name == 'rope_freqs.weight' for t in reader.tensors
-  ):
-    raise LeakjaxError(
-      f'{source} uses RoPE scaling ({scaling or "rope_freqs"}), which'
-      ' leakjax does not support',
-      'use a model with plain RoPE',
-    )
   tensors = {t.name: t for t in reader.tensors}
+  rope = _rope_from_metadata(meta, tensors, source)
   if 'token_embd.weight' not in tensors:
     raise LeakjaxError(
       f'{source} has no token_embd.weight tensor',
@@ -190,11 +196,11 @@ def config_from_metadata(reader, source: str = 'GGUF') -> llama.LlamaConfig:
     )
   vocab, hidden = (int(d) for d in reversed(tensors['token_embd.weight'].shape))
   heads = int(need('attention.head_count'))
-  head_dim = _meta(reader, 'llama.attention.key_length')
+  head_dim = meta('attention.key_length')
   head_dim = (
     int(head_dim) if head_dim else int(need('embedding_length')) // heads
   )
-  rope_dims = _meta(reader, 'llama.rope.dimension_count')
+  rope_dims = meta('rope.dimension_count')
   if rope_dims is not None and int(rope_dims) != head_dim:
     raise LeakjaxError(
       f'{source} rotates {rope_dims} of {head_dim} head dims (partial'
@@ -206,18 +212,47 @@ def config_from_metadata(reader, source: str = 'GGUF') -> llama.LlamaConfig:
     intermediate_size=int(need('feed_forward_length')),
     num_hidden_layers=int(need('block_count')),
     num_attention_heads=heads,
-    num_key_value_heads=int(
-      _meta(reader, 'llama.attention.head_count_kv', heads)
-    ),
+    num_key_value_heads=int(meta('attention.head_count_kv', heads)),
     head_dim=head_dim,
-    rms_norm_eps=float(
-      _meta(reader, 'llama.attention.layer_norm_rms_epsilon', 1e-5)
-    ),
-    rope_theta=float(_meta(reader, 'llama.rope.freq_base', 10000.0)),
-    max_position_embeddings=int(_meta(reader, 'llama.context_length', 2048)),
+    rms_norm_eps=float(meta('attention.layer_norm_rms_epsilon', 1e-5)),
+    rope_theta=float(meta('rope.freq_base', 10000.0)),
+    max_position_embeddings=int(meta('context_length', 2048)),
     tie_word_embeddings='output.weight' not in tensors,
     bos_token_id=_meta(reader, 'tokenizer.ggml.bos_token_id'),
     eos_token_id=_meta(reader, 'tokenizer.ggml.eos_token_id'),
+    attention_bias=ARCHITECTURES[arch],
+    **rope,
+  )
+
+
+def _rope_from_metadata(meta, tensors, source: str) -> dict[str, Any]:
+  """The LlamaConfig RoPE fields: plain, linear scaling (`rope.scaling.*`
+  metadata), or per-frequency divisors (a `rope_freqs` tensor; llama.cpp
+  writes Llama 3.1's scaling this way). YaRN and LongRoPE are refused."""
+  scaling = meta('rope.scaling.type')
+  freqs = tensors.get(_ROPE_FREQS)
+  if scaling in (None, 'none') and freqs is None:
+    return {}
+  if scaling == 'linear' and freqs is None:
+    factor = float(meta('rope.scaling.factor', 0.0))
+    if factor <= 0:
+      raise LeakjaxError(
+        f'{source} has linear RoPE scaling without a positive'
+        ' rope.scaling.factor',
+        'the file is incomplete; re-convert it',
+      )
+    return {'rope_type': 'linear', 'rope_factor': factor}
+  if scaling in (None, 'none'):
+    factors = dequantize(freqs, source).reshape(-1)
+    return {
+      'rope_type': 'factors',
+      'rope_freq_factors': tuple(float(f) for f in factors),
+    }
+  raise LeakjaxError(
+    f'{source} uses RoPE scaling {scaling!r}'
+    + (' with a rope_freqs tensor' if freqs is not None else '')
+    + ', which leakjax does not support',
+    'leakjax reads plain, linear and Llama 3.1 (rope_freqs) RoPE',
   )
 
 
@@ -389,7 +424,8 @@ def load_gguf(
 
   Raises:
     LeakjaxError: another architecture, an unsupported quantisation type,
-      RoPE scaling, or tensors that do not match the metadata.
+      RoPE scaling other than linear and rope_freqs, or tensors that do not
+      match the metadata.
   """
   from leakjax.tokenization import check_vocab  # pylint: disable=g-import-not-at-top
 
@@ -413,5 +449,6 @@ __all__ = [
   'hf_tensors',
   'config_from_metadata',
   'tokenizer_from_metadata',
+  'ARCHITECTURES',
   'SUPPORTED_TYPES',
 ]

@@ -42,7 +42,7 @@ from leakjax.models.protocol import (
 FAMILY = 'llama'
 _HF_MODEL_TYPES = ('llama', 'mistral', 'qwen2', 'qwen2_no_bias')
 ATTENTION_BIASES = ('none', 'qkv', 'qkvo')
-ROPE_TYPES = ('default', 'linear', 'llama3')
+ROPE_TYPES = ('default', 'linear', 'llama3', 'factors')
 
 
 # ------------------------------------------------------------------ config
@@ -68,12 +68,17 @@ class LlamaConfig:
       (Llama, SmolLM2, Mistral), 'qkv' (Qwen2 / Qwen2.5: q, k and v, not
       the output; Yang et al. 2024, arXiv 2407.10671, Sec. 2.2.1) or 'qkvo'
       (HF Llama's `attention_bias=true`).
-    rope_type: 'default', 'linear' (positions divided by `rope_factor`) or
+    rope_type: 'default', 'linear' (positions divided by `rope_factor`),
       'llama3' (the frequency-dependent scaling of Llama 3.1; see
-      :func:`rope_inv_freq`).
+      :func:`rope_inv_freq`) or 'factors' (each frequency divided by its
+      entry of `rope_freq_factors`: llama.cpp's `rope_freqs` tensor, how
+      its GGUF files carry Llama 3.1's scaling).
     rope_factor, rope_low_freq_factor, rope_high_freq_factor,
       rope_original_max_position_embeddings: the scaling's parameters
       (HF `rope_scaling` / `rope_parameters` names without the prefix).
+    rope_freq_factors: with rope_type 'factors', `head_dim // 2` positive
+      divisors of the frequencies (a tuple, so that the config stays
+      hashable).
   """
 
   vocab_size: int
@@ -95,6 +100,7 @@ class LlamaConfig:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_position_embeddings: int | None = None
+  rope_freq_factors: tuple[float, ...] | None = None
 
   def __post_init__(self):
     if self.attention_bias not in ATTENTION_BIASES:
@@ -141,6 +147,20 @@ class LlamaConfig:
         f'head_dim={self.head_dim} is odd; RoPE needs an even head_dim',
         'fix the model config',
       )
+    factors = self.rope_freq_factors
+    if (self.rope_type == 'factors') != (factors is not None):
+      raise LeakjaxError(
+        'rope_freq_factors go with rope_type factors, and only with it'
+      )
+    if factors is not None:
+      factors = tuple(float(f) for f in factors)
+      object.__setattr__(self, 'rope_freq_factors', factors)
+      if len(factors) != self.head_dim // 2 or not all(f > 0 for f in factors):
+        raise LeakjaxError(
+          f'rope_freq_factors has {len(factors)} entries (all must be'
+          f' positive); head_dim={self.head_dim} needs {self.head_dim // 2}',
+          'the file does not match its own metadata',
+        )
 
   @property
   def num_layers(self) -> int:
@@ -247,6 +267,12 @@ class LlamaConfig:
     """An HF `config.json` dict that transformers 4.x and 5.x both read
     (Qwen2's when the q/k/v projections alone carry biases)."""
     qwen = self.attention_bias == 'qkv'
+    if self.rope_type == 'factors':
+      raise LeakjaxError(
+        'per-frequency RoPE factors (a GGUF rope_freqs tensor) have no HF'
+        ' config.json form',
+        'export the HF checkpoint this GGUF was converted from instead',
+      )
     rope = {'rope_type': self.rope_type, 'rope_theta': self.rope_theta}
     if self.rope_type != 'default':
       rope['factor'] = self.rope_factor
@@ -328,6 +354,8 @@ def rope_inv_freq(config: LlamaConfig) -> jax.Array:
   inv_freq = 1.0 / (
     config.rope_theta ** (jnp.arange(0, half, dtype=jnp.float32) / half)
   )
+  if config.rope_type == 'factors':
+    return inv_freq / jnp.asarray(config.rope_freq_factors, jnp.float32)
   if config.rope_type == 'linear':
     return inv_freq / config.rope_factor
   if config.rope_type == 'llama3':

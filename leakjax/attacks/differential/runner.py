@@ -763,13 +763,16 @@ def run(
     )
     return params_prime, float(ppl['perplexity'])
 
-  for method, k, group in snapshots():
+  plan = list(snapshots())
+  counter = io.Progress(len(plan))
+  for method, k, group in plan:
     key = dict(method=method, k=k, planted=[c.kind for c in group])
     if all(
       writer.done(**key, canary=c.kind, prefix=p)
       for c in group
       for p in cfg.prefix_lengths
     ):
+      counter.skipped()
       continue
     start = time.perf_counter()
     params_prime, ppl = make_prime(method, k, group)
@@ -784,12 +787,14 @@ def run(
       tokenizer,
       cfg.top,
     )
+    counter.computed()
     for row in rows:
       writer.add_result(
         {**key, **row, 'perplexity': ppl, 'train_seconds': train_s}
       )
       logging.info(
-        '%s k=%d %s prefix=%d: DS %.3f rel %.3g DR >= %d%s',
+        '[%s] %s k=%d %s prefix=%d: DS %.3f rel %.3g DR >= %d%s',
+        counter.describe(),
         method,
         k,
         row['canary'],

@@ -860,8 +860,10 @@ def run_gboard_experiment(
   datasets = make_datasets(cfg, corpora.pool, tok)
   key = jax.random.key(cfg.seed)
   start = time.time()
-  for ds in datasets:
-    for batch, noise, sigma, epochs in plan_trajectories(cfg, ds):
+  plans = [(ds, plan_trajectories(cfg, ds)) for ds in datasets]
+  counter = io.Progress(sum(len(p) for _, p in plans))
+  for ds, plan in plans:
+    for batch, noise, sigma, epochs in plan:
       where = dict(
         kind='attack',
         n_k=ds.n_k,
@@ -871,6 +873,7 @@ def run_gboard_experiment(
         sigma=sigma,
       )
       if writer.done(**where, E=epochs[-1]):
+        counter.skipped()
         continue
       t0 = time.time()
       name = f'n{ds.n_k}_d{ds.index}_B{batch}_{noise}_{sigma:g}'
@@ -916,8 +919,10 @@ def run_gboard_experiment(
               writer.add_result(
                 {**where, 'noise': 'single', 'sigma': s, 'E': e, **r}
               )
+      counter.computed()
       logging.info(
-        'n_k=%d d=%d B=%s %s σ=%g: E=%s in %.0fs (total %.0fs)',
+        '[%s] n_k=%d d=%d B=%s %s σ=%g: E=%s in %.0fs (total %.0fs)',
+        counter.describe(),
         ds.n_k,
         ds.index,
         batch,

@@ -632,16 +632,24 @@ def run_experiment(
     return record(kind, scores, **params), (preds, scores)
 
   # 1. Per-layer BEI/HEI (Tables 2-3).
+  counter = io.Progress(len(tests) * len(layers) * 2)
   for name, split in tests.items():
     for li, layer in enumerate(layers):
       for method in ('bei', 'hei'):
-        score_ids(
+        _, fresh = score_ids(
           passes[name][method][li],
           split,
           'inversion',
           data=name,
           layer=str(layer),
           method=method,
+        )
+        if fresh is None:
+          counter.skipped()
+          continue
+        counter.computed()
+        logging.info(
+          '[%s] %s layer %s %s scored', counter.describe(), name, layer, method
         )
   logging.info('per-layer BEI/HEI scored')
 
