@@ -23,6 +23,15 @@ from leakjax.errors import LeakjaxError
 FLAGS = flags.FLAGS
 
 
+# What define_distributed_flags defines (no config field holds them).
+DISTRIBUTED_FLAGS = (
+  'distributed',
+  'coordinator_address',
+  'num_processes',
+  'process_id',
+)
+
+
 def define_common_flags(default_workdir: str) -> None:
   """--workdir, --data, --seed and --mesh (used by every experiment)."""
   flags.DEFINE_string(

@@ -20,8 +20,21 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 def test_flags_are_the_config_fields(fresh_flags):
   dager_exp.define_flags()
   fields = {f.name for f in dataclasses.fields(runner.DagerExperimentConfig)}
-  common_flags = {'workdir', 'data', 'seed', 'mesh', 'distributed'}
-  assert set(fresh_flags) - common_flags == fields - {'data', 'seed'}
+  common_flags = {
+    'workdir',
+    'data',
+    'data_column',
+    'data_label',
+    'seed',
+    'mesh',
+    *common.DISTRIBUTED_FLAGS,
+  }
+  assert set(fresh_flags) - common_flags == fields - {
+    'data',
+    'data_column',
+    'data_label',
+    'seed',
+  }
   fresh_flags(['prog'])
   cfg = common.config_from_flags(runner.DagerExperimentConfig)
   assert cfg == runner.DagerExperimentConfig()

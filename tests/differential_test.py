@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from experiments import common
 from leakjax.attacks import differential as dlib
 from leakjax.attacks.differential import canaries as canaries_lib
 from leakjax.attacks.differential import runner
@@ -707,7 +708,7 @@ def test_experiment_dr_bounds_count_higher_found_sequences():
 
 
 # Flags of every experiment that are not config fields.
-NOT_CONFIG = {'workdir', 'mesh', 'distributed'}
+NOT_CONFIG = {'workdir', 'mesh', *common.DISTRIBUTED_FLAGS}
 
 
 def test_flags_are_exactly_the_config_fields(fresh_flags):

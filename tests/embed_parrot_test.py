@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import common
 from experiments import embed_parrot as experiment
 from leakjax.attacks.inversion import bei_hei as ei
 from leakjax.attacks.inversion import embed_parrot as ep
@@ -354,7 +355,14 @@ def ep_flags(fresh_flags):
 
 def test_every_config_field_is_a_flag_and_back(ep_flags):
   fields = {f.name for f in dataclasses.fields(experiment.Config)}
-  hand_written = {'workdir', 'data', 'distributed', 'cache_dir'}
+  hand_written = {
+    'workdir',
+    'data',
+    'data_column',
+    'data_label',
+    'cache_dir',
+    *common.DISTRIBUTED_FLAGS,
+  }
   assert set(ep_flags) == fields | hand_written
   assert not fields & hand_written
   ep_flags(['prog'])

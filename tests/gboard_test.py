@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import common
 from leakjax import fl, sharding
 from leakjax.attacks import gboard
 from leakjax.attacks.gboard import runner
@@ -843,7 +844,7 @@ def test_sentence_words():
 # ------------------------------------------------------------------- flags
 
 
-NOT_CONFIG = {'workdir', 'mesh', 'distributed', 'data'}
+NOT_CONFIG = {'workdir', 'mesh', 'data', *common.DISTRIBUTED_FLAGS}
 
 
 def test_flags_are_exactly_the_config_fields(fresh_flags):
