@@ -16,30 +16,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.resume_test import DAGER_FLAGS, FILM_FLAGS
+
 ROOT = Path(__file__).resolve().parents[1]
 
+# The resume tests' tiny runs, smaller still (absl keeps a flag's last
+# value); FILM fine-tunes for two steps, so its checkpoints are written too.
 RUNS = {
-  'dager': [
-    '--model=gpt2-tiny',
-    '--max_tokens=20',
-    '--batch_sizes=1,2',
-    '--num_batches=1',
-  ],
-  # Two fine-tuning steps: the trainer's checkpoints are process 0's too.
+  'dager': [*DAGER_FLAGS, '--num_batches=1', '--defenses=none'],
   'film': [
-    '--model=gpt2-tiny',
+    *FILM_FLAGS,
     '--batch_sizes=2',
     '--num_batches=1',
-    '--train_steps=2',
-    '--train_batch_size=4',
-    '--eval_fraction=0',
-    '--num_beams=2',
-    '--length=6',
-    '--max_prompts=2',
-    '--phrase_steps=1',
-    '--token_steps=1',
-    '--reorder_candidates=2',
     '--max_sentences=12',
+    '--train_steps=2',
   ],
 }
 

@@ -59,15 +59,17 @@ TOKENS, TOKEN_TYPES = _tiny_vocab()
 VOCAB = len(TOKENS)  # 277
 
 
-def _hf_model(tied: bool, seed: int = 0):
-  config = transformers.LlamaConfig(
+def _hf_model(tied: bool, seed: int = 0, kind: str = 'plain'):
+  """A tiny transformers model over the tiny vocabulary, weights large
+  enough that every term matters. kind: 'plain' Llama (RoPE base 5000),
+  'llama3' / 'linear' (scaled RoPE, base ROPE_THETA) or 'qwen2'."""
+  common = dict(
     vocab_size=VOCAB,
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
-    rope_theta=5000.0,
     rms_norm_eps=1e-5,
     max_position_embeddings=64,
     tie_word_embeddings=tied,
@@ -75,14 +77,39 @@ def _hf_model(tied: bool, seed: int = 0):
     eos_token_id=2,
     attn_implementation='eager',
   )
+  cls = transformers.LlamaForCausalLM
+  if kind == 'plain':
+    config = transformers.LlamaConfig(**common, rope_theta=5000.0)
+  elif kind == 'qwen2':
+    config = transformers.Qwen2Config(**common, rope_theta=ROPE_THETA)
+    cls = transformers.Qwen2ForCausalLM
+  else:
+    rope = {'rope_type': 'linear', 'factor': 4.0, 'rope_theta': ROPE_THETA}
+    config = transformers.LlamaConfig(
+      **common, rope_scaling=LLAMA3 if kind == 'llama3' else rope
+    )
   torch.manual_seed(seed)
-  model = transformers.LlamaForCausalLM(config).eval()
+  model = cls(config).eval()
   gen = torch.Generator().manual_seed(seed + 1)
   with torch.no_grad():
     for name, p in model.named_parameters():
       noise = torch.randn(p.shape, generator=gen)
       p.copy_(1.0 + 0.1 * noise if 'norm' in name else 0.1 * noise)
   return model
+
+
+# head_dim 16 with theta 500: wavelengths 6.3, 13, 28, 59, ... positions lie
+# below, between and above the llama3 cut-offs 32 / 4 and 32 / 1, and the
+# 48 test positions pass the original context of 32.
+ROPE_THETA = 500.0
+LLAMA3 = {
+  'rope_type': 'llama3',
+  'factor': 8.0,
+  'low_freq_factor': 1.0,
+  'high_freq_factor': 4.0,
+  'original_max_position_embeddings': 32,
+  'rope_theta': ROPE_THETA,
+}
 
 
 def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -426,56 +453,6 @@ def test_unsupported_quant_type_raises(tmp_path, tiny_models):
 
 
 # ------------------------------------- Llama 3.1 RoPE, linear RoPE, Qwen2
-# head_dim 16 with theta 500: wavelengths 6.3, 13, 28, 59, ... positions lie
-# below, between and above the llama3 cut-offs 32 / 4 and 32 / 1, and the
-# 48 test positions pass the original context of 32.
-ROPE_THETA = 500.0
-LLAMA3 = {
-  'rope_type': 'llama3',
-  'factor': 8.0,
-  'low_freq_factor': 1.0,
-  'high_freq_factor': 4.0,
-  'original_max_position_embeddings': 32,
-  'rope_theta': ROPE_THETA,
-}
-
-
-def _variant(kind: str):
-  common = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    rms_norm_eps=1e-5,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_id=2,
-    attn_implementation='eager',
-  )
-  if kind == 'qwen2':
-    config = transformers.Qwen2Config(**common, rope_theta=ROPE_THETA)
-    cls = transformers.Qwen2ForCausalLM
-  else:
-    rope = (
-      LLAMA3
-      if kind == 'llama3'
-      else {'rope_type': 'linear', 'factor': 4.0, 'rope_theta': ROPE_THETA}
-    )
-    config = transformers.LlamaConfig(**common, rope_scaling=rope)
-    cls = transformers.LlamaForCausalLM
-  torch.manual_seed(0)
-  model = cls(config).eval()
-  gen = torch.Generator().manual_seed(1)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=gen)
-      p.copy_(1.0 + 0.1 * noise if 'norm' in name else 0.1 * noise)
-  return model
-
-
 def _llama3_divisors(config) -> np.ndarray:
   """What llama.cpp stores as rope_freqs: plain / llama3 frequencies,
   the llama3 ones from transformers' own RoPE initialiser."""
@@ -488,7 +465,7 @@ def _llama3_divisors(config) -> np.ndarray:
 
 
 def test_llama31_rope_freqs_gguf_matches_transformers(tmp_path):
-  source = _variant('llama3')
+  source = _hf_model(False, kind='llama3')
   divisors = _llama3_divisors(source.config)
   assert divisors.min() == pytest.approx(1.0) and divisors.max() == 8.0
   path = write_gguf(tmp_path / 'l31.gguf', source, rope_freqs=divisors)
@@ -510,7 +487,7 @@ def test_llama31_rope_freqs_gguf_matches_transformers(tmp_path):
 
 
 def test_linear_rope_gguf_matches_transformers(tmp_path):
-  source = _variant('linear')
+  source = _hf_model(False, kind='linear')
 
   def linear(writer):
     writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -525,7 +502,7 @@ def test_linear_rope_gguf_matches_transformers(tmp_path):
 
 
 def test_qwen2_gguf_matches_transformers(tmp_path):
-  source = _variant('qwen2')
+  source = _hf_model(False, kind='qwen2')
   path = write_gguf(tmp_path / 'qwen2.gguf', source, arch='qwen2', pre='qwen2')
   model, params = models.load(path)
   assert model.config.attention_bias == 'qkv'
