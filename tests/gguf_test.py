@@ -18,6 +18,7 @@ from leakjax import models
 from leakjax.errors import LeakjaxError
 from leakjax.models import gguf as leakjax_gguf
 from leakjax.models import llama
+from tests.model_variants_test import LLAMA3
 
 # ------------------------------------------------------ a tiny vocabulary
 SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
@@ -98,18 +99,10 @@ def _hf_model(tied: bool, seed: int = 0, kind: str = 'plain'):
   return model
 
 
-# head_dim 16 with theta 500: wavelengths 6.3, 13, 28, 59, ... positions lie
-# below, between and above the llama3 cut-offs 32 / 4 and 32 / 1, and the
-# 48 test positions pass the original context of 32.
-ROPE_THETA = 500.0
-LLAMA3 = {
-  'rope_type': 'llama3',
-  'factor': 8.0,
-  'low_freq_factor': 1.0,
-  'high_freq_factor': 4.0,
-  'original_max_position_embeddings': 32,
-  'rope_theta': ROPE_THETA,
-}
+# The llama3 scaling of the HF variants' tests: head_dim 16 with theta 500
+# puts wavelengths below, between and above its cut-offs, and the 48 test
+# positions pass its original context of 32.
+ROPE_THETA = LLAMA3['rope_theta']
 
 
 def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
