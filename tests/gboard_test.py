@@ -1,5 +1,6 @@
 """Tests of the GBoard next-word-prediction attack (leakjax.attacks.gboard)."""
 
+import dataclasses
 import functools
 import json
 import math
@@ -770,6 +771,46 @@ def test_experiment_smoke(tmp_path):
   # A re-run resumes: nothing is recomputed, the summary is the same.
   again = experiment.run_experiment(cfg, workdir)
   assert again == summary
+
+
+def test_heldout_pool_avoids_the_first_seeds_pool(tmp_path):
+  from leakjax import data as data_lib  # noqa: PLC0415
+
+  sms, public = _write_corpora(tmp_path)
+  base = gboard.GboardConfig(
+    sms=str(sms),
+    public=(('extra', str(public)),),
+    public_limit=100,
+    client_pool=24,
+    num_sentences=(16,),
+  )
+  four = sorted(
+    {
+      runner.sentence_words(x)
+      for m in data_lib.load_corpus(sms, label=('Label', 'ham'))
+      for x in data_lib.split_sentences(m)
+    }
+    - {()}
+  )
+  four = [w for w in four if len(w) == 4]
+  # Without the option the pool is the seed's first 24 of a permutation of
+  # the distinct 4-word sentences, as every committed run drew it.
+  first = runner.load_corpora(base).pool
+  order = np.random.default_rng([0, 1]).permutation(len(four))
+  assert first == [four[i] for i in order[:24]]
+  held = runner.load_corpora(
+    dataclasses.replace(base, seed=1, heldout_from_seed=0)
+  )
+  assert len(held.pool) == 24 and not set(held.pool) & set(first)
+  plain = set(runner.load_corpora(dataclasses.replace(base, seed=1)).pool)
+  assert plain & set(first)  # without the option, seed 1 reuses some
+  # A first pool of every distinct sentence leaves none for the second.
+  with pytest.raises(LeakjaxError, match='0 distinct client sentences remain'):
+    runner.load_corpora(
+      dataclasses.replace(
+        base, client_pool=len(four), seed=1, heldout_from_seed=0
+      )
+    )
 
 
 # ------------------------------------------------------------------ runner

@@ -105,6 +105,12 @@ class GboardConfig:
     keep_rule: How many reconstructions to keep without n_k (cover, words
       or gap: gboard.KEEP_RULES).
     seed: Random seed.
+    heldout_from_seed: out-of-sample runs: the client pool is drawn from
+      the sentences that the run with this seed (and this client_pool) did
+      NOT use, so that rules whose constants were chosen on that run meet
+      client sentences they have never seen. None: no exclusion. The SMS
+      ham set has 750 distinct 4-word sentences, so after a pool of 400
+      at most 350 remain.
   """
 
   sms: str = SMS_DEFAULT
@@ -138,6 +144,7 @@ class GboardConfig:
   fdr_q: float = 0.05
   keep_rule: str = 'cover'
   seed: int = 0
+  heldout_from_seed: int | None = None
 
   def __post_init__(self):
     for name, allowed in (
@@ -289,7 +296,21 @@ def load_corpora(cfg: GboardConfig) -> Corpora:
       f' ham sentences, fewer than --client_pool={cfg.client_pool}',
       'lower --client_pool',
     )
-  pick = rng.permutation(len(distinct))[: cfg.client_pool]
+  candidates = np.arange(len(distinct))
+  if cfg.heldout_from_seed is not None:
+    # The pool the run with that seed drew first from its own generator.
+    seen = np.random.default_rng([cfg.heldout_from_seed, 1]).permutation(
+      len(distinct)
+    )[: cfg.client_pool]
+    candidates = np.setdiff1d(candidates, seen)
+    if len(candidates) < max(cfg.num_sentences):
+      raise LeakjaxError(
+        f'after the pool of seed {cfg.heldout_from_seed},'
+        f' {len(candidates)} distinct client sentences remain, fewer than'
+        f' n_k={max(cfg.num_sentences)}',
+        'lower --num_sentences or --client_pool',
+      )
+  pick = candidates[rng.permutation(len(candidates))[: cfg.client_pool]]
   pool = [distinct[i] for i in pick]
   pool_set = set(pool)
   private = {m for w in pool for m in by_sentence[w]}
