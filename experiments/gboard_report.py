@@ -294,6 +294,7 @@ def render_markdown(
       rows,
     ),
   ]
+  lines += _spread_markdown(cfg, res)
   lines += ['', *paper_claims_markdown(summary)]
   plots = make_plots(cfg, summary, writer, res, model, datasets)
   lines += ['## Plots', ''] + [f'![{p}]({p})' for p in plots]
@@ -315,6 +316,69 @@ def render_markdown(
     ]
     lines += [f'- {t}' for t in r['examples']]
   return '\n'.join(lines) + '\n'
+
+
+def _spread_markdown(cfg: GboardConfig, res) -> list[str]:
+  """Mean ± standard deviation over the datasets of each setting (only
+  with more than one dataset per n_k; the tables above give the means)."""
+  if cfg.num_datasets < 2:
+    return []
+  groups: dict[tuple, list] = {}
+  for r in res:
+    if not r.get('scale'):
+      groups.setdefault(_group_key(r), []).append(r)
+
+  def spread(values) -> str:
+    v = np.asarray([x for x in values if x is not None], float)
+    if not len(v):
+      return 'n/a'
+    return f'{v.mean():.3f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.3f}'
+
+  order = {'none': 0, 'dpsgd': 1, 'single': 2}
+  rows = []
+  for (b, e, n_k, noise, sigma, _), rs in sorted(
+    groups.items(),
+    key=lambda kv: (
+      (order.get(kv[0][3], 3), kv[0][4], str(kv[0][0])) + kv[0][1:3]
+    ),
+  ):
+    rows.append(
+      [
+        noise,
+        f'{sigma:g}',
+        b,
+        e,
+        n_k,
+        len(rs),
+        spread(r['f1'] for r in rs),
+        spread(r['f1'] / r['f1_upper'] for r in rs if r.get('f1_upper')),
+        spread(r.get('recon_f1') for r in rs),
+        spread(r.get('levenshtein') for r in rs),
+      ]
+    )
+  return [
+    '## Spread over datasets',
+    '',
+    f'Mean ± sample standard deviation over the {cfg.num_datasets} client'
+    ' datasets of each setting (each its own draw of n_k sentences from'
+    ' the client pool).',
+    '',
+    io.markdown_table(
+      [
+        'noise',
+        'σ',
+        'B',
+        'E',
+        'n_k',
+        'datasets',
+        'F1 rule',
+        'rule/upper',
+        'recon F1',
+        'Lev. (kept)',
+      ],
+      rows,
+    ),
+  ]
 
 
 def _parse_key(key: str) -> tuple[str, dict[str, str]]:

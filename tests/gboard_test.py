@@ -966,3 +966,38 @@ def test_paper_claims_table_reads_the_named_settings():
   assert rows[1].endswith('E = 50 / 100 / 1000: 40 / not run / 80 |')
   assert rows[3].endswith('σ = 0.001 / 0.01 / 0.1: not run / not run / 0.07 |')
   assert rows[4].endswith('not run / not run / not run / 0.50 |')
+
+
+def test_spread_over_datasets_in_the_report():
+  from experiments import gboard_report  # noqa: PLC0415
+
+  def row(d, f1, lev):
+    return dict(
+      kind='attack',
+      dataset=d,
+      B='full',
+      E=1,
+      n_k=16,
+      noise='none',
+      sigma=0.0,
+      f1=f1,
+      f1_upper=0.5,
+      recon_f1=f1,
+      levenshtein=lev,
+    )
+
+  res = [
+    row(0, 0.4, 60.0),
+    row(1, 0.5, 80.0),
+    {**row(0, 0.1, 1.0), 'scale': 10.0},
+  ]
+  one = gboard.GboardConfig(num_datasets=1)
+  assert gboard_report._spread_markdown(one, res) == []
+  lines = gboard_report._spread_markdown(
+    gboard.GboardConfig(num_datasets=2), res
+  )
+  table = '\n'.join(lines)
+  # Scaled FedSGD rows are not datasets; std with ddof=1 of (0.4, 0.5).
+  assert '| none | 0 | full | 1 | 16 | 2 |' in table
+  assert '0.450 ± 0.071' in table and '0.900 ± 0.141' in table
+  assert '70.000 ± 14.142' in table
