@@ -158,3 +158,72 @@ def test_embed_parrot_row():
     for m in ('bei', 'hei')
   ]
   assert f'BEI/HEI ≤ {max(base):.2f}' in line
+
+
+def test_gboard_heldout_report():
+  # reports/gboard/heldout/README.md against both committed summaries.
+  text = ' '.join(
+    (ROOT / 'reports/gboard/heldout/README.md').read_text('utf-8').split()
+  )
+  held, ins = summary('gboard/heldout'), summary('gboard')
+
+  def noise_free_min(s, epochs):
+    return min(
+      _ratio(s, k)
+      for k in s
+      if k.startswith('f1@')
+      and 'noise=none' in k
+      and 'scale' not in k
+      and any(f'E={e},' in k for e in epochs)
+    )
+
+  assert f'| ≥ {noise_free_min(held, (1, 50, 100)):.3f} |' in text
+  assert (
+    f'| ≥ {noise_free_min(ins, (1, 50, 100, 1000)):.3f} (all E ≤ 1000) |'
+    in (text)
+  )
+
+  def cells(s, fmt, values):
+    return ' / '.join(f'{_ratio(s, fmt.format(v)):.3f}' for v in values)
+
+  for fmt, values in (
+    ('f1@B=full,E={},n_k=256,noise=none,sigma=0.0', (1, 50, 100)),
+    ('f1@B=32,E={},n_k=64,noise=dpsgd,sigma=0.1', (50, 100)),
+    ('f1@B=full,E={},n_k=16,noise=dpsgd,sigma=0.1', (50, 100)),
+    ('f1@B=full,E=100,n_k={},noise=single,sigma=0.001', (64, 256)),
+  ):
+    assert f'| {cells(held, fmt, values)} | {cells(ins, fmt, values)} |' in (
+      text
+    ), fmt
+  assert (
+    f'{held["theta0_eval_perplexity"]:.0f} (public mix) and'
+    f' {held["theta0_sms_perplexity"]:.0f} (public SMS) here, against'
+    f' {ins["theta0_eval_perplexity"]:.0f} and'
+    f' {ins["theta0_sms_perplexity"]:.0f}'
+  ) in text
+
+
+def test_gboard_heldout_row():
+  held, ins = summary('gboard/heldout'), summary('gboard')
+  line = row('| GBoard out of sample')
+  low = min(
+    _ratio(held, k)
+    for k in held
+    if k.startswith('f1@') and 'noise=none' in k and 'scale' not in k
+  )
+  low_in = min(
+    _ratio(ins, k)
+    for k in ins
+    if k.startswith('f1@') and 'noise=none' in k and 'scale' not in k
+  )
+  assert f'noise-free F1 ≥ {low:.3f} x upper (in sample ≥ {low_in:.3f})' in line
+  dp = joined(
+    _ratio(held, f'f1@B=32,E={e},n_k=64,noise=dpsgd,sigma=0.1')
+    for e in (50, 100)
+  )
+  assert f'E = 50 / 100: {dp} x upper' in line
+  key = 'f1@B=full,E=100,n_k=256,noise=single,sigma=0.001'
+  assert (
+    f'E = 100: {_ratio(held, key):.2f} x upper (in sample {_ratio(ins, key):.2f})'
+    in line
+  )
