@@ -67,6 +67,8 @@ _MEANS = (
   'fdr_num_recovered',
 )
 _SUMMARY_NAMES = {'coverage': 'vocab_coverage'}
+# The columns that name a setting in the noise tables.
+_SETTING_COLUMNS = ('noise', 'σ', 'B', 'E', 'n_k')
 
 
 def _group_key(r) -> tuple:
@@ -278,11 +280,7 @@ def render_markdown(
     '',
     io.markdown_table(
       [
-        'noise',
-        'σ',
-        'B',
-        'E',
-        'n_k',
+        *_SETTING_COLUMNS,
         'F1 Alg.2',
         'F1 bias fdr',
         'F1 bias+rows',
@@ -365,11 +363,7 @@ def _spread_markdown(cfg: GboardConfig, res) -> list[str]:
     '',
     io.markdown_table(
       [
-        'noise',
-        'σ',
-        'B',
-        'E',
-        'n_k',
+        *_SETTING_COLUMNS,
         'datasets',
         'F1 rule',
         'rule/upper',
