@@ -436,3 +436,29 @@ def test_check_positive_names_the_flag():
   with pytest.raises(LeakjaxError, match=r'--sizes=4,0 must be at least 1'):
     errors.check_positive(types.SimpleNamespace(sizes=(4, 0)), 'sizes')
   errors.check_positive(types.SimpleNamespace(steps=0), 'steps', minimum=0)
+
+
+class _RunsCode:
+  """A pickle payload: unpickling it would call print."""
+
+  def __reduce__(self):
+    return (print, ('this ran from the checkpoint',))
+
+
+def test_pickled_checkpoint_with_code_is_refused_without_unsafe_advice(
+  tmp_path, capsys
+):
+  torch = pytest.importorskip('torch')
+  from leakjax.models import hf_checkpoint  # noqa: PLC0415
+
+  path = tmp_path / 'pytorch_model.bin'
+  torch.save({'w': _RunsCode()}, path)
+  with pytest.raises(LeakjaxError) as info:
+    hf_checkpoint._read_torch_bin(path)  # pylint: disable=protected-access
+  message = str(info.value)
+  assert (
+    'Unsupported global' in message and 'never runs pickled code' in message
+  )
+  # torch's own text advises weights_only=False or allowlisting: not ours.
+  assert 'weights_only=False' not in message and 'safe_globals' not in message
+  assert 'this ran' not in capsys.readouterr().out

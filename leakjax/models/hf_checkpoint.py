@@ -133,13 +133,36 @@ def _read_torch_bin(path: Path) -> dict[str, np.ndarray]:
     state = torch.load(str(path), map_location='cpu', weights_only=True)
   except Exception as e:  # torch raises UnpicklingError and others
     raise LeakjaxError(
-      f'{path} cannot be loaded with torch.load(weights_only=True): {e}',
-      'convert it to model.safetensors',
+      f'{path} cannot be loaded with torch.load(weights_only=True)'
+      f' ({_unpickling_reason(e)}); leakjax never runs pickled code',
+      'convert it to model.safetensors where you trust its source',
     ) from None
   return {
     k: v.float().numpy() if v.is_floating_point() else v.numpy()
     for k, v in state.items()
   }
+
+
+def _unpickling_reason(error: Exception) -> str:
+  """What torch refused, without its advice to retry unsafely.
+
+  torch's message suggests `weights_only=False` or allowlisting the
+  file's globals, both of which run code from the file; only the first
+  sentence of its diagnosis (`WeightsUnpickler error: ...`) or the
+  exception type is kept.
+  """
+  text = str(error)
+  marker = 'WeightsUnpickler error:'
+  if marker in text:
+    detail = text.split(marker, 1)[1].strip().splitlines()[0]
+    detail = detail.split('. ', 1)[0].rstrip('.')  # its first sentence
+    return f'{type(error).__name__}: {detail}'[:300]
+  first = text.strip().splitlines()[0] if text.strip() else ''
+  if 'weights_only' in first:  # advice, not a diagnosis
+    first = ''
+  return (
+    f'{type(error).__name__}: {first}'[:300] if first else type(error).__name__
+  )
 
 
 def _shapes_by_path(tree) -> dict[tuple[str, ...], tuple[int, ...]]:
