@@ -49,7 +49,9 @@ def main() -> None:
       )
   (HERE / 'dp_sigma.json').write_text(json.dumps(rows, indent=2) + '\n')
   for r in rows:
-    print(f"{r['defense']}: sigma {r['sigma']:.3f}, noise std {r['noise_std']:.4f}")
+    print(
+      f'{r["defense"]}: sigma {r["sigma"]:.3f}, noise std {r["noise_std"]:.4f}'
+    )
 
 
 if __name__ == '__main__':
