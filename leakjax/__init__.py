@@ -10,7 +10,9 @@ Subpackages (imported on first use):
   inversion, as jittable kernels and one runner per paper;
 * `leakjax.metrics` -- what an attack recovered: ROUGE, NERR, token and
   word F1, word-level Levenshtein ratio, Sentence-BERT similarity;
-* `leakjax.data` -- corpora and batching.
+* `leakjax.data` -- corpora and batching;
+* `leakjax.train` -- the one training loop (`fit`) and language-model
+  fine-tuning (`train`).
 """
 
 import importlib
@@ -19,7 +21,7 @@ from leakjax.errors import LeakjaxError
 
 __version__ = '0.1.0'
 
-_SUBPACKAGES = ('attacks', 'data', 'fl', 'metrics', 'models')
+_SUBPACKAGES = ('attacks', 'data', 'fl', 'metrics', 'models', 'train')
 
 
 def __getattr__(name):

@@ -1,16 +1,23 @@
-"""Fine-tuning any leakjax :class:`~leakjax.models.Model` with optax.
+"""The training loop of the library, with optax.
 
-The attacks need models that were trained on private text, so this is the
-one training loop of the library:
+The attacks need models trained on private text (FILM, the differential
+score, GBoard's θ0) and models trained to attack (Embed Parrot), so there is
+one loop for all of them:
 
-* :func:`train_step` -- one pure optimizer step (the runner jits it once per
-  model, optimizer settings and step count: new params never recompile);
-* :func:`evaluate` -- token-weighted loss and perplexity over padded batches;
-* :func:`train` -- the runner: tokenizes with `model.tokenizer`, cuts the
-  corpus into fixed-shape batches (one compilation), shows a tqdm bar,
-  evaluates, stops early on the eval loss (keeping the best parameters),
-  checkpoints atomically under `workdir/checkpoint` and resumes from it with
-  the same final parameters as an uninterrupted run.
+* :func:`fit_step` -- one pure optimizer step on any :class:`LossFn`
+  `(params, frozen, batch, key) -> (loss, metrics)`;
+* :func:`fit` -- the loop: epochs of batches in an order fixed by the seed,
+  one jitted step per loss function, optimizer settings and step count (new
+  params never recompile), a tqdm bar and log lines, evaluation with early
+  stopping (keeping the best parameters), NaN checks, atomic checkpoints
+  under `workdir/checkpoint/` and a resume with the same final parameters
+  as an uninterrupted run;
+* :class:`LanguageModelLoss`, :func:`train_step`, :func:`evaluate` and
+  :func:`train` -- language-model fine-tuning of any leakjax
+  :class:`~leakjax.models.Model` on texts: tokenizes with
+  `model.tokenizer`, cuts the corpus into fixed-shape batches (one
+  compilation), evaluates the token-weighted loss and perplexity, and
+  calls :func:`fit`.
 
 The defaults follow FILM (Gupta et al. 2022) Sec. 6.1: initial learning rate
 1e-5, linearly decayed, early stopping when the eval loss goes up:
@@ -21,11 +28,12 @@ The defaults follow FILM (Gupta et al. 2022) Sec. 6.1: initial learning rate
 ...                config, workdir='/tmp/run')
 >>> result.params, result.best_eval['perplexity']  # doctest: +SKIP
 
-`workdir/checkpoint/` holds the model at the last checkpointed step (an HF
-directory that :func:`leakjax.models.load` reads), `optimizer.safetensors`,
-`train_state.json` and, when the best evaluated parameters differ from the
-last ones, `best/` (another HF directory). `workdir/model/` is the model
-that :func:`train` returns.
+`workdir/checkpoint/` holds the parameters at the last checkpointed step,
+the optimizer state, `train_state.json` (step, key, history, best eval,
+config and data fingerprint) and, when the best evaluated parameters differ
+from the last ones, those too, all as :func:`leakjax.io.save_pytree` files.
+:func:`train` also writes `workdir/model/`, the model it returns, as a
+directory that :func:`leakjax.models.load` reads.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,23 +57,17 @@ import optax
 
 from leakjax import data as data_lib
 from leakjax.errors import LeakjaxError, check_token_ids
-from leakjax.io import (
-  atomic_write_text,
-  flatten_pytree,
-  load_pytree,
-  save_pytree,
-  unflatten_pytree,
-)
+from leakjax.io import atomic_write_text, load_pytree, save_pytree
 from leakjax.models.protocol import Model, PyTree, lm_loss
 
 log = logging.getLogger(__name__)
 
 OPTIMIZERS = ('adamw', 'adam', 'sgd')
-SCHEDULES = ('linear', 'constant')
+SCHEDULES = ('linear', 'constant', 'cosine')
 # Fields that change nothing about the trained parameters: a resumed run may
 # use other values.
 _RESUME_FREE_FIELDS = ('log_every', 'checkpoint_every')
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +82,19 @@ class TrainConfig:
       biases and norm scales are never decayed.
     warmup_steps: steps of linear warmup from 0 to `learning_rate`.
     schedule: 'linear' decays to 0 at the last step (FILM Sec. 6.1, "a
-      linearly decayed learning rate scheduler"); 'constant' keeps it.
+      linearly decayed learning rate scheduler"); 'constant' keeps it;
+      'cosine' decays along a half cosine to
+      `final_learning_rate_fraction * learning_rate` (optax's
+      `warmup_cosine_decay_schedule`).
+    final_learning_rate_fraction: the end of the 'cosine' schedule, as a
+      fraction of `learning_rate`.
     batch_size: examples per step.
     max_length: tokens per example (BOS/EOS included), at most the model's
       context; longer examples are cut (or rejected, see `truncate`).
       None: the longest example, capped at the context.
     num_epochs: passes over the training set (ignored if `num_steps`).
-    num_steps: optimizer steps; overrides `num_epochs`.
+    num_steps: optimizer steps; overrides `num_epochs` (0: no step, the
+      starting parameters come back).
     grad_clip_norm: clip the global gradient norm to this; None: no clip.
     eval_every: evaluate every this many steps; None: after every epoch.
       The initial model and the last step are always evaluated.
@@ -118,6 +126,7 @@ class TrainConfig:
   weight_decay: float = 0.0
   warmup_steps: int = 0
   schedule: str = 'linear'  # FILM Sec. 6.1
+  final_learning_rate_fraction: float = 0.0
   batch_size: int = 16
   max_length: int | None = 128
   num_epochs: int = 1
@@ -158,7 +167,6 @@ class TrainConfig:
     positive = dict(
       batch_size=self.batch_size,
       num_epochs=self.num_epochs,
-      num_steps=self.num_steps,
       max_length=self.max_length,
       eval_every=self.eval_every,
       log_every=self.log_every,
@@ -170,8 +178,15 @@ class TrainConfig:
     for name, value in positive.items():
       if value is not None and not value > 0:
         raise LeakjaxError(f'{name} must be positive, got {value}')
+    if self.num_steps is not None and self.num_steps < 0:
+      raise LeakjaxError(f'num_steps must be >= 0, got {self.num_steps}')
     if self.warmup_steps < 0 or self.weight_decay < 0:
       raise LeakjaxError('warmup_steps and weight_decay must be >= 0')
+    if not 0 <= self.final_learning_rate_fraction <= 1:
+      raise LeakjaxError(
+        'final_learning_rate_fraction must be in [0, 1], got'
+        f' {self.final_learning_rate_fraction}'
+      )
 
 
 @dataclasses.dataclass
@@ -207,13 +222,24 @@ class TrainResult:
 def learning_rate_schedule(
   config: TrainConfig, total_steps: int
 ) -> optax.Schedule:
-  """Step -> learning rate: linear warmup, then linear decay or constant.
+  """Step -> learning rate: linear warmup, then linear/cosine decay or constant.
 
   `linear` is `lr * step / warmup` during warmup, then
   `lr * (total - step) / (total - warmup)`, reaching 0 at `total_steps`
-  (as transformers' `get_linear_schedule_with_warmup`).
+  (as transformers' `get_linear_schedule_with_warmup`). `cosine` is optax's
+  warmup + cosine decay to `final_learning_rate_fraction * lr` at
+  `total_steps`.
   """
   lr, warmup = config.learning_rate, config.warmup_steps
+  if config.schedule == 'cosine':
+    end = config.final_learning_rate_fraction * lr
+    if warmup == 0:
+      return optax.cosine_decay_schedule(
+        lr, max(total_steps, 1), alpha=config.final_learning_rate_fraction
+      )
+    return optax.warmup_cosine_decay_schedule(
+      0.0, lr, warmup, max(total_steps, warmup + 1), end_value=end
+    )
   decay_steps = max(total_steps - warmup, 1)
 
   def schedule(count):
@@ -274,6 +300,128 @@ def make_optimizer(
 Batch = tuple[jax.Array, jax.Array]  # (ids, mask), int32 [batch, time] each
 
 
+class LossFn(Protocol):
+  """What :func:`fit_step` differentiates.
+
+  `loss_fn(params, frozen, batch, key) -> (loss, metrics)`: a float32
+  scalar and a dict of float32 scalars. `frozen` is a pytree of arrays the
+  loss reads but does not train (None if none), `key` the step's
+  randomness (dropout). A `tokens` metric, if present, weights the other
+  metrics when :func:`fit` averages them over logged steps.
+
+  A loss function may also define `value_and_grad(params, frozen, batch,
+  key) -> ((loss, metrics), grads)` to supply its own gradient (e.g.
+  DP-SGD's clipped and noised per-example sum); :func:`fit_step` then uses
+  it instead of differentiating the call.
+
+  :func:`fit` jits the step with the loss function as a static argument, so
+  it must hash by value for two equal losses to share one compilation: a
+  module-level function, or a frozen dataclass with a `__call__` such as
+  :class:`LanguageModelLoss`. Never close over arrays (they would be baked
+  into the program): pass them in `frozen`.
+  """
+
+  def __call__(
+    self, params: PyTree, frozen: PyTree, batch: Any, key: jax.Array
+  ) -> tuple[jax.Array, dict[str, jax.Array]]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageModelLoss:
+  """Mean next-token cross-entropy of a :class:`Model` on `(ids, mask)`.
+
+  A :class:`LossFn` (hashes by value); its metrics hold `tokens`, the
+  number of real target tokens.
+
+  With a client `defense` (:class:`leakjax.fl.Defense`) the step's gradient
+  is the one a defended federated client sends: DP-SGD's clipped,
+  noised per-example mean, GBoard's local noise, pruning of the smallest
+  entries (see :func:`leakjax.fl.client_gradient`). Training with it
+  measures what the defense costs in utility (FILM Tables 4 and 5). Frozen
+  parameters are not trained at all: the params are then the `partition`'s
+  trainable tree (None at frozen leaves) and `frozen` its frozen leaves.
+
+  Attributes:
+    model: the model (dropout, if it has any, is on).
+    defense: the client defense applied to every step's gradient; None:
+      the plain gradient.
+    partition: with a defense, the
+      :class:`leakjax.fl.client.Partition` of the full params into
+      trainable and frozen.
+  """
+
+  model: Model
+  defense: Any = None
+  partition: Any = None
+
+  def full_params(self, params: PyTree, frozen: PyTree) -> PyTree:
+    """The model's params from the trained and frozen parts."""
+    if self.partition is None:
+      return params
+    return self.partition.merge(params, frozen)
+
+  def __call__(self, params, frozen, batch: Batch, key):
+    ids, mask = batch
+    logits = self.model.train_logits(
+      self.full_params(params, frozen), ids, mask, key=key
+    )
+    tokens = mask[:, 1:].sum().astype(jnp.float32)
+    return lm_loss(logits, ids, mask), {'tokens': tokens}
+
+  def value_and_grad(self, params, frozen, batch: Batch, key):
+    if self.defense is None:
+      return jax.value_and_grad(self, has_aux=True)(params, frozen, batch, key)
+    from leakjax.fl import client  # pylint: disable=g-import-not-at-top
+
+    ids, mask = batch
+    step_key, transmit_key = jax.random.split(key)
+    weights = (mask.sum(axis=1) > 0).astype(jnp.float32)  # filler rows: 0
+    loss, grads = client.defended_gradient(
+      self.model,
+      self.defense,
+      True,
+      self.partition,
+      params,
+      frozen,
+      ids,
+      mask,
+      weights,
+      key=step_key,
+    )
+    grads = client.transmit(grads, self.defense, key=transmit_key)
+    tokens = mask[:, 1:].sum().astype(jnp.float32)
+    return (loss, {'tokens': tokens}), grads
+
+
+def fit_step(
+  loss_fn: LossFn,
+  optimizer: optax.GradientTransformation,
+  params: PyTree,
+  frozen: PyTree,
+  opt_state: optax.OptState,
+  batch: Any,
+  key: jax.Array,
+) -> tuple[PyTree, optax.OptState, dict[str, jax.Array]]:
+  """One optimizer step on `loss_fn(params, frozen, batch, key)`.
+
+  Pure; jit it with `loss_fn` and `optimizer` static (:func:`fit` jits it
+  with the optimizer's settings static instead, so that equal settings
+  share one compilation).
+
+  Returns:
+    `(params, opt_state, metrics)`: the loss function's metrics plus
+    `loss` (before the update) and `grad_norm` (before clipping).
+  """
+  grad_fn = getattr(loss_fn, 'value_and_grad', None)
+  if grad_fn is None:
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  (loss, metrics), grads = grad_fn(params, frozen, batch, key)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  params = optax.apply_updates(params, updates)
+  metrics = {**metrics, 'loss': loss, 'grad_norm': optax.global_norm(grads)}
+  return params, opt_state, metrics
+
+
 def train_step(
   model: Model,
   optimizer: optax.GradientTransformation,
@@ -284,11 +432,9 @@ def train_step(
 ) -> tuple[PyTree, optax.OptState, dict[str, jax.Array]]:
   """One optimizer step on the mean next-token loss of `batch`.
 
-  Pure; jit it with the model and the optimizer static, e.g.
-  `step = jax.jit(train_step, static_argnames=('model', 'optimizer'))`, then
-  `step(model, optimizer, params, opt_state, batch, jax.random.fold_in(key, i))`
-  (:func:`train` jits it with the optimizer's settings static instead, so
-  that equal settings share one compilation).
+  :func:`fit_step` with :class:`LanguageModelLoss`. Pure; jit it with the
+  model and the optimizer static, e.g.
+  `step = jax.jit(train_step, static_argnames=('model', 'optimizer'))`.
 
   Args:
     model: supplies `train_logits` (dropout uses `key`).
@@ -304,20 +450,9 @@ def train_step(
     (mean over real target tokens, before the update), `grad_norm` (before
     clipping) and `tokens` (real target tokens).
   """
-  ids, mask = batch
-
-  def loss_fn(p):
-    return lm_loss(model.train_logits(p, ids, mask, key=key), ids, mask)
-
-  loss, grads = jax.value_and_grad(loss_fn)(params)
-  updates, opt_state = optimizer.update(grads, opt_state, params)
-  params = optax.apply_updates(params, updates)
-  metrics = {
-    'loss': loss,
-    'grad_norm': optax.global_norm(grads),
-    'tokens': mask[:, 1:].sum().astype(jnp.float32),
-  }
-  return params, opt_state, metrics
+  return fit_step(
+    LanguageModelLoss(model), optimizer, params, None, opt_state, batch, key
+  )
 
 
 def eval_step(
@@ -354,6 +489,7 @@ _OPTIMIZER_FIELDS = (
   'weight_decay',
   'warmup_steps',
   'schedule',
+  'final_learning_rate_fraction',
   'grad_clip_norm',
   'adam_b1',
   'adam_b2',
@@ -365,31 +501,38 @@ _OPTIMIZER_FIELDS = (
 def _optimizer_settings(config: TrainConfig) -> TrainConfig:
   """`config` with every field but the optimizer's at its default, so that
   runs differing only in data order, logging or evaluation share the jitted
-  train step (its static arguments)."""
+  step (its static arguments)."""
   return TrainConfig(**{f: getattr(config, f) for f in _OPTIMIZER_FIELDS})
 
 
 @functools.partial(
   jax.jit,
-  static_argnames=('model', 'settings', 'total_steps'),
+  static_argnames=('loss_fn', 'settings', 'total_steps'),
   donate_argnames=('params', 'opt_state'),
 )
-def _jitted_train_step(
-  model: Model,
+def _jitted_fit_step(
+  loss_fn: LossFn,
   settings: TrainConfig,
   total_steps: int,
   params: PyTree,
+  frozen: PyTree,
   opt_state: optax.OptState,
-  batch: Batch,
+  batch: Any,
   key: jax.Array,
   step: jax.Array,
 ):
-  """:func:`train_step` with the optimizer of `settings` and the key of
+  """:func:`fit_step` with the optimizer of `settings` and the key of
   `step`; donates params and opt_state."""
   optimizer = make_optimizer(settings, total_steps)
-  # `train_step` is looked up when tracing, so tests can wrap it.
-  return train_step(
-    model, optimizer, params, opt_state, batch, jax.random.fold_in(key, step)
+  # `fit_step` is looked up when tracing, so tests can wrap it.
+  return fit_step(
+    loss_fn,
+    optimizer,
+    params,
+    frozen,
+    opt_state,
+    batch,
+    jax.random.fold_in(key, step),
   )
 
 
@@ -419,86 +562,105 @@ def _perplexity(loss: float) -> float:
   return math.exp(loss) if loss < 700 else math.inf
 
 
-# ------------------------------------------------------------------- runner
-def train(
-  model: Model,
+# ------------------------------------------------------------ generic loop
+@dataclasses.dataclass
+class FitResult:
+  """What :func:`fit` returns.
+
+  Attributes:
+    params: the trained parameters (the best evaluated ones if
+      `config.restore_best` and there was an evaluation).
+    history: one dict per logged step (`step`, `epoch`, `loss`, `grad_norm`,
+      `learning_rate`, `steps_per_second` and the loss function's other
+      metrics) or evaluation (`step`, `epoch` and `eval_<name>` for each
+      metric of the evaluation), in order; `step` counts updates done. A
+      resumed run returns the whole history, from step 0.
+    best_eval: `{'step', <the evaluation's metrics>}` of the lowest eval
+      loss, or None without an evaluation.
+    step: optimizer updates done.
+    start_step: the step this call started at (> 0 when it resumed).
+    stopped_early: whether early stopping ended training.
+  """
+
+  params: PyTree
+  history: list[dict[str, Any]]
+  best_eval: dict[str, float] | None
+  step: int
+  start_step: int = 0
+  stopped_early: bool = False
+
+
+def fit(
+  loss_fn: LossFn,
   params: PyTree,
-  train_texts: Sequence[str] | tuple[np.ndarray, np.ndarray],
-  eval_texts: Sequence[str] | tuple[np.ndarray, np.ndarray] | None = None,
+  make_batch: Callable[[np.ndarray], Any],
+  num_examples: int,
   config: TrainConfig = TrainConfig(),
   *,
+  frozen: PyTree = None,
+  evaluate: Callable[[PyTree], dict[str, float]] | None = None,
   workdir: str | os.PathLike | None = None,
+  fingerprint: str = '',
   progress: bool = True,
-) -> TrainResult:
-  """Fine-tunes `params` of `model` on `train_texts`.
+  desc: str = 'train',
+) -> FitResult:
+  """Minimises `loss_fn` over `params`: the training loop of the library.
+
+  Language-model fine-tuning (:func:`train`) and Embed Parrot
+  (:func:`leakjax.attacks.inversion.embed_parrot.train`) both run here; so
+  can any other loss.
 
   Args:
-    model: any leakjax Model; texts are tokenized with `model.tokenizer`.
+    loss_fn: a :class:`LossFn`.
     params: the starting parameters (not modified; training works on a
       copy).
-    train_texts: the training examples, or pre-tokenized `(ids, mask)`
-      int `[num_examples, time]` arrays (right-padded).
-    eval_texts: evaluation examples (or arrays); None: no evaluation, no
-      early stopping.
-    config: hyperparameters.
-    workdir: checkpoint folder. If it holds a checkpoint of the same config
-      and data, training resumes from it and ends with the same parameters
-      as an uninterrupted run; a finished run returns at once. In a
-      multi-process run only JAX process 0 reads and writes it: the others
-      train without checkpoints (no host reads what another wrote; the
-      steps are deterministic, so all end with the same parameters).
+    make_batch: the batch of an array of example indices, `[batch_size]`
+      int, where -1 marks a filler row of the last partial batch (see
+      :func:`leakjax.data.take_batch`). Batches of one shape compile once.
+    num_examples: the training set's size; the order of each epoch depends
+      only on `(config.seed, epoch)` (:func:`leakjax.data.batch_indices`).
+    config: optimisation, schedule, evaluation and checkpoint settings (the
+      fields that only :func:`train` reads, such as `max_length`, are
+      ignored).
+    frozen: arrays `loss_fn` reads but does not train.
+    evaluate: `params -> {'loss': ..., ...}` (Python floats); called before
+      the first step, every `config.eval_every` steps (default: every
+      epoch) and after the last; drives early stopping and `restore_best`.
+    workdir: checkpoint folder; `workdir/checkpoint/` holds
+      `params.safetensors`, `optimizer.safetensors`, `best.safetensors`
+      (when the best evaluated parameters differ from the last) and
+      `train_state.json`. If it holds a checkpoint of the same config and
+      fingerprint, training resumes from it and ends with the same
+      parameters as an uninterrupted run; a finished run returns at once.
+      In a multi-process run only JAX process 0 reads and writes it: the
+      others train without checkpoints (the steps are deterministic, so
+      all end with the same parameters).
+    fingerprint: identifies the data (and whatever else a resumed run must
+      share, such as a random initialisation); a checkpoint with another
+      fingerprint is refused.
     progress: show a tqdm bar.
-
-  Returns:
-    A :class:`TrainResult`.
+    desc: the bar's and the log lines' label.
 
   Raises:
-    LeakjaxError: empty training set, examples longer than the context with
-      `truncate=False`, a NaN/inf loss or gradient (names the step), or a
-      workdir that holds a different run.
+    LeakjaxError: no full batch with `drop_remainder`, a NaN/inf loss or
+      gradient (names the step), or a workdir that holds a different run.
   """
-  context = model.max_length
-  train_ids, train_mask, cut = _prepare(
-    model, train_texts, config, context, 'training set'
-  )
-  num_truncated = cut
-  evals = None
-  if eval_texts is not None:
-    eval_ids, eval_mask, cut = _prepare(
-      model, eval_texts, config, context, 'eval set'
-    )
-    num_truncated += cut
-    eval_rows = data_lib.batch_indices(
-      len(eval_ids),
-      config.eval_batch_size or config.batch_size,
-      seed=0,
-      shuffle=False,
-    )
-    evals = [data_lib.take_batch(eval_ids, eval_mask, r) for r in eval_rows]
-  if num_truncated:
-    log.warning(
-      '%d examples were longer than %d tokens and were cut',
-      num_truncated,
-      train_ids.shape[1],
-    )
-
   steps_per_epoch = data_lib.num_batches(
-    len(train_ids), config.batch_size, drop_remainder=config.drop_remainder
+    num_examples, config.batch_size, drop_remainder=config.drop_remainder
   )
   if steps_per_epoch == 0:
     raise LeakjaxError(
-      f'the training set has {len(train_ids)} examples, fewer than one'
+      f'the training set has {num_examples} examples, fewer than one'
       f' batch of {config.batch_size} with drop_remainder',
       'lower batch_size or set drop_remainder=False',
     )
-  total_steps = config.num_steps or config.num_epochs * steps_per_epoch
+  total_steps = (
+    config.num_steps
+    if config.num_steps is not None
+    else config.num_epochs * steps_per_epoch
+  )
   optimizer = make_optimizer(config, total_steps)
   schedule = learning_rate_schedule(config, total_steps)
-  fingerprint = _fingerprint(
-    train_ids,
-    train_mask,
-    *([eval_ids, eval_mask] if eval_texts is not None else []),
-  )
 
   if jax.process_index() != 0:
     workdir = None  # only process 0 checkpoints (see the docstring)
@@ -510,7 +672,7 @@ def train(
       checkpoint, params, optimizer, config, fingerprint
     )
     key = jax.random.wrap_key_data(np.asarray(state['rng'], np.uint32))
-    log.info('resuming from %s at step %d', checkpoint, state['step'])
+    log.info('%s: resuming from %s at step %d', desc, checkpoint, state['step'])
   else:
     # Copies: the step donates its buffers, the caller keeps `params`.
     params = jax.tree.map(jnp.array, params)
@@ -533,31 +695,25 @@ def train(
   start_step = state['step']
 
   step_fn = functools.partial(
-    _jitted_train_step, model, _optimizer_settings(config), total_steps
+    _jitted_fit_step, loss_fn, _optimizer_settings(config), total_steps
   )
-  eval_fn = functools.partial(_jitted_eval_step, model)
-  keep_best = evals is not None and config.restore_best
+  keep_best = evaluate is not None and config.restore_best
 
   def run_eval():
     """Evaluates `params`; updates best / patience; True if stopping."""
     nonlocal best_params
-    metrics = _evaluate(eval_fn, params, evals)
+    metrics = {k: float(v) for k, v in evaluate(params).items()}
     step = state['step']
     state['history'].append(
       {
         'step': step,
         'epoch': step / steps_per_epoch,
-        'eval_loss': metrics['loss'],
-        'eval_perplexity': metrics['perplexity'],
+        **{f'eval_{k}': v for k, v in metrics.items()},
       }
     )
     best = state['best']
     if best is None or metrics['loss'] < best['loss']:
-      state['best'] = {
-        'step': step,
-        'loss': metrics['loss'],
-        'perplexity': metrics['perplexity'],
-      }
+      state['best'] = {'step': step, **metrics}
       state['evals_without_improvement'] = 0
       if keep_best:  # a copy: the next step donates `params`
         best_params = jax.tree.map(jnp.copy, params)
@@ -566,11 +722,11 @@ def train(
     patience = config.early_stopping_patience
     return bool(patience) and state['evals_without_improvement'] >= patience
 
-  if evals is not None and checkpoint is None:
+  if evaluate is not None and checkpoint is None:
     run_eval()  # the starting point, which early stopping may keep
 
-  window = _Window(schedule)
-  bar = _progress_bar(progress, total_steps, start_step)
+  window = _Window(schedule, desc)
+  bar = _progress_bar(progress, total_steps, start_step, desc)
   epoch_rows, epoch_of_rows = [], -1
   pending = None  # the previous step's metrics, read one step late
   try:
@@ -579,7 +735,7 @@ def train(
       epoch, offset = divmod(step, steps_per_epoch)
       if epoch != epoch_of_rows:
         epoch_rows = data_lib.batch_indices(
-          len(train_ids),
+          num_examples,
           config.batch_size,
           seed=config.seed,
           epoch=epoch,
@@ -587,9 +743,9 @@ def train(
           drop_remainder=config.drop_remainder,
         )
         epoch_of_rows = epoch
-      batch = data_lib.take_batch(train_ids, train_mask, epoch_rows[offset])
+      batch = make_batch(epoch_rows[offset])
       params, opt_state, metrics = step_fn(
-        params, opt_state, batch, key, np.int32(step)
+        params, frozen, opt_state, batch, key, np.int32(step)
       )
       # Reading the previous step's metrics only now keeps the device busy.
       if pending is not None:
@@ -605,7 +761,7 @@ def train(
         do_eval = step % config.eval_every == 0
       else:
         do_eval = step % steps_per_epoch == 0
-      do_eval = evals is not None and (do_eval or done)
+      do_eval = evaluate is not None and (do_eval or done)
       do_checkpoint = (
         workdir is not None
         and not done
@@ -617,7 +773,7 @@ def train(
       window.add(*pending)
       pending = None
       if do_log:
-        row = window.row(step, steps_per_epoch)
+        row = window.row(step, steps_per_epoch, total_steps)
         state['history'].append(row)
         bar.set_postfix(
           loss=f'{row["loss"]:.4f}',
@@ -628,16 +784,17 @@ def train(
         if run_eval():
           state['finished'] = state['stopped_early'] = True
           log.info(
-            'early stopping at step %d; the best eval loss was at step %d',
+            '%s: early stopping at step %d; the best eval loss was at step %d',
+            desc,
             step,
             state['best']['step'],
           )
-        ppl = state['history'][-1]['eval_perplexity']
+        loss = state['history'][-1]['eval_loss']
         bar.set_postfix(
-          loss=f'{window.last_loss:.4f}', eval_ppl=f'{ppl:.4g}', refresh=False
+          loss=f'{window.last_loss:.4f}', eval_loss=f'{loss:.4g}', refresh=False
         )
       if do_checkpoint and not state['finished']:
-        _write_checkpoint(workdir, model, params, opt_state, best_params, state)
+        _write_checkpoint(workdir, params, opt_state, best_params, state)
   finally:
     bar.close()
   if pending is not None:
@@ -646,18 +803,130 @@ def train(
   ran = state['step'] > start_step
   state['finished'] = True
   if workdir is not None and ran:
-    _write_checkpoint(workdir, model, params, opt_state, best_params, state)
+    _write_checkpoint(workdir, params, opt_state, best_params, state)
   final = best_params if keep_best and best_params is not None else params
-  if workdir is not None and (ran or not (workdir / 'model').is_dir()):
-    _save_directory(model, final, workdir / 'model')
-  return TrainResult(
-    model=model,
+  return FitResult(
     params=final,
     history=list(state['history']),
     best_eval=state['best'],
     step=state['step'],
     start_step=start_step,
     stopped_early=state['stopped_early'],
+  )
+
+
+# ------------------------------------------------------------------- runner
+def train(
+  model: Model,
+  params: PyTree,
+  train_texts: Sequence[str] | tuple[np.ndarray, np.ndarray],
+  eval_texts: Sequence[str] | tuple[np.ndarray, np.ndarray] | None = None,
+  config: TrainConfig = TrainConfig(),
+  *,
+  workdir: str | os.PathLike | None = None,
+  progress: bool = True,
+  defense: Any = None,
+) -> TrainResult:
+  """Fine-tunes `params` of `model` on `train_texts`.
+
+  :func:`fit` with :class:`LanguageModelLoss`, fixed-width token batches
+  and the token-weighted eval loss.
+
+  Args:
+    model: any leakjax Model; texts are tokenized with `model.tokenizer`.
+    params: the starting parameters (not modified; training works on a
+      copy).
+    train_texts: the training examples, or pre-tokenized `(ids, mask)`
+      int `[num_examples, time]` arrays (right-padded).
+    eval_texts: evaluation examples (or arrays); None: no evaluation, no
+      early stopping.
+    config: hyperparameters.
+    workdir: checkpoint folder (see :func:`fit`); `workdir/model/` also
+      receives the returned model as a directory that
+      :func:`leakjax.models.load` reads.
+    progress: show a tqdm bar.
+    defense: a :class:`leakjax.fl.Defense` every step's gradient goes
+      through, as a defended federated client's would (frozen parameters
+      stay as they are); None: plain fine-tuning. See
+      :class:`LanguageModelLoss`.
+
+  Returns:
+    A :class:`TrainResult`.
+
+  Raises:
+    LeakjaxError: empty training set, examples longer than the context with
+      `truncate=False`, a NaN/inf loss or gradient (names the step), or a
+      workdir that holds a different run.
+  """
+  context = model.max_length
+  train_ids, train_mask, cut = _prepare(
+    model, train_texts, config, context, 'training set'
+  )
+  loss, start, frozen = LanguageModelLoss(model), params, None
+  if defense is not None:
+    from leakjax.fl import client  # pylint: disable=g-import-not-at-top
+
+    partition = client.Partition.of(params, defense.frozen)
+    start, frozen = partition.split(params)
+    loss = LanguageModelLoss(model, defense, partition)
+  num_truncated = cut
+  run_eval = None
+  fingerprinted = [train_ids, train_mask]
+  if eval_texts is not None:
+    eval_ids, eval_mask, cut = _prepare(
+      model, eval_texts, config, context, 'eval set'
+    )
+    num_truncated += cut
+    fingerprinted += [eval_ids, eval_mask]
+    eval_rows = data_lib.batch_indices(
+      len(eval_ids),
+      config.eval_batch_size or config.batch_size,
+      seed=0,
+      shuffle=False,
+    )
+    evals = [data_lib.take_batch(eval_ids, eval_mask, r) for r in eval_rows]
+    eval_fn = functools.partial(_jitted_eval_step, model)
+
+    def run_eval(p):
+      metrics = _evaluate(eval_fn, loss.full_params(p, frozen), evals)
+      return {'loss': metrics['loss'], 'perplexity': metrics['perplexity']}
+
+  if num_truncated:
+    log.warning(
+      '%d examples were longer than %d tokens and were cut',
+      num_truncated,
+      train_ids.shape[1],
+    )
+  fingerprint = data_fingerprint(*fingerprinted)
+  if defense is not None:
+    fingerprint += '+' + hashlib.sha256(repr(defense).encode()).hexdigest()[:8]
+  result = fit(
+    loss,
+    start,
+    lambda rows: data_lib.take_batch(train_ids, train_mask, rows),
+    len(train_ids),
+    config,
+    frozen=frozen,
+    evaluate=run_eval,
+    workdir=workdir,
+    fingerprint=fingerprint,
+    progress=progress,
+  )
+  trained = loss.full_params(result.params, frozen)
+  if jax.process_index() != 0:
+    workdir = None
+  if workdir is not None:
+    target = Path(workdir) / 'model'
+    if result.step > result.start_step or not target.is_dir():
+      _save_directory(model, trained, target)
+  return TrainResult(
+    model=model,
+    params=trained,
+    history=result.history,
+    best_eval=result.best_eval,
+    step=result.step,
+    start_step=result.start_step,
+    stopped_early=result.stopped_early,
     num_truncated=num_truncated,
   )
 
@@ -665,46 +934,74 @@ def train(
 class _Window:
   """Training metrics since the last history row; checks them for NaN."""
 
-  def __init__(self, schedule):
+  def __init__(self, schedule, desc: str):
     self._schedule = schedule
-    self._rows: list[tuple[int, float, float, float]] = []
-    self._since = time.perf_counter()
+    self._desc = desc
+    self._rows: list[dict[str, float]] = []
+    self._since = self._start = time.perf_counter()
+    self._steps = 0
     self.last_loss = math.nan
 
   def add(self, step: int, metrics) -> None:
-    m = jax.device_get(metrics)
-    loss, grad_norm = float(m['loss']), float(m['grad_norm'])
+    m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    loss, grad_norm = m['loss'], m['grad_norm']
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
       what = 'loss' if not math.isfinite(loss) else 'gradient norm'
       value = loss if what == 'loss' else grad_norm
       raise LeakjaxError(
-        f'the training {what} is {value} at step {step} (learning rate'
-        f' {float(self._schedule(step - 1)):.3g})',
+        f'{self._desc}: the training {what} is {value} at step {step}'
+        f' (learning rate {float(self._schedule(step - 1)):.3g})',
         'lower the learning rate (or set grad_clip_norm) and restart',
       )
-    self._rows.append((step, loss, grad_norm, float(m['tokens'])))
+    self._rows.append(m)
     self.last_loss = loss
 
-  def row(self, step: int, steps_per_epoch: int) -> dict[str, float]:
-    """The history row of the steps added since the last call."""
-    _, losses, norms, tokens = (
-      np.asarray(c, np.float64) for c in zip(*self._rows, strict=True)
-    )
+  def row(
+    self, step: int, steps_per_epoch: int, total_steps: int
+  ) -> dict[str, float]:
+    """The history row of the steps added since the last call.
+
+    `grad_norm` is the mean over the steps; the loss and the other metrics
+    are weighted by `tokens` where the loss function reports it (the loss
+    of one big batch), else plain means.
+    """
+    rows, self._rows = self._rows, []
+    weights = np.asarray([r.get('tokens', 1.0) for r in rows], np.float64)
+    names = [k for k in rows[0] if k not in ('tokens', 'grad_norm', 'loss')]
     now = time.perf_counter()
-    row = {
+    self._steps += len(rows)
+    rate = len(rows) / max(now - self._since, 1e-9)
+
+    def mean(name):
+      values = np.asarray([r[name] for r in rows], np.float64)
+      if 'tokens' not in rows[0]:
+        return float(values.mean())
+      return float((values * weights).sum() / max(weights.sum(), 1.0))
+
+    out = {
       'step': step,
       'epoch': step / steps_per_epoch,
-      # Token-weighted, like the loss of one big batch.
-      'loss': float((losses * tokens).sum() / max(tokens.sum(), 1.0)),
-      'grad_norm': float(norms.mean()),
+      'loss': mean('loss'),
+      **{k: mean(k) for k in names},
+      'grad_norm': float(np.mean([r['grad_norm'] for r in rows])),
       'learning_rate': float(self._schedule(step - 1)),
-      'steps_per_second': len(self._rows) / max(now - self._since, 1e-9),
+      'steps_per_second': rate,
     }
-    self._rows, self._since = [], now
-    return row
+    overall = self._steps / max(now - self._start, 1e-9)
+    log.info(
+      '%s: step %d/%d loss %.4f (%.2f steps/s, %.0f s to go)',
+      self._desc,
+      step,
+      total_steps,
+      out['loss'],
+      rate,
+      (total_steps - step) / max(overall, 1e-9),
+    )
+    self._since = now
+    return out
 
 
-def _progress_bar(enabled: bool, total: int, initial: int):
+def _progress_bar(enabled: bool, total: int, initial: int, desc: str):
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
 
   return tqdm(
@@ -712,7 +1009,7 @@ def _progress_bar(enabled: bool, total: int, initial: int):
     initial=initial,
     disable=not enabled,
     unit='step',
-    desc='train',
+    desc=desc,
     dynamic_ncols=True,
   )
 
@@ -778,7 +1075,8 @@ def _is_arrays(x) -> bool:
   )
 
 
-def _fingerprint(*arrays: np.ndarray) -> str:
+def data_fingerprint(*arrays) -> str:
+  """A short hash of arrays' shapes and bytes (for `fit(fingerprint=...)`)."""
   digest = hashlib.sha256()
   for a in arrays:
     digest.update(str(a.shape).encode())
@@ -791,39 +1089,35 @@ def _config_dict(config: TrainConfig) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------- checkpoints
-_CHECKPOINT, _NEW, _OLD = 'checkpoint', 'checkpoint.new', 'checkpoint.old'
-_STATE_FILE, _OPT_FILE, _BEST_DIR = (
+_CHECKPOINT = 'checkpoint'
+_STATE_FILE, _PARAMS_FILE, _OPT_FILE, _BEST_FILE = (
   'train_state.json',
+  'params.safetensors',
   'optimizer.safetensors',
-  'best',
+  'best.safetensors',
 )
 
 
 def _find_checkpoint(workdir: Path) -> Path | None:
   """The newest complete checkpoint folder (train_state.json comes last)."""
-  for name in (_CHECKPOINT, _NEW, _OLD):  # see _write_checkpoint
-    if (workdir / name / _STATE_FILE).is_file():
+  for name in (_CHECKPOINT, _CHECKPOINT + '.new', _CHECKPOINT + '.old'):
+    if (workdir / name / _STATE_FILE).is_file():  # see _replace_directory
       return workdir / name
   return None
 
 
-def _save_directory(
-  model: Model, params: PyTree, directory: Path, extra=None
-) -> None:
-  """`leakjax.models.save` into `directory`, replacing it atomically.
+def _replace_directory(directory: Path, write: Callable[[Path], None]) -> None:
+  """Fills a new `directory` with `write(folder)`, replacing it atomically.
 
   Writes a sibling `<name>.new` folder, then swaps it in with two renames;
-  a crash between them leaves `<name>.old` (read by `_find_checkpoint`).
+  a crash between them leaves `<name>.new` or `<name>.old` complete (read by
+  `_find_checkpoint`).
   """
-  from leakjax import models  # pylint: disable=g-import-not-at-top
-
   new = directory.with_name(directory.name + '.new')
   old = directory.with_name(directory.name + '.old')
   shutil.rmtree(new, ignore_errors=True)
   new.mkdir(parents=True)
-  models.save(model, params, new)
-  if extra is not None:
-    extra(new)
+  write(new)
   shutil.rmtree(old, ignore_errors=True)
   if directory.exists():
     os.replace(directory, old)
@@ -831,45 +1125,29 @@ def _save_directory(
   shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_checkpoint(
-  workdir: Path,
-  model: Model,
-  params,
-  opt_state,
-  best_params,
-  state: dict[str, Any],
-) -> None:
-  def write_rest(folder: Path) -> None:
-    best = state['best']
-    if (
-      best_params is not None
-      and best is not None
-      and (best['step'] != state['step'])
-    ):
-      from leakjax import models  # pylint: disable=g-import-not-at-top
+def _save_directory(model: Model, params: PyTree, directory: Path) -> None:
+  """`leakjax.models.save` into `directory`, replacing it atomically."""
+  from leakjax import models  # pylint: disable=g-import-not-at-top
 
-      models.save(model, best_params, folder / _BEST_DIR)
+  _replace_directory(
+    directory, lambda folder: models.save(model, params, folder)
+  )
+
+
+def _write_checkpoint(
+  workdir: Path, params, opt_state, best_params, state: dict[str, Any]
+) -> None:
+  def write(folder: Path) -> None:
+    save_pytree(folder / _PARAMS_FILE, params)
+    best = state['best']
+    if best_params is not None and best is not None:
+      if best['step'] != state['step']:
+        save_pytree(folder / _BEST_FILE, best_params)
     save_pytree(folder / _OPT_FILE, opt_state)
     # Last: its presence marks the folder complete.
     atomic_write_text(folder / _STATE_FILE, json.dumps(state, indent=1))
 
-  _save_directory(model, params, workdir / _CHECKPOINT, extra=write_rest)
-
-
-def _read_params(directory: Path, template: PyTree, what: str) -> PyTree:
-  """The params saved in `directory`, in the structure and dtypes of
-  `template`."""
-  from leakjax import models  # pylint: disable=g-import-not-at-top
-
-  _, loaded = models.load(directory, dtype=_params_dtype(template))
-  return unflatten_pytree(flatten_pytree(loaded), template, what)
-
-
-def _params_dtype(params):
-  leaves = [
-    x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)
-  ]
-  return leaves[0].dtype if leaves else None
+  _replace_directory(workdir / _CHECKPOINT, write)
 
 
 def _read_checkpoint(
@@ -906,13 +1184,17 @@ def _read_checkpoint(
     )
   if state['fingerprint'] != fingerprint:
     raise LeakjaxError(
-      f'{folder} holds a run on different data',
+      f'{folder} holds a run with another fingerprint (other data or'
+      ' another starting point)',
       'use a new workdir or delete the old one',
     )
-  params = _read_params(folder, template, f'checkpoint {folder}')
+  template = jax.eval_shape(lambda p: p, template)
+  params = load_pytree(
+    folder / _PARAMS_FILE, template, what=f'checkpoint {folder}'
+  )
   opt_state = load_pytree(
     folder / _OPT_FILE,
-    jax.eval_shape(optimizer.init, params),
+    jax.eval_shape(optimizer.init, template),
     what=f'optimizer state {folder / _OPT_FILE}',
   )
   best_params = None
@@ -921,15 +1203,21 @@ def _read_checkpoint(
     if best['step'] == state['step']:
       best_params = jax.tree.map(jnp.copy, params)
     else:
-      best_params = _read_params(
-        folder / _BEST_DIR, template, f'checkpoint {folder / _BEST_DIR}'
+      best_params = load_pytree(
+        folder / _BEST_FILE, template, what=f'checkpoint {folder / _BEST_FILE}'
       )
   return params, opt_state, best_params, state
 
 
 __all__ = [
+  'FitResult',
+  'LanguageModelLoss',
+  'LossFn',
   'TrainConfig',
   'TrainResult',
+  'fit',
+  'data_fingerprint',
+  'fit_step',
   'make_optimizer',
   'learning_rate_schedule',
   'train_step',

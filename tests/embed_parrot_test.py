@@ -8,10 +8,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from experiments import common
 from experiments import embed_parrot as experiment
+from leakjax import train as train_lib
 from leakjax.attacks.inversion import bei_hei as ei
 from leakjax.attacks.inversion import embed_parrot as ep
 from leakjax.attacks.inversion import runner
@@ -100,22 +102,22 @@ def test_cosine_loss_hand_values():
 
 def test_training_reduces_loss_and_beats_hei(tmp_path):
   ids, mask, deep, h0 = tiny_data()
-  cfg = ep.TrainConfig(
-    steps=60,
-    batch_size=16,
+  cfg = ep.train_config(
+    60,
+    16,
     learning_rate=3e-3,
     warmup_steps=5,
     log_every=20,
     checkpoint_every=30,
   )
-  ckpt = tmp_path / 'ep.safetensors'
+  ckpt = tmp_path / 'ep'
   variables, history = ep.train(
-    CONFIG, deep, h0, mask, cfg, key=jax.random.key(0), checkpoint=ckpt
+    CONFIG, deep, h0, mask, cfg, key=jax.random.key(0), workdir=ckpt
   )
   losses = [h['cos_loss'] for h in history]
-  assert len(history) == 3 and history[-1]['step'] == 60
+  assert [h['step'] for h in history] == [20, 40, 60]
   assert losses[-1] < 0.5 * losses[0]
-  assert ckpt.exists()
+  assert (ckpt / 'checkpoint' / 'params.safetensors').exists()
   model, params = tiny_llama()
   emb = model.word_embeddings(params)
   pred = ep.predict_batches(CONFIG, variables, deep, mask, batch_size=16)
@@ -123,12 +125,65 @@ def test_training_reduces_loss_and_beats_hei(tmp_path):
   acc_ep = (np.asarray(ei.hei_ids(pred, emb)) == ids)[real].mean()
   acc_hei = (np.asarray(ei.hei_ids(deep, emb)) == ids)[real].mean()
   assert acc_hei < 0.2 and acc_ep > 0.9
-  # Resuming a finished run restores it without training.
+  # Resuming a finished run restores it, and its history, without training.
   again, more = ep.train(
-    CONFIG, deep, h0, mask, cfg, key=jax.random.key(9), checkpoint=ckpt
+    CONFIG, deep, h0, mask, cfg, key=jax.random.key(0), workdir=ckpt
   )
-  assert more == []
+  assert more == history
   jax.tree.map(np.testing.assert_array_equal, again, variables)
+  # Another initialisation is another run: the checkpoint is refused.
+  with pytest.raises(LeakjaxError, match='another fingerprint'):
+    ep.train(CONFIG, deep, h0, mask, cfg, key=jax.random.key(9), workdir=ckpt)
+
+
+def test_train_matches_a_hand_written_adamw_loop():
+  # Independent reference: the same batches (the epoch permutation of
+  # leakjax.data.batch_indices) through optax's clip + AdamW with a warmup
+  # cosine schedule, stepped by hand.
+  _, mask, deep, h0 = tiny_data()
+  cfg = ep.train_config(
+    7, 16, learning_rate=3e-3, warmup_steps=2, log_every=7, seed=3
+  )
+  variables, history = ep.train(
+    CONFIG, deep, h0, mask, cfg, key=jax.random.key(0)
+  )
+  start, _ = ep.train(
+    CONFIG, deep, h0, mask, ep.train_config(0, 16), key=jax.random.key(0)
+  )
+  schedule = optax.warmup_cosine_decay_schedule(
+    0.0, 3e-3, 2, 7, end_value=0.05 * 3e-3
+  )
+  opt = optax.chain(
+    optax.clip_by_global_norm(1.0),
+    optax.adamw(
+      schedule,
+      weight_decay=0.01,
+      mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p),
+    ),
+  )
+  params, state = start['params'], opt.init(start['params'])
+  n, per_epoch = len(deep), len(deep) // 16
+  losses = []
+  for step in range(7):
+    epoch, within = divmod(step, per_epoch)
+    rows = np.random.default_rng([3, epoch]).permutation(n)[
+      within * 16 : (within + 1) * 16
+    ]
+    batch = ep.Batch(
+      jnp.asarray(deep[rows]), jnp.asarray(h0[rows]), jnp.asarray(mask[rows])
+    )
+    (loss, _), grads = jax.value_and_grad(
+      functools.partial(ep.loss_fn, config=CONFIG), has_aux=True
+    )(params, start['stats'], batch)
+    updates, state = opt.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+    losses.append(float(loss))
+  jax.tree.map(
+    functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6),
+    variables['params'],
+    params,
+  )
+  assert history[-1]['cos_loss'] == pytest.approx(np.mean(losses), rel=1e-5)
 
 
 def test_linear_skip_starts_at_ridge_and_improves():
@@ -139,7 +194,7 @@ def test_linear_skip_starts_at_ridge_and_improves():
     deep,
     h0,
     mask,
-    ep.TrainConfig(steps=0, batch_size=16),
+    ep.train_config(0, 16),
     key=jax.random.key(0),
   )
   stats = jax.tree.map(np.asarray, start['stats'])
@@ -158,7 +213,7 @@ def test_linear_skip_starts_at_ridge_and_improves():
 
 def test_train_rejects_bad_shapes():
   _, mask, deep, h0 = tiny_data()
-  cfg = ep.TrainConfig(steps=1, batch_size=4)
+  cfg = ep.train_config(1, 4)
   with pytest.raises(LeakjaxError):
     ep.train(CONFIG, deep[:, :, :16], h0, mask, cfg, key=jax.random.key(0))
   with pytest.raises(LeakjaxError):
@@ -167,7 +222,7 @@ def test_train_rejects_bad_shapes():
       deep,
       h0,
       mask,
-      ep.TrainConfig(batch_size=1000),
+      ep.train_config(1, 1000),
       key=jax.random.key(0),
     )
 
@@ -202,22 +257,19 @@ def test_ppl_term_is_model_nll_for_exact_embeddings_and_differentiable():
 def test_train_with_ppl_term_needs_target_params_and_runs():
   model, params = tiny_llama()
   _, mask, deep, h0 = tiny_data()
-  cfg = ep.TrainConfig(
-    steps=2, batch_size=8, warmup_steps=1, log_every=1, ppl_weight=0.5
-  )
+  cfg = ep.train_config(2, 8, warmup_steps=1, log_every=1)
+  ppl = dict(key=jax.random.key(0), ppl_weight=0.5)
   with pytest.raises(LeakjaxError, match='params'):
-    ep.train(CONFIG, deep, h0, mask, cfg, key=jax.random.key(0))
+    ep.train(CONFIG, deep, h0, mask, cfg, **ppl)
   with pytest.raises(LeakjaxError, match='params'):
-    ep.train(
-      CONFIG, deep, h0, mask, cfg, key=jax.random.key(0), target_model=model
-    )
+    ep.train(CONFIG, deep, h0, mask, cfg, target_model=model, **ppl)
   _, history = ep.train(
     CONFIG,
     deep,
     h0,
     mask,
     cfg,
-    key=jax.random.key(0),
+    **ppl,
     target_model=model,
     target_params=params,
   )
@@ -227,12 +279,12 @@ def test_train_with_ppl_term_needs_target_params_and_runs():
 
 def test_train_step_compiles_once_per_settings():
   _, mask, deep, h0 = tiny_data()
-  cfg = ep.TrainConfig(steps=2, batch_size=16, warmup_steps=1, log_every=1)
+  cfg = ep.train_config(2, 16, warmup_steps=1, log_every=1)
   ep.train(CONFIG, deep, h0, mask, cfg, key=jax.random.key(0))
-  before = ep._train_step_jit._cache_size()
+  before = train_lib._jitted_fit_step._cache_size()
   # Same settings, new data and initialisation: no new compile.
   ep.train(CONFIG, deep + 1.0, h0, mask, cfg, key=jax.random.key(1))
-  assert ep._train_step_jit._cache_size() == before
+  assert train_lib._jitted_fit_step._cache_size() == before
 
 
 # -------------------------------------------------------------- experiment

@@ -21,7 +21,20 @@ def test_readme_examples_run(tmp_path, monkeypatch, capsys):
   for i, block in enumerate(blocks):
     code = block.replace('/tmp/smollm2_hf', str(tmp_path / 'smollm2_hf'))
     exec(compile(code, f'README.md python block {i}', 'exec'), namespace)
-  assert '(1, 3)' in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert '(1, 3)' in out
+  # The training block: 4 steps of both loops, the caller's params untouched.
+  assert '4 True' in out
+  # `train` is `fit` with the next-token loss: same data, order and steps,
+  # so the same parameters.
+  tuned, run = namespace['tuned'], namespace['run']
+  assert tuned.step == run.step == 4
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+    tuned.params,
+    run.params,
+  )
+  assert run.history[-1]['loss'] < run.history[0]['loss']
   # What the tour promises: the saved directory loads back, same logits.
   from leakjax import models
 

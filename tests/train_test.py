@@ -15,7 +15,7 @@ from tokenizers import models as hf_models
 from tokenizers import pre_tokenizers
 
 from leakjax import data as data_lib
-from leakjax import models
+from leakjax import io, models
 from leakjax import train as train_lib
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2
@@ -121,7 +121,9 @@ def test_weight_decay_skips_biases_and_scales(name):
   'kwargs, match',
   [
     (dict(optimizer='lion'), 'unknown optimizer'),
-    (dict(schedule='cosine'), 'unknown learning-rate schedule'),
+    (dict(schedule='step'), 'unknown learning-rate schedule'),
+    (dict(num_steps=-1), 'num_steps'),
+    (dict(final_learning_rate_fraction=2.0), 'final_learning_rate_fraction'),
     (dict(learning_rate=0.0), 'learning_rate must be positive'),
     (dict(batch_size=0), 'batch_size must be positive'),
     (dict(warmup_steps=-1), 'warmup_steps'),
@@ -190,7 +192,7 @@ def test_evaluate_is_token_weighted_and_ignores_padding():
 def test_training_lowers_eval_perplexity_without_retracing(monkeypatch):
   chex.clear_trace_counter()
   monkeypatch.setattr(
-    train_lib, 'train_step', chex.assert_max_traces(train_lib.train_step, n=1)
+    train_lib, 'fit_step', chex.assert_max_traces(train_lib.fit_step, n=1)
   )
   monkeypatch.setattr(
     train_lib, 'eval_step', chex.assert_max_traces(train_lib.eval_step, n=1)
@@ -348,13 +350,17 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
   assert done.start_step == done.step == 9
   assert_trees_equal(done.params, whole.params)
 
-  # The directories load with leakjax.models.load.
-  for folder in ('model', 'checkpoint'):
-    loaded, _ = models.load(tmp_path / 'a' / folder)
-    assert loaded.family == 'gpt2'
-    assert loaded.tokenizer.encode('the cat') == [3, 4]
-  _, loaded_params = models.load(tmp_path / 'a' / 'model')
+  # The returned model loads with leakjax.models.load; the checkpoint
+  # holds the last step's params (here the best ones as well).
+  assert whole.best_eval['step'] == 9
+  loaded, loaded_params = models.load(tmp_path / 'a' / 'model')
+  assert loaded.family == 'gpt2'
+  assert loaded.tokenizer.encode('the cat') == [3, 4]
   assert_trees_equal(loaded_params, whole.params)
+  last = io.load_pytree(
+    tmp_path / 'a' / 'checkpoint' / 'params.safetensors', params
+  )
+  assert_trees_equal(last, whole.params)
 
   # Another config or other data is refused.
   with pytest.raises(LeakjaxError, match='different config.*learning_rate'):
@@ -367,7 +373,7 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
       workdir=tmp_path / 'b',
       progress=False,
     )
-  with pytest.raises(LeakjaxError, match='different data'):
+  with pytest.raises(LeakjaxError, match='another fingerprint'):
     train_lib.train(
       model,
       params,
@@ -466,3 +472,92 @@ def test_input_errors():
       config=config,
       progress=False,
     )
+
+
+# ------------------------------------------------------- defended training
+def _one_sgd_step(defense, **config):
+  """Params after one plain-SGD step on 4 sentences under `defense`, and
+  the batch."""
+  model, params = tiny_model()
+  ids, mask = model.tokenizer.encode_batch(CORPUS[:4], add_bos=True)
+  settings = dict(
+    optimizer='sgd',
+    learning_rate=0.1,
+    schedule='constant',
+    grad_clip_norm=None,
+    batch_size=4,
+    num_steps=1,
+  )
+  settings.update(config)
+  result = train_lib.train(
+    model,
+    params,
+    (ids, mask),
+    config=train_lib.TrainConfig(**settings),
+    progress=False,
+    defense=defense,
+  )
+  return model, params, result.params, jnp.asarray(ids), jnp.asarray(mask)
+
+
+def test_dp_sgd_training_step_is_the_clipped_per_example_mean():
+  from leakjax import fl
+
+  model, start, trained, ids, mask = _one_sgd_step(fl.dp_sgd(0.5, 0.0))
+  # Reference: each sentence's gradient on its own, clipped to global norm
+  # 0.5, averaged, one SGD step of 0.1.
+  clipped = []
+  for i in range(4):
+    g = jax.grad(model.loss)(start, ids[i : i + 1], mask[i : i + 1])
+    norm = optax.global_norm(g)
+    assert float(norm) > 0.5  # the clip is active
+    clipped.append(jax.tree.map(lambda x, n=norm: x * (0.5 / n), g))
+  mean = jax.tree.map(lambda *g: sum(g) / 4, *clipped)
+  expected = jax.tree.map(lambda p, g: p - 0.1 * g, start, mean)
+  jax.tree.map(
+    functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6),
+    trained,
+    expected,
+  )
+
+
+def test_pruned_training_step_keeps_each_tensors_largest_entries():
+  from leakjax import fl
+
+  model, start, trained, ids, mask = _one_sgd_step(fl.gradient_pruning(0.9))
+  grads = jax.grad(model.loss)(start, ids, mask)
+
+  def pruned(g):  # zero the 90% smallest |g| of the tensor
+    flat = np.asarray(g).ravel()
+    drop = np.argsort(np.abs(flat), kind='stable')[: int(0.9 * flat.size + 0.5)]
+    flat = flat.copy()
+    flat[drop] = 0.0
+    return flat.reshape(g.shape)
+
+  expected = jax.tree.map(lambda p, g: p - 0.1 * pruned(g), start, grads)
+  jax.tree.map(
+    functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6),
+    trained,
+    expected,
+  )
+
+
+def test_frozen_embeddings_do_not_move_under_weight_decay():
+  from leakjax import fl
+
+  model, start = tiny_model()
+  defense = fl.freeze_embeddings(model)
+  model, start, trained, _, _ = _one_sgd_step(
+    defense, optimizer='adamw', weight_decay=0.5, num_steps=3
+  )
+  moved = {
+    path: not np.array_equal(a, b)
+    for (path, a), b in zip(
+      jax.tree_util.tree_leaves_with_path(start),
+      jax.tree.leaves(trained),
+      strict=True,
+    )
+  }
+  frozen = {p for p in moved if 'wte' in jax.tree_util.keystr(p)}
+  assert frozen and not any(moved[p] for p in frozen)
+  assert all(moved[p] for p in moved if p not in frozen)

@@ -31,9 +31,10 @@ from leakjax.attacks.inversion.dct import (
 from leakjax.attacks.inversion.embed_parrot import (
   EmbedParrot,
   EmbedParrotConfig,
-  TrainConfig,
+  EmbedParrotLoss,
   predict_batches,
   train,
+  train_config,
 )
 from leakjax.attacks.inversion.runner import (
   InversionExperimentConfig,
@@ -45,10 +46,10 @@ __all__ = [
   'DCTDefense',
   'EmbedParrot',
   'EmbedParrotConfig',
+  'EmbedParrotLoss',
   'InversionExperimentConfig',
   'InversionRun',
   'LAST',
-  'TrainConfig',
   'apply_dct_defense',
   'bei_hei',
   'bei_hei_ids',
@@ -65,4 +66,5 @@ __all__ = [
   'run_experiment',
   'runner',
   'train',
+  'train_config',
 ]

@@ -39,13 +39,13 @@ bottleneck. On SmolLM2-135M layer 25, after 1,000 steps, the skip variant
 reaches ROUGE-1 0.75 on held-out Enron against 0.66 without it
 (`reports/embed_parrot/`); the ridge map alone was not scored.
 
-Pure pieces (`EmbedParrot`, `init_variables`, `loss_fn`, `train_step`,
-`predict`) are jit-able; :func:`train` is the thin runner with batches,
-checkpoints and progress. Its compiled step is one module-level `jax.jit`
-with the architecture, the optimisation settings and the (hashable) target
-model as static arguments and the target's params as an argument, so equal
-settings compile once per process and the target's weights are never baked
-into the program as constants.
+Pure pieces (`EmbedParrot`, `init_variables`, `loss_fn`, `EmbedParrotLoss`,
+`predict`) are jit-able; :func:`train` hands `EmbedParrotLoss` to the
+library's one training loop, :func:`leakjax.train.fit` (batches, the
+compiled step, checkpoints, resume, progress). The loss hashes by value and
+takes the target's params as an argument, so equal settings compile once per
+process and the target's weights are never baked into the program as
+constants.
 """
 
 from __future__ import annotations
@@ -54,21 +54,15 @@ import dataclasses
 import functools
 import math
 import os
-import time
-from pathlib import Path
 from typing import Callable, NamedTuple
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from absl import logging
 
-from leakjax import io as io_lib
+from leakjax import train as train_lib
 from leakjax.attacks.inversion import bei_hei as ei
-from leakjax.data import batch_indices
 from leakjax.errors import LeakjaxError, check_finite
 from leakjax.models import gpt2
 from leakjax.models.protocol import Model, PyTree
@@ -329,149 +323,80 @@ def loss_fn(
 
 
 # --------------------------------------------------------------- training
-@flax.struct.dataclass
-class TrainState:
-  """Embed Parrot training state.
-
-  Attributes:
-    step: int32 scalar, steps taken.
-    params: the trainable parameters.
-    opt_state: the optax state.
-  """
-
-  step: jax.Array
-  params: PyTree
-  opt_state: PyTree
-
-
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """Optimisation hyperparameters.
+class EmbedParrotLoss:
+  """Embed Parrot's training loss as a :class:`leakjax.train.LossFn`.
+
+  `frozen` is `{'stats': <the input statistics>, 'target': <the attacked
+  model's params, or None>}`: neither is trained. Hashes by value, so equal
+  settings share one compiled step and the target's weights are an argument,
+  never constants of the program.
 
   Attributes:
-    steps: optimizer steps.
-    batch_size: sequences per step.
-    learning_rate: peak AdamW learning rate.
-    warmup_steps: linear warmup, then cosine decay to 5%.
-    weight_decay: AdamW decay of the matrices (not biases, norms, adapters'
-      statistics).
-    clip_norm: global gradient-norm clip.
+    config: the architecture.
     ppl_weight: weight of the PPL term (0: plain EP).
     ppl_temperature: temperature of the PPL term's relaxation.
-    log_every: steps between progress lines.
-    checkpoint_every: steps between checkpoints (with a checkpoint path).
-    seed: batch order and initialisation.
+    target_model: the attacked model, needed when `ppl_weight > 0`.
   """
 
-  steps: int = 2000
-  batch_size: int = 32
-  learning_rate: float = 1e-3
-  warmup_steps: int = 100
-  weight_decay: float = 0.01
-  clip_norm: float = 1.0
+  config: EmbedParrotConfig
   ppl_weight: float = 0.0
   ppl_temperature: float = 0.05
-  log_every: int = 100
-  checkpoint_every: int = 500
-  seed: int = 0
+  target_model: Model | None = None
 
-
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """Clip + AdamW with warmup and cosine decay."""
-  schedule = optax.warmup_cosine_decay_schedule(
-    0.0,
-    cfg.learning_rate,
-    max(cfg.warmup_steps, 1),
-    max(cfg.steps, cfg.warmup_steps + 1),
-    end_value=0.05 * cfg.learning_rate,
-  )
-  decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
-  return optax.chain(
-    optax.clip_by_global_norm(cfg.clip_norm),
-    optax.adamw(schedule, weight_decay=cfg.weight_decay, mask=decay_mask),
-  )
-
-
-def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
-  return TrainState(
-    step=jnp.zeros((), jnp.int32),
-    params=params,
-    opt_state=optimizer.init(params),
-  )
-
-
-def train_step(
-  state: TrainState,
-  stats,
-  batch: Batch,
-  *,
-  config: EmbedParrotConfig,
-  optimizer: optax.GradientTransformation,
-  ppl=None,
-  ppl_weight: float = 0.0,
-) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer step (pure; jit with the keyword arguments bound)."""
-  grad_fn = jax.value_and_grad(
-    functools.partial(loss_fn, config=config, ppl=ppl, ppl_weight=ppl_weight),
-    has_aux=True,
-  )
-  (_, metrics), grads = grad_fn(state.params, stats, batch)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  metrics['grad_norm'] = optax.global_norm(grads)
-  return TrainState(
-    step=state.step + 1, params=params, opt_state=opt_state
-  ), metrics
-
-
-@functools.partial(
-  jax.jit, static_argnames=('config', 'train_config', 'target_model')
-)
-def _train_step_jit(
-  state: TrainState,
-  stats,
-  batch: Batch,
-  target_params: PyTree,
-  *,
-  config: EmbedParrotConfig,
-  train_config: TrainConfig,
-  target_model: Model | None,
-) -> tuple[TrainState, dict[str, jax.Array]]:
-  """:func:`train_step` with the optimizer and PPL term of `train_config`.
-
-  `target_model`/`target_params` are the attacked model when
-  `train_config.ppl_weight > 0` (else None).
-  """
-  ppl = None
-  if train_config.ppl_weight > 0:
-    ppl = functools.partial(
-      ppl_term,
-      target_model,
-      target_params,
-      temperature=train_config.ppl_temperature,
+  def __call__(self, params, frozen, batch: Batch, key):
+    del key  # deterministic
+    ppl = None
+    if self.ppl_weight > 0:
+      ppl = functools.partial(
+        ppl_term,
+        self.target_model,
+        frozen['target'],
+        temperature=self.ppl_temperature,
+      )
+    return loss_fn(
+      params,
+      frozen['stats'],
+      batch,
+      config=self.config,
+      ppl=ppl,
+      ppl_weight=self.ppl_weight,
     )
-  return train_step(
-    state,
-    stats,
-    batch,
-    config=config,
-    optimizer=make_optimizer(train_config),
-    ppl=ppl,
-    ppl_weight=train_config.ppl_weight,
+
+
+def train_config(
+  steps: int,
+  batch_size: int = 32,
+  *,
+  learning_rate: float = 1e-3,
+  warmup_steps: int = 100,
+  **overrides,
+) -> train_lib.TrainConfig:
+  """The optimisation of Embed Parrot as a :class:`leakjax.train.TrainConfig`.
+
+  AdamW (weight decay 0.01 of the matrices, not of biases, norms or the
+  adapters' statistics), the global gradient norm clipped to 1, linear
+  warmup then cosine decay to 5% of the peak, `steps` steps over epochs of
+  full batches reshuffled with `seed`. The paper gives no optimiser
+  settings (Wan et al. 2024, Sec. 4.3); these are ours. `overrides` sets
+  any other field (e.g. `seed`, `log_every`, `checkpoint_every`).
+  """
+  fields = dict(
+    optimizer='adamw',
+    learning_rate=learning_rate,
+    warmup_steps=warmup_steps,
+    schedule='cosine',
+    final_learning_rate_fraction=0.05,
+    weight_decay=0.01,
+    grad_clip_norm=1.0,
+    batch_size=batch_size,
+    num_steps=steps,
+    drop_remainder=True,
+    log_every=100,
+    checkpoint_every=500,
   )
-
-
-def _save_checkpoint(path: Path, state: TrainState, stats) -> None:
-  io_lib.save_pytree(path, {'state': state, 'stats': stats})
-
-
-def _load_checkpoint(path: Path, state: TrainState, stats):
-  restored = io_lib.load_pytree(
-    path,
-    {'state': state, 'stats': stats},
-    what=f'the Embed Parrot checkpoint {path}',
-  )
-  return restored['state'], restored['stats']
+  fields.update(overrides)
+  return train_lib.TrainConfig(**fields)
 
 
 def train(
@@ -479,34 +404,42 @@ def train(
   inputs: np.ndarray,
   targets: np.ndarray,
   mask: np.ndarray,
-  cfg: TrainConfig,
+  train_config: train_lib.TrainConfig,
   *,
   key,
-  checkpoint: str | os.PathLike | None = None,
+  ppl_weight: float = 0.0,
+  ppl_temperature: float = 0.05,
+  workdir: str | os.PathLike | None = None,
   target_model: Model | None = None,
   target_params: PyTree = None,
   init: PyTree | None = None,
-  on_log: Callable[[int, dict[str, float]], None] | None = None,
+  progress: bool = False,
 ) -> tuple[PyTree, list[dict[str, float]]]:
-  """Trains Embed Parrot on cached hidden states; resumes from `checkpoint`.
+  """Trains Embed Parrot on cached hidden states with :func:`leakjax.train.fit`.
 
   Args:
     config: the architecture (`input_dim`/`output_dim` must match the data).
     inputs: `H^i`, `[N, T, input_dim]` (any float dtype; kept on the host).
     targets: `H^0`, `[N, T, output_dim]`.
     mask: `[N, T]`, 1 for real tokens.
-    cfg: optimisation settings.
+    train_config: optimisation settings, e.g. from :func:`train_config`
+      (its `num_steps` counts the steps).
     key: a `jax.random.key` for the initialisation.
-    checkpoint: a file; written every `cfg.checkpoint_every` steps and at the
-      end (atomically), and resumed from if it exists.
-    target_model: the attacked model, needed when `cfg.ppl_weight > 0`.
+    ppl_weight: weight of the target's perplexity term (EP+PPL); 0: plain
+      EP.
+    ppl_temperature: temperature of the PPL term's relaxation.
+    workdir: checkpoint folder (see :func:`leakjax.train.fit`); a finished
+      run there returns at once.
+    target_model: the attacked model, needed when `ppl_weight > 0`.
     target_params: its parameters, needed with `target_model`.
     init: start from these `{'params', 'stats'}` (e.g. a trained EP that is
       fine-tuned with the PPL term) instead of a fresh initialisation.
-    on_log: called with `(step, metrics)` at every progress line.
+    progress: show a tqdm bar (log lines are written either way).
 
   Returns:
-    `(variables, history)`: `{'params', 'stats'}` and the logged metrics.
+    `(variables, history)`: `{'params', 'stats'}` and the logged rows of
+    :func:`leakjax.train.fit` (`step`, `loss`, `cos_loss`, `log_ppl` with
+    the PPL term, `grad_norm`, `learning_rate`, `steps_per_second`).
   """
   n, t, din = inputs.shape
   if targets.shape[:2] != (n, t) or mask.shape != (n, t):
@@ -520,12 +453,13 @@ def train(
       f'Embed Parrot expects {config.input_dim} -> {config.output_dim}'
       f' features, the data has {din} -> {targets.shape[-1]}'
     )
-  if cfg.batch_size > n:
+  if train_config.batch_size > n:
     raise LeakjaxError(
-      f'batch_size={cfg.batch_size} exceeds the {n} training sequences',
+      f'batch_size={train_config.batch_size} exceeds the {n} training'
+      ' sequences',
       'use a smaller batch',
     )
-  if cfg.ppl_weight > 0:
+  if ppl_weight > 0:
     if target_model is None or target_params is None:
       raise LeakjaxError(
         'ppl_weight > 0 needs the target model and its params',
@@ -549,83 +483,41 @@ def train(
         jnp.zeros_like, params['output_adapter']
       )
       variables = {'params': params, 'stats': variables['stats']}
-  stats = variables['stats']
-  optimizer = make_optimizer(cfg)
-  state = init_state(variables['params'], optimizer)
-  ckpt = Path(checkpoint) if checkpoint is not None else None
-  if ckpt is not None and ckpt.exists():
-    state, stats = _load_checkpoint(ckpt, state, variables['stats'])
-    logging.info(
-      'Embed Parrot: resumed from %s at step %d', ckpt, int(state.step)
-    )
-  step_fn = functools.partial(
-    _train_step_jit,
-    target_params=target_params,
-    config=config,
-    train_config=cfg,
-    target_model=target_model,
-  )
-  per_epoch = n // cfg.batch_size
   # Right padding: the last real position + 1 of each sequence.
+  host_mask = np.asarray(mask)
   lengths = np.where(
-    np.asarray(mask).any(1),
-    t - np.argmax(np.asarray(mask)[:, ::-1] > 0, axis=1),
-    0,
+    host_mask.any(1), t - np.argmax(host_mask[:, ::-1] > 0, axis=1), 0
   )
-  history: list[dict[str, float]] = []
-  start_step = int(state.step)
-  started = time.time()
-  window: list[dict[str, jax.Array]] = []
-  for step in range(start_step, cfg.steps):
-    epoch, within = divmod(step, per_epoch)
-    rows = batch_indices(
-      n, cfg.batch_size, seed=cfg.seed, epoch=epoch, drop_remainder=True
-    )[within]
+
+  def make_batch(rows: np.ndarray) -> Batch:
+    real = rows >= 0  # -1: a filler row of a partial batch
+    rows = np.where(real, rows, 0)
     # Trim padding to a multiple of 16 (at most T/16 compiled shapes).
-    width = min(t, 16 * max(1, math.ceil(lengths[rows].max() / 16)))
-    batch = Batch(
+    longest = lengths[rows][real].max() if real.any() else 1
+    width = min(t, 16 * max(1, math.ceil(longest / 16)))
+    return Batch(
       inputs=jnp.asarray(inputs[rows, :width], jnp.float32),
       targets=jnp.asarray(targets[rows, :width], jnp.float32),
-      mask=jnp.asarray(mask[rows, :width], jnp.int32),
+      mask=jnp.asarray(host_mask[rows, :width] * real[:, None], jnp.int32),
     )
-    state, metrics = step_fn(state, stats, batch)
-    window.append(metrics)
-    done = step + 1
-    if done % cfg.log_every == 0 or done == cfg.steps:
-      row = {
-        k: float(np.mean([float(m[k]) for m in window])) for k in window[0]
-      }
-      window = []
-      if not all(math.isfinite(v) for v in row.values()):
-        raise LeakjaxError(
-          f'Embed Parrot diverged at step {done}: {row}',
-          'lower the learning rate',
-        )
-      elapsed = time.time() - started
-      rate = (done - start_step) / max(elapsed, 1e-9)
-      row.update(
-        step=done, steps_per_s=rate, eta_s=(cfg.steps - done) / max(rate, 1e-9)
-      )
-      history.append(row)
-      logging.info(
-        'Embed Parrot step %d/%d loss %.4f cos_loss %.4f'
-        ' (%.2f steps/s, ETA %.0f s)',
-        done,
-        cfg.steps,
-        row['loss'],
-        row['cos_loss'],
-        rate,
-        row['eta_s'],
-      )
-      if on_log is not None:
-        on_log(done, row)
-    if ckpt is not None and (
-      done % cfg.checkpoint_every == 0 or done == cfg.steps
-    ):
-      _save_checkpoint(ckpt, state, stats)
-  variables = {'params': state.params, 'stats': stats}
-  check_finite(variables['params'], 'Embed Parrot parameters')
-  return variables, history
+
+  loss = EmbedParrotLoss(config, ppl_weight, ppl_temperature, target_model)
+  result = train_lib.fit(
+    loss,
+    variables['params'],
+    make_batch,
+    n,
+    train_config,
+    frozen={'stats': variables['stats'], 'target': target_params},
+    workdir=workdir,
+    fingerprint=train_lib.data_fingerprint(
+      inputs, targets, host_mask, *jax.tree.leaves(variables)
+    ),
+    progress=progress,
+    desc='Embed Parrot',
+  )
+  check_finite(result.params, 'Embed Parrot parameters')
+  return {'params': result.params, 'stats': variables['stats']}, result.history
 
 
 _predict_jit = functools.partial(jax.jit, static_argnames=('config',))(predict)
@@ -666,11 +558,8 @@ __all__ = [
   'ppl_term',
   'Batch',
   'loss_fn',
-  'TrainState',
-  'TrainConfig',
-  'make_optimizer',
-  'init_state',
-  'train_step',
+  'EmbedParrotLoss',
+  'train_config',
   'train',
   'predict_batches',
 ]

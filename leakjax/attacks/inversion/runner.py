@@ -655,9 +655,9 @@ def run_experiment(
 
   # 2. Embed Parrot at the deep layer (Tables 1, 4, 5).
   d = model.hidden_size
-  train_cfg = ep.TrainConfig(
-    steps=cfg.ep_steps,
-    batch_size=min(cfg.ep_batch_size, len(train_split.texts)),
+  train_cfg = ep.train_config(
+    cfg.ep_steps,
+    min(cfg.ep_batch_size, len(train_split.texts)),
     learning_rate=cfg.ep_lr,
     warmup_steps=max(cfg.ep_steps // 20, 1),
     log_every=max(cfg.ep_steps // 30, 1),
@@ -684,13 +684,10 @@ def run_experiment(
       train_split.score_mask,
       train_cfg,
       key=jax.random.fold_in(key, 1),
-      checkpoint=cache_dir / f'{variant}_{ep_key}.safetensors',
+      workdir=cache_dir / f'{variant}_{ep_key}',
     )
     history_path = Path(workdir) / f'{variant}_history.json'
-    if history:
-      io.atomic_write_text(history_path, json.dumps(history, indent=1))
-    elif history_path.exists():  # resumed after training finished
-      history = json.loads(history_path.read_text())
+    io.atomic_write_text(history_path, json.dumps(history, indent=1))
     variants[variant] = (ep_config, variables)
     histories[variant] = history
   t_ep = time.time() - t0
@@ -699,8 +696,7 @@ def run_experiment(
     ep_config, variables = variants[base]
     ppl_cfg = dataclasses.replace(
       train_cfg,
-      steps=cfg.ep_ppl_steps,
-      ppl_weight=cfg.ep_ppl_weight,
+      num_steps=cfg.ep_ppl_steps,
       learning_rate=cfg.ep_lr / 3,
       warmup_steps=1,
       batch_size=min(8, train_cfg.batch_size),
@@ -714,8 +710,9 @@ def run_experiment(
       train_split.score_mask,
       ppl_cfg,
       key=jax.random.fold_in(key, 2),
-      checkpoint=cache_dir
-      / f'{base}_ppl_{_cache_key(k, ep_config, train_cfg, ppl_cfg)}.safetensors',
+      ppl_weight=cfg.ep_ppl_weight,
+      workdir=cache_dir
+      / f'{base}_ppl_{_cache_key(k, ep_config, train_cfg, ppl_cfg, cfg.ep_ppl_weight)}',
       target_model=model,
       target_params=params,
       init=variables,
