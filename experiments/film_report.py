@@ -37,6 +37,27 @@ PAPER_TABLE4 = {
   'dp:5': (0.29, 0.01),
   'dp:1': (0.00, 0.00),
 }
+# FILM Tables 4a/4b (GPT-2 fine-tuned on WikiText-103): defense -> test
+# perplexity of the model trained under it.
+PAPER_TABLE4_PERPLEXITY = {
+  'none': 11.46,
+  'prune:0.9': 11.57,
+  'prune:0.99': 12.77,
+  'prune:0.999': 15.34,
+  'prune:0.9999': 19.21,
+  'dp:15': 11.98,
+  'dp:10': 12.86,
+  'dp:5': 14.32,
+  'dp:1': 16.31,
+}
+# FILM Table 5: (init, embeddings) -> test perplexity on WikiText-103 and
+# Enron.
+PAPER_TABLE5 = {
+  ('random', 'none'): {'wikitext': 27.31, 'enron': 15.16},
+  ('random', 'freeze'): {'wikitext': 118.69, 'enron': 69.17},
+  ('pretrained', 'none'): {'wikitext': 11.40, 'enron': 7.09},
+  ('pretrained', 'freeze'): {'wikitext': 11.48, 'enron': 7.30},
+}
 # FILM Table 3 (GPT-2, WikiText-103, b = 16): repetitions of the beam
 # search -> (recall, precision) of ROUGE-L > 0.25, means over batches.
 PAPER_TABLE3 = {
@@ -76,6 +97,9 @@ def summarize(
 ) -> tuple[dict[str, float], str, list]:
   summary: dict[str, float] = {}
   figures = []
+  if cfg.mode == 'utility':
+    md = utility_markdown(cfg, rows, extra)
+    return _summarize_utility(cfg, rows), md, figures
   if cfg.mode == 'bag':
     groups = {}
     for r in rows:
@@ -426,3 +450,81 @@ def write(writer: io.ExperimentWriter, cfg, film_run: runner.FilmRun):
     writer.save_figure(fig, name)
   writer.write_summary(summary, md)
   return summary
+
+
+def _paper_table5(cfg, defense: str):
+  """FILM Table 5's perplexity for this init and defense, on the corpus
+  (WikiText or Enron) the data name suggests; None if none fits."""
+  name = str(cfg.data).lower()
+  corpus = (
+    'enron' if 'enron' in name else 'wikitext' if 'wikitext' in name else None
+  )
+  return PAPER_TABLE5.get((cfg.init, defense), {}).get(corpus)
+
+
+def _summarize_utility(cfg, rows: list[dict]) -> dict[str, float]:
+  summary = {}
+  for r in rows:
+    if r.get('kind') == 'utility':
+      key = io.summary_key('test_perplexity', defense=r['defense'])
+      summary[key] = r['perplexity']
+  return summary
+
+
+def utility_markdown(cfg, rows: list[dict], extra: dict) -> str:
+  """FILM Tables 4-5's perplexity columns beside ours."""
+  by = {r['defense']: r for r in rows if r.get('kind') == 'utility'}
+  base = by.get('none', {}).get('perplexity')
+  paper_base = PAPER_TABLE4_PERPLEXITY['none']
+  table = []
+  for spec in ['start', *cfg.defenses]:
+    r = by.get(spec)
+    if r is None:
+      continue
+    ppl = r['perplexity']
+    paper = PAPER_TABLE4_PERPLEXITY.get(spec)
+    if spec in ('none', 'freeze'):
+      t5 = _paper_table5(cfg, spec)
+    else:
+      t5 = None
+    sigma = r.get('noise_multiplier')
+    table.append(
+      [
+        spec,
+        f'{sigma:.3f}' if sigma else '–',
+        f'{ppl:.2f}',
+        f'{ppl / base:.3f}' if base and spec != 'start' else '–',
+        f'{paper:.2f}' if paper else '–',
+        f'{paper / paper_base:.3f}' if paper else '–',
+        f'{t5:.2f}' if t5 else '–',
+        f'{r["seconds"]:.0f}' if r.get('seconds') else '–',
+      ]
+    )
+  return (
+    '# FILM defenses: what they cost in utility\n\n'
+    f'Model `{cfg.model}` ({cfg.init}), data `{cfg.data}`,'
+    f' {extra.get("num_train", "?")} training sentences; every row trains'
+    f' t = {cfg.train_steps} steps of b = {cfg.train_batch_size} at'
+    f' learning rate {cfg.learning_rate:g} (linear decay) with the'
+    " defense on every step's gradient, then measures the perplexity of"
+    ' the held-out split (`start`: before training). DP-SGD: clip'
+    f' C = {cfg.dp_clip:g}, δ = {cfg.dp_delta:g}, σ calibrated for these'
+    ' steps at sampling rate b/N. "paper" is FILM Table 4 (GPT-2 fine-tuned'
+    ' on WikiText-103, trained to convergence) and Table 5 (its `none` /'
+    ' `freeze` cells for this init and corpus); the ratio columns divide by'
+    ' the undefended row, the comparable quantity across models and'
+    ' training lengths.\n\n'
+    + io.markdown_table(
+      [
+        'defense',
+        'σ',
+        'test perplexity',
+        '/ none',
+        'paper Table 4',
+        'paper / none',
+        'paper Table 5',
+        'seconds',
+      ],
+      table,
+    )
+  )

@@ -14,7 +14,7 @@ from absl import flags
 
 from experiments import common, film_report
 from experiments import film as film_exp
-from leakjax import fl, metrics
+from leakjax import fl, metrics, models
 from leakjax.attacks import film
 from leakjax.attacks.film import bag as bow
 from leakjax.attacks.film import beam_search as bs
@@ -278,6 +278,42 @@ def test_experiment_bag_mode_with_defenses(tmp_path):
   assert summary['bag_recall@b=2,defense=none,method=tied'] == 1.0
   # eps = 10 noise drowns this 2-sentence gradient: far below the clean bag.
   assert summary['bag_precision@b=2,defense=dp:10,method=dp'] < 0.5
+
+
+def test_experiment_utility_mode_trains_under_each_defense(tmp_path):
+  defenses = ('none', 'freeze', 'prune:0.9', 'dp:1')
+  cfg = runner.FilmExperimentConfig(
+    **{**SMOKE, 'train_steps': 3, 'eval_fraction': 0.25, 'learning_rate': 0.01},
+    mode='utility',
+    defenses=defenses,
+  )
+  summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
+  rows = {
+    r['defense']: r for r in map(json.loads, open(tmp_path / 'results.jsonl'))
+  }
+  assert sorted(rows) == sorted(('start', *defenses))
+  ppl = {d: summary[f'test_perplexity@defense={d}'] for d in rows}
+  # Three steps at lr 0.01 lower the held-out perplexity of the random
+  # model; each defense trains another model.
+  assert ppl['none'] < ppl['start']
+  assert len({round(v, 6) for v in ppl.values()}) == len(ppl)
+  assert rows['dp:1']['noise_multiplier'] > 1 and rows['none']['steps'] == 3
+  # The frozen run trained everything but the (tied) embedding matrix.
+  model, start = runner.load_model(cfg)
+  trained, trained_params = models.load(
+    tmp_path / 'utility' / 'freeze' / 'model'
+  )
+  np.testing.assert_array_equal(
+    model.word_embeddings(trained_params), model.word_embeddings(start)
+  )
+  md = (tmp_path / 'summary.md').read_text()
+  assert 'paper Table 4' in md and '| dp:1 |' in md
+  # Resuming recomputes nothing.
+  assert film_exp.run_experiment(cfg, tmp_path, progress=False) == summary
+  with pytest.raises(Exception, match='--mode=utility'):
+    runner.FilmExperimentConfig(
+      mode='utility', train_steps=0, eval_fraction=0.1
+    )
 
 
 def test_bad_defense_and_config_errors():
