@@ -68,6 +68,31 @@ def test_pruning_count_is_exact_with_ties():
   assert defenses.num_pruned(3, 0.5) == 2
 
 
+@pytest.mark.parametrize('scope', ['tensor', 'global'])
+def test_pruning_with_many_ties_matches_a_stable_sort(scope):
+  # Magnitudes on a coarse grid (many exact ties, zeros, signs): the
+  # selection must zero exactly the entries a stable argsort would.
+  rng = np.random.default_rng(3)
+  tree = {
+    'u': np.round(rng.normal(size=(64, 33)), 1).astype(np.float32),
+    'v': np.round(rng.normal(size=(501,)), 0).astype(np.float32),
+  }
+  for fraction in (0.3, 0.75, 0.97):
+    out = fx.jit(
+      lambda t, f=fraction: fl.prune_by_magnitude(t, f, scope=scope)
+    )(tree)
+    if scope == 'tensor':
+      for name in tree:
+        x = tree[name]
+        keep = _expected_keep(np.abs(x.ravel()), fraction).reshape(x.shape)
+        np.testing.assert_array_equal(out[name], np.where(keep, x, 0))
+    else:
+      flat = np.concatenate([tree['u'].ravel(), tree['v'].ravel()])
+      keep = _expected_keep(np.abs(flat), fraction)
+      got = np.concatenate([np.ravel(out['u']), np.ravel(out['v'])])
+      np.testing.assert_array_equal(got, np.where(keep, flat, 0))
+
+
 # ----------------------------------------------------------------- DP-SGD
 def test_clip_per_example_bounds_norms_and_keeps_directions():
   rng = np.random.default_rng(0)

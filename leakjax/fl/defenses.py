@@ -66,7 +66,6 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from leakjax.errors import LeakjaxError
@@ -374,20 +373,23 @@ def prune_by_magnitude(
   leaves, treedef = jax.tree.flatten(tree)
   if fraction <= 0 or not leaves:
     return tree
-  sizes = [x.size for x in leaves]
+  bits = [_magnitude_bits(x) for x in leaves]
   if scope == 'global':
-    segments = [(sum(sizes), num_pruned(sum(sizes), fraction))]
+    total = sum(x.size for x in leaves)
+    keep = _keep_largest(jnp.concatenate(bits), num_pruned(total, fraction))
+    keeps, start = [], 0
+    for x in leaves:
+      keeps.append(keep[start : start + x.size])
+      start += x.size
   else:
-    segments = [(size, num_pruned(size, fraction)) for size in sizes]
-  magnitude = jnp.concatenate(
-    [jnp.abs(x.ravel()).astype(jnp.float32) for x in leaves]
-  )  # [total]
-  keep = _keep_largest(magnitude, segments)
-  out, start = [], 0
-  for x, size in zip(leaves, sizes):
-    k = keep[start : start + size].reshape(x.shape)
-    out.append(jnp.where(k, x, jnp.zeros_like(x)))
-    start += size
+    keeps = [
+      _keep_largest(b, num_pruned(x.size, fraction))
+      for b, x in zip(bits, leaves, strict=True)
+    ]
+  out = [
+    jnp.where(k.reshape(x.shape), x, jnp.zeros_like(x))
+    for k, x in zip(keeps, leaves, strict=True)
+  ]
   return jax.tree.unflatten(treedef, out)
 
 
@@ -396,31 +398,46 @@ def num_pruned(n: int, fraction: float) -> int:
   return min(int(math.floor(fraction * n + 0.5)), n)
 
 
-def _keep_largest(
-  magnitude: jax.Array, segments: list[tuple[int, int]]
-) -> jax.Array:
-  """Bool mask over consecutive segments of `magnitude [total]`: False for
-  the `num_zeroed` smallest entries of each `(size, num_zeroed)` segment.
+def _magnitude_bits(x: jax.Array) -> jax.Array:
+  """|x| as float32 bit patterns, int32 `[x.size]`: for non-negative
+  floats the integer order is the value order."""
+  magnitude = jnp.abs(x.ravel()).astype(jnp.float32)
+  return lax.bitcast_convert_type(magnitude, jnp.int32)
 
-  One sort for all segments, keyed by (segment, magnitude, position): a
-  single sort compiles far faster than one per tensor, and the position
-  key makes ties (e.g. the all-zero rows of unused words) break exactly.
+
+_INF_BITS = 0x7F800000  # float32 +inf
+
+
+def _keep_largest(bits: jax.Array, num_zeroed: int) -> jax.Array:
+  """Bool mask `[n]`: False for the `num_zeroed` smallest of `bits`.
+
+  Selection without a sort: a bisection over the bit patterns finds the
+  `num_zeroed`-th smallest value t (32 counting passes over the entries);
+  everything below t is zeroed, and of the entries equal to t the first
+  ones by position until `num_zeroed` are (ties, e.g. the all-zero rows of
+  unused words, break exactly as a stable sort would). On SmolLM2-135M's
+  gradient this is two orders of magnitude faster on CPU than sorting.
   """
-  total = magnitude.shape[0]
-  segment = jnp.concatenate(
-    [jnp.full((size,), i, jnp.int32) for i, (size, _) in enumerate(segments)]
+  n = bits.shape[0]
+  if num_zeroed <= 0:
+    return jnp.ones((n,), bool)
+  if num_zeroed >= n:
+    return jnp.zeros((n,), bool)
+
+  def bisect(_, bounds):
+    lo, hi = bounds  # the answer lies in [lo, hi]
+    mid = lo + (hi - lo) // 2
+    enough = jnp.sum(bits <= mid, dtype=jnp.int32) >= num_zeroed
+    return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
+
+  threshold, _ = lax.fori_loop(
+    0, 32, bisect, (jnp.int32(0), jnp.int32(_INF_BITS))
   )
-  position = jnp.arange(total, dtype=jnp.int32)
-  seg_sorted, _, pos_sorted = lax.sort(
-    (segment, magnitude, position), num_keys=3
-  )
-  starts = jnp.asarray(
-    np.cumsum([0] + [s for s, _ in segments[:-1]]), jnp.int32
-  )
-  num_zeroed = jnp.asarray([k for _, k in segments], jnp.int32)
-  rank = position - starts[seg_sorted]  # rank within the segment, smallest 0
-  keep_sorted = rank >= num_zeroed[seg_sorted]
-  return jnp.zeros((total,), bool).at[pos_sorted].set(keep_sorted)
+  below = bits < threshold
+  tied = bits == threshold
+  still = num_zeroed - jnp.sum(below, dtype=jnp.int32)
+  zeroed = below | (tied & (jnp.cumsum(tied, dtype=jnp.int32) <= still))
+  return ~zeroed
 
 
 __all__ = [
