@@ -471,22 +471,33 @@ def _summarize_utility(cfg, rows: list[dict]) -> dict[str, float]:
   return summary
 
 
+def _paper_utility(cfg, spec: str):
+  """(perplexity, perplexity / the paper's undefended one, source) of the
+  paper cell that matches `spec`, or None."""
+  if spec in ('none', 'freeze'):
+    value = _paper_table5(cfg, spec)
+    base = _paper_table5(cfg, 'none')
+    if value is not None:
+      return value, value / base, 'Table 5'
+    if spec == 'freeze' or cfg.init != 'pretrained':
+      return None
+  if cfg.init != 'pretrained' or spec not in PAPER_TABLE4_PERPLEXITY:
+    return None
+  value = PAPER_TABLE4_PERPLEXITY[spec]
+  return value, value / PAPER_TABLE4_PERPLEXITY['none'], 'Table 4'
+
+
 def utility_markdown(cfg, rows: list[dict], extra: dict) -> str:
   """FILM Tables 4-5's perplexity columns beside ours."""
   by = {r['defense']: r for r in rows if r.get('kind') == 'utility'}
   base = by.get('none', {}).get('perplexity')
-  paper_base = PAPER_TABLE4_PERPLEXITY['none']
   table = []
   for spec in ['start', *cfg.defenses]:
     r = by.get(spec)
     if r is None:
       continue
     ppl = r['perplexity']
-    paper = PAPER_TABLE4_PERPLEXITY.get(spec)
-    if spec in ('none', 'freeze'):
-      t5 = _paper_table5(cfg, spec)
-    else:
-      t5 = None
+    paper = _paper_utility(cfg, spec) if spec != 'start' else None
     sigma = r.get('noise_multiplier')
     table.append(
       [
@@ -494,9 +505,9 @@ def utility_markdown(cfg, rows: list[dict], extra: dict) -> str:
         f'{sigma:.3f}' if sigma else '–',
         f'{ppl:.2f}',
         f'{ppl / base:.3f}' if base and spec != 'start' else '–',
-        f'{paper:.2f}' if paper else '–',
-        f'{paper / paper_base:.3f}' if paper else '–',
-        f'{t5:.2f}' if t5 else '–',
+        f'{paper[0]:.2f}' if paper else '–',
+        f'{paper[1]:.3f}' if paper else '–',
+        paper[2] if paper else '–',
         f'{r["seconds"]:.0f}' if r.get('seconds') else '–',
       ]
     )
@@ -510,19 +521,20 @@ def utility_markdown(cfg, rows: list[dict], extra: dict) -> str:
     ' the held-out split (`start`: before training). DP-SGD: clip'
     f' C = {cfg.dp_clip:g}, δ = {cfg.dp_delta:g}, σ calibrated for these'
     ' steps at sampling rate b/N. "paper" is FILM Table 4 (GPT-2 fine-tuned'
-    ' on WikiText-103, trained to convergence) and Table 5 (its `none` /'
-    ' `freeze` cells for this init and corpus); the ratio columns divide by'
-    ' the undefended row, the comparable quantity across models and'
-    ' training lengths.\n\n'
+    ' from pretrained on WikiText-103: pruning and DP-SGD rows) or Table 5'
+    ' (frozen vs. trained embeddings, from scratch or pretrained, for the'
+    ' corpus named by the data); the ratio columns divide by the'
+    ' undefended row of the same source, the comparable quantity across'
+    ' models and training lengths.\n\n'
     + io.markdown_table(
       [
         'defense',
         'σ',
         'test perplexity',
         '/ none',
-        'paper Table 4',
+        'paper',
         'paper / none',
-        'paper Table 5',
+        'source',
         'seconds',
       ],
       table,

@@ -189,35 +189,6 @@ class TrainConfig:
       )
 
 
-@dataclasses.dataclass
-class TrainResult:
-  """What :func:`train` returns.
-
-  Attributes:
-    model: the input model (it holds no parameters).
-    params: the trained parameters (the best evaluated ones if
-      `config.restore_best` and there was an eval set).
-    history: one dict per logged step (`step`, `epoch`, `loss`, `grad_norm`,
-      `learning_rate`, `steps_per_second`) or evaluation (`step`, `epoch`,
-      `eval_loss`, `eval_perplexity`), in order; `step` counts updates done.
-    best_eval: `{'step', 'loss', 'perplexity'}` of the lowest eval loss, or
-      None without an eval set.
-    step: optimizer updates done.
-    start_step: the step this call started at (> 0 when it resumed).
-    stopped_early: whether early stopping ended training.
-    num_truncated: training + eval examples cut to `max_length`.
-  """
-
-  model: Model
-  params: PyTree
-  history: list[dict[str, Any]]
-  best_eval: dict[str, float] | None
-  step: int
-  start_step: int = 0
-  stopped_early: bool = False
-  num_truncated: int = 0
-
-
 # ---------------------------------------------------------------- optimizer
 def learning_rate_schedule(
   config: TrainConfig, total_steps: int
@@ -588,6 +559,21 @@ class FitResult:
   step: int
   start_step: int = 0
   stopped_early: bool = False
+
+
+@dataclasses.dataclass
+class TrainResult(FitResult):
+  """What :func:`train` returns: a :class:`FitResult` (whose evaluation
+  metrics are `loss` and `perplexity`, so eval rows hold `eval_loss` and
+  `eval_perplexity`) and
+
+  Attributes:
+    model: the input model (it holds no parameters).
+    num_truncated: training + eval examples cut to `max_length`.
+  """
+
+  model: Model | None = None
+  num_truncated: int = 0
 
 
 def fit(

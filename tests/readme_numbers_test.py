@@ -227,3 +227,21 @@ def test_gboard_heldout_row():
     f'E = 100: {_ratio(held, key):.2f} x upper (in sample {_ratio(ins, key):.2f})'
     in line
   )
+
+
+def test_film_utility_row():
+  line = row("| FILM defenses' utility cost")
+  wt, en = summary('film_utility'), summary('film_utility/enron')
+
+  def ratio(s, d):
+    key = 'test_perplexity@defense='
+    return s[key + d] / s[key + 'none']
+
+  assert (
+    f'frozen embeddings {ratio(wt, "freeze"):.3f} (WikiText-2) /'
+    f' {ratio(en, "freeze"):.3f} (Enron)' in line
+  )
+  prune = joined(ratio(wt, f'prune:{p}') for p in ('0.9', '0.9999'))
+  assert f'pruning 0.9 / 0.9999: {prune}' in line
+  dp = joined(ratio(wt, f'dp:{e}') for e in (15, 1))
+  assert f'DP-SGD ε = 15 / 1: {dp}' in line

@@ -675,6 +675,20 @@ class FilmRun:
   extra: dict[str, Any]
 
 
+def train_config(cfg: FilmExperimentConfig, **fields) -> train_lib.TrainConfig:
+  """The fine-tuning settings of `cfg` (FILM Sec. 6.1: AdamW, linear decay
+  from `learning_rate`), with `fields` added."""
+  return train_lib.TrainConfig(
+    learning_rate=cfg.learning_rate,
+    batch_size=cfg.train_batch_size,
+    num_steps=cfg.train_steps,
+    max_length=cfg.max_tokens + 1,
+    seed=cfg.seed,
+    log_every=max(1, cfg.train_steps // 10),
+    **fields,
+  )
+
+
 def fine_tune(
   model,
   params,
@@ -686,16 +700,11 @@ def fine_tune(
   progress: bool = True,
 ) -> tuple[Any, dict[str, Any]]:
   """θ^t: `cfg.train_steps` fine-tuning steps; returns `(params, extra)`."""
-  tcfg = train_lib.TrainConfig(
-    learning_rate=cfg.learning_rate,
-    batch_size=cfg.train_batch_size,
-    num_steps=cfg.train_steps,
-    max_length=cfg.max_tokens + 1,
-    seed=cfg.seed,
+  tcfg = train_config(
+    cfg,
     eval_every=cfg.eval_every or max(1, cfg.train_steps // 4),
     early_stopping_patience=cfg.early_stopping_patience or None,
     restore_best=cfg.attack_best,
-    log_every=max(1, cfg.train_steps // 10),
   )
   result = train_lib.train(
     model,
@@ -764,15 +773,7 @@ def utility(
         'test_tokens': metrics['tokens'],
       }
     )
-  tcfg = train_lib.TrainConfig(
-    learning_rate=cfg.learning_rate,
-    batch_size=cfg.train_batch_size,
-    num_steps=cfg.train_steps,
-    max_length=cfg.max_tokens + 1,
-    seed=cfg.seed,
-    log_every=max(1, cfg.train_steps // 10),
-    checkpoint_every=max(1, cfg.train_steps // 4),
-  )
+  tcfg = train_config(cfg, checkpoint_every=max(1, cfg.train_steps // 4))
   counter = io.Progress(len(cfg.defenses))
   for spec in cfg.defenses:
     if writer.done(kind='utility', defense=spec) is not None:
