@@ -21,7 +21,9 @@ from dager_test import D, V, pad, tiny  # the same tiny models
 from leakjax import fl
 from leakjax.attacks.dager import hybrid
 from leakjax.attacks.dager import search as sr
+from leakjax.attacks.dager.pipeline import head_path
 from leakjax.errors import LeakjaxError
+from leakjax.models.protocol import get_path
 
 BOS = V - 1
 END = 99  # what the search is told is the sentence end ('.')
@@ -45,6 +47,8 @@ CONFIG = hybrid.HybridConfig(
   # reference every wrong continuation scores below a sentence end (0).
   reference_quantile=0.1,
   end_as_best=False,
+  weight_head=0.0,  # the span alone decides (the head term: test below)
+  head_sample_length=12,  # the tiny models' context is 16
 )
 
 
@@ -164,6 +168,10 @@ def test_config_and_recover_refuse_bad_input():
     hybrid.HybridConfig(reference_quantile=1.5)
   with pytest.raises(LeakjaxError, match='span_block'):
     hybrid.HybridConfig(span_block=0)
+  with pytest.raises(LeakjaxError, match='head_samples'):
+    hybrid.HybridConfig(head_samples=1)
+  with pytest.raises(LeakjaxError, match='head_shrinkage'):
+    hybrid.HybridConfig(head_shrinkage=-0.1)
   model, params = tiny('gpt2')
   with pytest.raises(LeakjaxError, match='num_sentences'):
     hybrid.recover(model, params, gradient('gpt2'), 0)
@@ -191,3 +199,111 @@ def test_span_candidates_are_the_filter_or_the_closest_tokens():
   np.testing.assert_array_equal(
     np.flatnonzero(got), np.sort(np.argsort(np.asarray(res))[:k])
   )
+
+
+def head_matrix(model, params):
+  w = np.asarray(get_path(params, head_path(model)), np.float64)
+  return w.T if model.paths.lm_head is not None else w  # [V, d]
+
+
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_head_readout_reads_the_head_input_back_from_the_logits(family):
+  model, params = tiny(family)
+  w = head_matrix(model, params)
+  readout = np.asarray(hybrid.head_readout(model, params), np.float64)
+  h = np.random.default_rng(0).normal(size=(5, D))
+  np.testing.assert_allclose((h @ w.T) @ readout, h, atol=1e-4)
+  # The model's own logits lie in the head's range (no bias): reading the
+  # input back and applying the head gives them again.
+  ids, mask = pad(ROWS)
+  z = np.asarray(model.logits(params, ids, mask), np.float64)
+  np.testing.assert_allclose(z @ readout @ w.T, z, atol=1e-4)
+
+
+def test_whitening_matches_numpy():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(300, 6)) @ rng.normal(size=(6, 6)) + 3.0
+  mean, white = hybrid.whitening(jnp.asarray(x, jnp.float32), 0.1)
+  cov = np.cov(x.T)
+  cov += 0.1 * np.trace(cov) / 6 * np.eye(6)
+  white = np.asarray(white, np.float64)
+  np.testing.assert_allclose(np.asarray(mean), x.mean(0), rtol=1e-5)
+  np.testing.assert_allclose(white, white.T, atol=1e-5)
+  np.testing.assert_allclose(white @ cov @ white, np.eye(6), atol=1e-4)
+
+
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_head_score_names_each_next_token(family):
+  model, params = tiny(family)
+  grads = gradient(family)
+  cands = np.arange(V - 1, dtype=np.int32)  # every token but BOS
+  head = hybrid.head_score(
+    model,
+    params,
+    grads,
+    jnp.asarray(cands),
+    jnp.asarray(BOS, jnp.int32),
+    key=jax.random.key(0),
+    config=CONFIG,
+  )
+  # The rows against NumPy: negated, centred on μ, whitened, unit.
+  g = head_matrix(model, grads)[cands]
+  mu = np.asarray(head.mean, np.float64)
+  white = np.asarray(head.whiten, np.float64)
+  rows = -g
+  rows = rows - np.outer(rows @ mu / (mu @ mu), mu)
+  rows = rows @ white
+  rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(head.rows), rows, atol=1e-4)
+  # Given the true prefix, the true next token scores highest among the
+  # 100 candidates at every position, except after BOS, where the two
+  # sentences' first tokens share the one context (rank 0 or 1).
+  ids, mask = pad(ROWS)
+  z = model.logits(params, ids, mask)
+  for r, row in enumerate(ROWS):
+    for t in range(len(row) - 1):
+      h = z[r, t][None].astype(jnp.float32) @ head.readout
+      score = np.asarray(head.scores(h))[0]
+      rank = int((score > score[row[t + 1]]).sum())
+      assert rank <= (1 if t == 0 else 0), (r, t, rank)
+
+
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_head_term_alone_recovers_a_sentence(family):
+  # No span term and no LM: the head gradient alone must lead the search
+  # through one sentence of the batch.
+  config = dataclasses.replace(
+    CONFIG, weight_head=10.0, weight_span=0.0, weight_lm=0.0
+  )
+  model, params = tiny(family)
+  real = np.arange(1, V - 1, dtype=np.int32)
+  real = np.concatenate([real, np.zeros(-len(real) % 8, np.int32)])
+  valid = np.arange(len(real)) < V - 2
+  head = hybrid.head_score(
+    model,
+    params,
+    gradient(family),
+    jnp.asarray(real),
+    jnp.asarray(BOS, jnp.int32),
+    key=jax.random.key(0),
+    config=config,
+  )
+  span2 = hybrid.block_span(
+    model, gradient(family), 1, CONFIG.span_dims, CONFIG.span
+  )
+  row, length, _ = hybrid.hybrid_search(
+    model,
+    params,
+    span2,
+    jnp.asarray(real),
+    jnp.asarray(valid),
+    jnp.asarray((real == END) & valid),
+    jnp.zeros((2, config.max_length), jnp.int32),
+    jnp.zeros((2,), jnp.int32),
+    jnp.asarray(BOS, jnp.int32),
+    None,
+    head,
+    config=dataclasses.replace(config, shortlist=8),
+  )
+  got = np.asarray(row)[: int(length)].tolist()
+  assert got in ROWS

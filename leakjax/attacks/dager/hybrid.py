@@ -1,4 +1,5 @@
-"""Past the rank limit: FILM's bag and beam search, scored by block 2's span.
+"""Past the rank limit: FILM's bag and beam search, scored by block 2's span
+and the head gradient.
 
 When a batch holds more input positions than the width d, the span of a
 projection gradient is the whole space and DAGER's test cannot decide
@@ -9,8 +10,10 @@ b = 64, 1,386 positions: the residual to the top `d - 16` directions
 separates a true extension from a random one of the batch's tokens with
 AUC ~0.86). FILM (Gupta et al., NeurIPS 2022) has the complementary
 evidence: the batch's bag of words from the embedding gradient, and the
-language model's prior. This module combines them (our construction; no
-paper describes it):
+language model's prior. The head matrix's gradient has one row per token,
+so no rank limit: a token's row points away from the head inputs of the
+contexts it followed in the batch (:class:`HeadScore`). This module
+combines the three (our construction; no paper describes it):
 
 * candidates: the bag, DAGER's layer-1 token filter
   (:func:`span_candidates`) and every sentence-ending token. The bag
@@ -25,10 +28,14 @@ paper describes it):
   computes the block-2 input of each shortlisted extension incrementally
   (:meth:`Model.block_decode`), and scores it
 
-      weight_lm · log p(v | prefix) + weight_span · log(r̄ / r(v))
+      weight_lm · log p(v | prefix) + weight_head · cos(v | prefix)
+      + weight_span · log(r̄ / r(v))
       − weight_diverse · #(earlier sentences holding (prefix[-1], v))
 
-  with `r(v)` the extension's relative residual to the span and `r̄` the
+  with `cos(v | prefix)` the head gradient's evidence that v followed the
+  prefix in the batch (:class:`HeadScore`; it needs no rank, and enters
+  the shortlist's ranking, since it costs one `[C, d]` product per beam),
+  `r(v)` the extension's relative residual to the span and `r̄` the
   median of the step's shortlist (the bigram count skips BOS's: sentences
   may share their first word). A sentence end's input has no gradient,
   so its span term is the beam's best continuation's: where a sentence ends
@@ -57,11 +64,12 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from leakjax.attacks.dager import search as sr
+from leakjax.attacks.dager.pipeline import head_path
 from leakjax.attacks.dager.span import Span, residuals, span_of
 from leakjax.attacks.film import bag as bow
 from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError
-from leakjax.models.protocol import Model
+from leakjax.models.protocol import Model, get_path
 
 PyTree = Any
 
@@ -93,6 +101,18 @@ class HybridConfig:
       deeper costs one block pass per scored extension.
     weight_lm: weight of the LM log-probability (0.3 and 1.0 moved
       ROUGE-L on those two batches by less than 0.02 either way).
+    weight_head: weight of the head-gradient term (:class:`HeadScore`, a
+      cosine in [-1, 1]; 0: off). 20x `weight_lm`: on SmolLM2, b = 64,
+      Enron batch 0, given the true prefix, the true next token ranks
+      first among the batch's 532 tokens at 24 % of the 1,322 positions
+      under the LM alone, 50 % under the head term alone and 57 % under
+      LM + 20 x head (top 5: 45 / 68 / 79 %; weights 10 and 40: 51 / 55 %).
+    head_samples: sequences sampled from the model for the head inputs'
+      mean and covariance (:func:`head_statistics`).
+    head_sample_length: tokens per sampled sequence.
+    head_shrinkage: the covariance is shrunk towards `shrinkage · tr/d · I`
+      before whitening (0.01, 0.1 and 1 gave 56 / 56 / 52 % in the
+      measurement above).
     weight_span: weight of the span term `log(r̄ / r)`.
     weight_diverse: penalty per earlier sentence that holds the bigram.
     reference_quantile: `r̄` is this quantile of the step's shortlisted
@@ -120,6 +140,10 @@ class HybridConfig:
   span_dims: int = 16
   span_block: int = 1
   weight_lm: float = 0.6
+  weight_head: float = 12.0
+  head_samples: int = 64
+  head_sample_length: int = 32
+  head_shrinkage: float = 0.1
   weight_span: float = 1.0
   weight_diverse: float = 1.0
   reference_quantile: float = 0.5
@@ -141,6 +165,12 @@ class HybridConfig:
       raise LeakjaxError(
         'HybridConfig.span_dims and min_length must be >= 0, span_block >= 1'
       )
+    if self.head_samples < 2 or self.head_sample_length < 1:
+      raise LeakjaxError(
+        'HybridConfig.head_samples must be >= 2, head_sample_length >= 1'
+      )
+    if self.head_shrinkage < 0:
+      raise LeakjaxError('HybridConfig.head_shrinkage must be >= 0')
     if not 0.0 <= self.reference_quantile <= 1.0:
       raise LeakjaxError('HybridConfig.reference_quantile must be in [0, 1]')
 
@@ -164,6 +194,146 @@ def top_span(grad: Float[Array, 'd out'], drop: int) -> Span:
 
 
 @flax.struct.dataclass
+class HeadScore:
+  """The head gradient's evidence for each candidate as the next target.
+
+  Under the mean next-token loss over N targets the head matrix's gradient
+  has rows `N ∇W[v] = Σ_t p_t[v] h̃_t − Σ_{t: y_t = v} h̃_t` (h̃_t the head
+  input at position t; for a tied head, plus the input embeddings'
+  gradient at the positions holding v). The row of a token the batch
+  predicts after a context points away from that context's head input,
+  and the row of a token the LM favours there but the batch does not
+  hold points towards it. Unlike a span test this needs no rank: each
+  token has its own row. Head inputs share a large common component, so
+  both sides are centred and whitened with the head inputs' mean and
+  covariance under the model's own samples (:func:`head_statistics`; no
+  data needed) and compared by cosine: `score(v | prefix) =
+  cos(−W(∇W[v]), W(h̃ − μ))` with `W` the whitening. This is the
+  per-position form of :func:`leakjax.attacks.dager.pipeline.
+  last_token_scores` (our construction; no paper describes it).
+
+  Attributes:
+    readout: float32 `[V, d]`, logits -> head input (`h̃ = z @ readout`,
+      least squares against the head matrix: exact for a linear head
+      without bias).
+    mean: float32 `[d]`, μ.
+    whiten: float32 `[d, d]`, W (symmetric).
+    rows: float32 `[C, d]`, the candidates' negated, centred, whitened,
+      unit head-gradient rows.
+  """
+
+  readout: Float[Array, 'V d']
+  mean: Float[Array, ' d']
+  whiten: Float[Array, 'd d']
+  rows: Float[Array, 'C d']
+
+  def scores(self, head: Float[Array, 'K d']) -> Float[Array, 'K C']:
+    """Cosine of each head input with each candidate's row."""
+    h = (head - self.mean) @ self.whiten
+    h = h / (jnp.linalg.norm(h, axis=-1, keepdims=True) + 1e-30)
+    return h @ self.rows.T
+
+
+def head_readout(model: Model, params: PyTree) -> Float[Array, 'V d']:
+  """`[V, d]` with `logits @ readout` the head input (least squares
+  against the head matrix, through its QR factors)."""
+  w = get_path(params, head_path(model)).astype(jnp.float32)
+  if model.paths.lm_head is not None:  # a Dense kernel [d, V]
+    w = w.T
+  q, r = jnp.linalg.qr(w)  # w = q r, so h̃ = r⁻¹ qᵀ z
+  return jax.scipy.linalg.solve_triangular(r, q.T, lower=False).T
+
+
+@functools.partial(
+  jax.jit, static_argnames=('model', 'num', 'length', 'shrinkage')
+)
+def head_statistics(
+  model: Model,
+  params: PyTree,
+  readout: Float[Array, 'V d'],
+  start: Int[Array, ''],
+  *,
+  key: jax.Array,
+  num: int,
+  length: int,
+  shrinkage: float,
+) -> tuple[Float[Array, ' d'], Float[Array, 'd d']]:
+  """Mean and whitening `(μ, Σ_s^{-1/2})` of the head inputs along `num`
+  sequences of `length` tokens sampled from the model after `start`, with
+  `Σ_s = Σ + shrinkage · tr(Σ)/d · I`.
+
+  The model's own text stands in for the private data's: on SmolLM2
+  (b = 64, Enron batch 0, measurement in :class:`HybridConfig`) statistics
+  from 64 samples of 32 tokens ranked the true next token first at 57 %
+  of positions, from WikiText-2 text 56 %, from the batch itself (mean
+  only) 45 %.
+  """
+  cache = model.init_cache(params, num, length + 1)
+  first = jnp.full((num, 1), start, jnp.int32)
+  logits, cache = model.decode(params, cache, first)
+
+  def step(carry, k):
+    z, c = carry
+    tok = jax.random.categorical(k, z[:, -1].astype(jnp.float32))
+    h = z[:, -1].astype(jnp.float32) @ readout
+    z, c = model.decode(params, c, tok[:, None].astype(jnp.int32))
+    return (z, c), h
+
+  _, h = jax.lax.scan(step, (logits, cache), jax.random.split(key, length))
+  return whitening(h.reshape(-1, h.shape[-1]), shrinkage)
+
+
+def whitening(
+  x: Float[Array, 'n d'], shrinkage: float
+) -> tuple[Float[Array, ' d'], Float[Array, 'd d']]:
+  """`(mean, Σ_s^{-1/2})` of the rows of `x`, `Σ_s` their covariance shrunk
+  towards `shrinkage · tr(Σ)/d · I` (symmetric inverse square root)."""
+  mean = x.mean(0)
+  cov = jnp.cov(x.T)
+  d = cov.shape[0]
+  cov = cov + shrinkage * jnp.trace(cov) / d * jnp.eye(d)
+  w, u = jnp.linalg.eigh(cov)
+  return mean, (u * jax.lax.rsqrt(jnp.maximum(w, 1e-30))) @ u.T
+
+
+def head_score(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  candidates: Int[Array, ' C'],
+  start: Int[Array, ''],
+  *,
+  key: jax.Array,
+  config: HybridConfig,
+) -> HeadScore:
+  """The :class:`HeadScore` of `candidates` under the observed gradient."""
+  readout = jax.jit(head_readout, static_argnums=0)(model, params)
+  mean, whiten = head_statistics(
+    model,
+    params,
+    readout,
+    start,
+    key=key,
+    num=config.head_samples,
+    length=config.head_sample_length,
+    shrinkage=config.head_shrinkage,
+  )
+  return _head_rows(model, grads, candidates, readout, mean, whiten)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _head_rows(model, grads, candidates, readout, mean, whiten):
+  g = get_path(grads, head_path(model)).astype(jnp.float32)
+  if model.paths.lm_head is not None:
+    g = g.T
+  rows = -g[candidates]
+  rows = rows - jnp.outer(rows @ mean / (mean @ mean), mean)
+  rows = rows @ whiten
+  rows = rows / (jnp.linalg.norm(rows, axis=-1, keepdims=True) + 1e-30)
+  return HeadScore(readout=readout, mean=mean, whiten=whiten, rows=rows)
+
+
+@flax.struct.dataclass
 class HybridState:
   """One search's beams (fixed shapes).
 
@@ -174,6 +344,8 @@ class HybridState:
     finished: bool `[K]`, ended at a sentence end.
     alive: bool `[K]`, holds a beam.
     logp: float32 `[K, V]`, the LM's next-token log-probabilities.
+    head: float32 `[K, d]`, the head input at the last position (`[K, 1]`
+      zeros without a :class:`HeadScore`).
     cache: the LM's decode cache.
     block_cache: the block-1 cache (:meth:`Model.block_decode`).
     step: int32 `[]`, the position the next step fills.
@@ -185,6 +357,7 @@ class HybridState:
   finished: Bool[Array, ' K']
   alive: Bool[Array, ' K']
   logp: Float[Array, 'K V']
+  head: Float[Array, 'K d']
   cache: PyTree
   block_cache: PyTree
   step: Int[Array, '']
@@ -225,6 +398,13 @@ def _own_bigrams(
   return hit.any(1)
 
 
+def _head_input(head: HeadScore | None, logits) -> jax.Array:
+  z = logits[:, -1].astype(jnp.float32)
+  if head is None:
+    return jnp.zeros((z.shape[0], 1), jnp.float32)
+  return z @ head.readout
+
+
 def init_state(
   model: Model,
   params: PyTree,
@@ -232,6 +412,7 @@ def init_state(
   beams: int,
   max_length: int,
   layer: int = 1,
+  head: HeadScore | None = None,
 ) -> HybridState:
   """Every beam at `start` (BOS); only beam 0 alive; the block cache runs
   up to block `layer`'s input."""
@@ -250,6 +431,7 @@ def init_state(
     finished=jnp.zeros((beams,), bool),
     alive=jnp.arange(beams) == 0,
     logp=jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1),
+    head=_head_input(head, logits),
     cache=cache,
     block_cache=block_cache,
     step=jnp.ones((), jnp.int32),
@@ -270,13 +452,16 @@ def hybrid_step(
   config: HybridConfig,
   shortlist: int | None = None,
   allowed: Bool[Array, ' C'] | None = None,
+  head: HeadScore | None = None,
 ) -> HybridState:
   """One position of the search (pure; `model` and `config` static).
 
   `shortlist` overrides `config.shortlist` (the first step scores every
   candidate: after BOS the LM's prior says little about which words start
   the batch's sentences, the span says much); `allowed` further restricts
-  the candidates of this step (the first: sentence starts).
+  the candidates of this step (the first: sentence starts); `head` adds
+  `config.weight_head` times its scores to the LM's prior (None: no head
+  term).
   """
   k, max_len = state.tokens.shape
   s = shortlist or config.shortlist
@@ -292,6 +477,8 @@ def hybrid_step(
   if allowed is not None:
     ok &= allowed[None]
   prior = config.weight_lm * lm - config.weight_diverse * others
+  if head is not None:
+    prior = prior + config.weight_head * head.scores(state.head)
   prior = jnp.where(ok, prior, -jnp.inf)
   short_prior, short = jax.lax.top_k(prior, s)  # [K, S]
   token = candidates[short]  # [K, S]
@@ -350,6 +537,7 @@ def hybrid_step(
     finished=alive & (kept | end[parent, col]),
     alive=alive,
     logp=jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1),
+    head=_head_input(head, logits),
     cache=lm_cache,
     block_cache=block_cache,
     step=i + 1,
@@ -368,6 +556,7 @@ def hybrid_search(
   taken_length: Int[Array, ' G'],
   start: Int[Array, ''],
   is_start: Bool[Array, ' C'] | None = None,
+  head: HeadScore | None = None,
   *,
   config: HybridConfig,
 ) -> tuple[Int[Array, ' L'], Int[Array, ''], Float[Array, '']]:
@@ -385,12 +574,19 @@ def hybrid_search(
     start: BOS.
     is_start: bool `[C]`, the candidates a sentence may start with (None:
       any).
+    head: the head-gradient term for these candidates (None: none).
     config: settings, static.
   """
   if taken.shape[1] != config.max_length:
     raise LeakjaxError('taken must have max_length columns')
   state = init_state(
-    model, params, start, config.beams, config.max_length, config.span_block
+    model,
+    params,
+    start,
+    config.beams,
+    config.max_length,
+    config.span_block,
+    head,
   )
   state = hybrid_step(
     model,
@@ -405,6 +601,7 @@ def hybrid_search(
     config=config,
     shortlist=candidates.shape[0],
     allowed=is_start,
+    head=head,
   )
 
   def cond(st):
@@ -422,6 +619,7 @@ def hybrid_search(
       taken_length,
       st,
       config=config,
+      head=head,
     )
 
   state = jax.lax.while_loop(cond, body, state)
@@ -499,6 +697,7 @@ def recover(
   *,
   config: HybridConfig = HybridConfig(),
   bag: bow.Bag | None = None,
+  key: jax.Array | None = None,
 ) -> HybridResult:
   """`num_sentences` sentences from one gradient (module docstring).
 
@@ -512,6 +711,8 @@ def recover(
     config: settings.
     bag: FILM's bag (default: :func:`leakjax.attacks.film.bag.extract_bag`
       with its automatic method).
+    key: draws the model's samples for the head term's statistics
+      (default: `jax.random.key(0)`).
 
   Returns:
     A :class:`HybridResult`.
@@ -569,6 +770,17 @@ def recover(
   span2 = block_span(
     model, grads, config.span_block, config.span_dims, config.span
   )
+  head = None
+  if config.weight_head:
+    head = head_score(
+      model,
+      params,
+      grads,
+      jnp.asarray(padded),
+      jnp.asarray(bos, jnp.int32),
+      key=jax.random.key(0) if key is None else key,
+      config=config,
+    )
   seconds['span'] = time.perf_counter() - t0
   t0 = time.perf_counter()
   taken = np.zeros((num_sentences, config.max_length), np.int32)
@@ -585,6 +797,7 @@ def recover(
       jnp.asarray(taken_len),
       jnp.asarray(bos, jnp.int32),
       jnp.asarray(is_start),
+      head,
       config=config,
     )
     n = int(length)
@@ -606,11 +819,16 @@ def recover(
 
 
 __all__ = [
+  'HeadScore',
   'HybridConfig',
   'HybridResult',
   'HybridState',
   'bigram_counts',
   'block_span',
+  'head_readout',
+  'head_score',
+  'head_statistics',
+  'whitening',
   'span_candidates',
   'hybrid_search',
   'hybrid_step',

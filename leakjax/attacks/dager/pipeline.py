@@ -145,7 +145,9 @@ def _pad_rows(rows: list[list[int]], width: int | None = None):
   return ids, mask
 
 
-def _head_path(model: Model):
+def head_path(model: Model):
+  """The head matrix's path: the LM head's, or the word embeddings' when
+  the head is tied to them."""
   return model.paths.lm_head or model.paths.word_embeddings
 
 
@@ -183,7 +185,7 @@ def last_token_scores(
   row_ok = length > 0
   last = jnp.maximum(length - 1, 0)
   num_targets = length.sum()  # known targets + one last target per row
-  path = _head_path(model)
+  path = head_path(model)
 
   def loss0(p):
     logits = model.logits(p, ids, mask).astype(jnp.float32)
@@ -251,7 +253,7 @@ def complete_last_tokens(
     return []
   ids, mask = _pad_rows(prefixes, width)
   ids, mask = jnp.asarray(ids), jnp.asarray(mask)
-  if not np.any(np.asarray(get_path(grads, _head_path(model)))):
+  if not np.any(np.asarray(get_path(grads, head_path(model)))):
     # A frozen head sends no gradient: the LM's likeliest next token.
     scores = np.asarray(_next_token_logits(model, params, ids, mask))
   else:
@@ -361,4 +363,11 @@ def recover(
   )
 
 
-__all__ = ['DagerConfig', 'DagerResult', 'complete_last_tokens', 'recover']
+__all__ = [
+  'DagerConfig',
+  'DagerResult',
+  'complete_last_tokens',
+  'head_path',
+  'last_token_scores',
+  'recover',
+]

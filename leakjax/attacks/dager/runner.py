@@ -74,13 +74,16 @@ class DagerExperimentConfig:
     defenses: 'none', 'freeze', 'noise:S' or 'fedavg:E:B'.
     fedavg_lr: local learning rate of the FedAvg defense.
     attacks: 'dager', 'film' (FILM's pipeline on the same gradient) and/or
-      'hybrid' (FILM's bag and beam search scored by block 2's span,
-      :mod:`leakjax.attacks.dager.hybrid`, b sentences per batch).
+      'hybrid' (FILM's bag and beam search scored by block 2's span and
+      the head gradient, :mod:`leakjax.attacks.dager.hybrid`, b sentences
+      per batch).
     film_beams: FILM's beam width (the comparison: 32, Sec. 7).
     film_steps: FILM's phrase and token reordering steps, each.
     hybrid_beams: the hybrid's beams per sentence.
     hybrid_shortlist: candidates per beam and step the hybrid scores by
       the span.
+    hybrid_weight_head: weight of the hybrid's head-gradient term
+      (`HybridConfig.weight_head`; 0: the span and the LM alone).
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
@@ -110,6 +113,7 @@ class DagerExperimentConfig:
   film_steps: int = 20
   hybrid_beams: int = hybrid.HybridConfig.beams
   hybrid_shortlist: int = hybrid.HybridConfig.shortlist
+  hybrid_weight_head: float = hybrid.HybridConfig.weight_head
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
@@ -139,6 +143,10 @@ class DagerExperimentConfig:
           f'{name} must be >= 1, got {getattr(self, name)}',
           f'pass a positive --{name}',
         )
+    if self.hybrid_weight_head < 0:
+      raise LeakjaxError(
+        f'hybrid_weight_head must be >= 0, got {self.hybrid_weight_head}'
+      )
     if self.first_batch < 0 or self.max_length < 0 or self.extra_live < 0:
       raise LeakjaxError('first_batch, max_length and extra_live must be >= 0')
     check_positive(self, 'train_batch_size')
@@ -329,6 +337,7 @@ def attack_batch(
     config = hybrid.HybridConfig(
       beams=cfg.hybrid_beams,
       shortlist=cfg.hybrid_shortlist,
+      weight_head=cfg.hybrid_weight_head,
       max_length=cfg.max_length or cfg.max_tokens + 1,
       span=search.SpanConfig(
         layer1_tolerance=cfg.layer1_tolerance,
