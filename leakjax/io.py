@@ -62,6 +62,16 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     raise
 
 
+def is_primary() -> bool:
+  """Whether this process writes shared outputs: JAX process 0. On a
+  multi-host pod every host runs the same code; side files (caches,
+  snapshots, histories) are written by this one only, and no host relies
+  on reading what another wrote."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return jax.process_index() == 0
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
   atomic_write_bytes(path, text.encode('utf-8'))
 
@@ -200,9 +210,7 @@ class ExperimentWriter:
         ' off afterwards, e.g. with gcloud storage cp -r',
       )
     if enabled is None:
-      import jax  # pylint: disable=g-import-not-at-top
-
-      enabled = jax.process_index() == 0
+      enabled = is_primary()
     self.enabled = enabled
     self.workdir = Path(workdir)
     self.results: list[dict[str, Any]] = []

@@ -405,8 +405,10 @@ def pretrain(cfg: GboardConfig, corpora: Corpora, workdir: Path):
   seconds = time.time() - start
   timing = workdir / 'pretrain' / 'seconds.json'  # of the run that trained
   if result.step > result.start_step or not timing.exists():
-    io.atomic_write_text(timing, json.dumps({'seconds': seconds}))
-  seconds = json.loads(timing.read_text())['seconds']
+    if io.is_primary():
+      io.atomic_write_text(timing, json.dumps({'seconds': seconds}))
+  else:
+    seconds = json.loads(timing.read_text())['seconds']
   params = result.params
   sms_ppl = (
     train_lib.evaluate(
@@ -567,7 +569,8 @@ def snapshots(
     ),
     files,
   ):
-    update.save_snapshot(f, params1)
+    if io.is_primary():
+      update.save_snapshot(f, params1)
     yield e, params1
 
 
@@ -657,7 +660,7 @@ def attack(
     tok.vocab_size, (tok.unk_id, tok.bos_id)
   )
   delta = update.bias_update(model, params0, params1)
-  if save_delta is not None:
+  if save_delta is not None and io.is_primary():
     save_delta.parent.mkdir(parents=True, exist_ok=True)
     np.save(save_delta, np.asarray(delta))
   center, scale = thresholds.robust_noise_scale(delta, candidates)

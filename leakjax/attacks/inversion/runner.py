@@ -373,9 +373,10 @@ def cached(path: Path, compute) -> dict[str, np.ndarray]:
     with np.load(path) as f:
       return dict(f)
   arrays = compute()
-  buf = _io.BytesIO()
-  np.savez(buf, **arrays)
-  io.atomic_write_bytes(path, buf.getvalue())
+  if io.is_primary():
+    buf = _io.BytesIO()
+    np.savez(buf, **arrays)
+    io.atomic_write_bytes(path, buf.getvalue())
   return arrays
 
 
@@ -686,8 +687,9 @@ def run_experiment(
       key=jax.random.fold_in(key, 1),
       workdir=cache_dir / f'{variant}_{ep_key}',
     )
-    history_path = Path(workdir) / f'{variant}_history.json'
-    io.atomic_write_text(history_path, json.dumps(history, indent=1))
+    if io.is_primary():
+      history_path = Path(workdir) / f'{variant}_history.json'
+      io.atomic_write_text(history_path, json.dumps(history, indent=1))
     variants[variant] = (ep_config, variables)
     histories[variant] = history
   t_ep = time.time() - t0
