@@ -37,7 +37,11 @@ def run_experiment(
   writer = io.ExperimentWriter(
     workdir,
     cfg,
-    inputs={'data': cfg.data, 'model': models.source_path(cfg.model)},
+    inputs={
+      'data': cfg.data,
+      'texts': texts,
+      'model': models.source_path(cfg.model),
+    },
   )
   dager_run = runner.run(cfg, texts, writer, progress=progress)
   return dager_report.write(writer, cfg, dager_run)

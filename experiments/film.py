@@ -46,7 +46,11 @@ def run_experiment(
   writer = io.ExperimentWriter(
     workdir,
     cfg,
-    inputs={'data': cfg.data, 'model': models.source_path(cfg.model)},
+    inputs={
+      'data': cfg.data,
+      'texts': texts,
+      'model': models.source_path(cfg.model),
+    },
   )
   film_run = runner.run(
     cfg, texts, writer, progress=progress, mesh=mesh, microbatch=microbatch

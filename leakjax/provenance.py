@@ -24,7 +24,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,16 +95,34 @@ def pytree_sha256(tree: Any) -> str:
   return digest.hexdigest()
 
 
+def texts_sha256(texts: Sequence[str]) -> str:
+  """sha256 of a corpus as loaded: its texts in order, each UTF-8 encoded
+  and length-prefixed (so no two corpora share a fingerprint by how their
+  texts split)."""
+  h = hashlib.sha256()
+  for t in texts:
+    b = t.encode('utf-8')
+    h.update(len(b).to_bytes(8, 'little'))
+    h.update(b)
+  return h.hexdigest()
+
+
 def fingerprint_inputs(
-  inputs: Mapping[str, str | os.PathLike | None],
+  inputs: Mapping[str, str | os.PathLike | Sequence[str] | None],
 ) -> dict[str, dict[str, str]]:
-  """`{name: {'path', 'sha256'}}` of the inputs that are files, folders
-  or named data sets (:mod:`leakjax.datasets`, by their cached file); None
-  and other names (an embedded corpus, a hub name) are skipped."""
+  """`{name: {'path', 'sha256'}}` of the inputs that are files, folders,
+  named data sets (:mod:`leakjax.datasets`, by their cached file) or
+  loaded corpora (a list or tuple of texts: the corpus as the run read
+  it, whatever its source, a Hugging Face dataset or the embedded one
+  included; its `path` says how many texts); None and other names are
+  skipped."""
   from leakjax import datasets  # pylint: disable=g-import-not-at-top
 
   out = {}
   for name, path in sorted(inputs.items()):
+    if isinstance(path, (list, tuple)):
+      out[name] = {'path': f'{len(path)} texts', 'sha256': texts_sha256(path)}
+      continue
     if path is not None and str(path) in datasets.REGISTRY:
       path = datasets.path(str(path))
     if path is None or not Path(path).exists():

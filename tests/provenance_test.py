@@ -73,6 +73,27 @@ def test_resume_with_a_changed_input_is_refused(tmp_path):
     )
 
 
+def test_loaded_corpus_fingerprint(tmp_path):
+  # A corpus from any source (a Hugging Face dataset, the embedded one) is
+  # fingerprinted as loaded: its texts in order, with their boundaries.
+  texts = ['One sentence.', 'Two.']
+  want = hashlib.sha256()
+  for t in texts:
+    want.update(len(t.encode()).to_bytes(8, 'little') + t.encode())
+  got = provenance.fingerprint_inputs({'texts': texts, 'none': None})
+  assert got == {'texts': {'path': '2 texts', 'sha256': want.hexdigest()}}
+  moved = provenance.texts_sha256(['One sentence.Two', '.'])
+  assert moved != want.hexdigest()  # same characters, other texts
+  writer = io.ExperimentWriter(
+    tmp_path / 'w', {'b': 1}, inputs={'texts': texts}, enabled=True
+  )
+  writer.add_result({'x': 1})
+  with pytest.raises(LeakjaxError, match=r"input 'texts' \(2 texts\)"):
+    io.ExperimentWriter(
+      tmp_path / 'w', {'b': 1}, inputs={'texts': ['Other.', 'Two.']}
+    )
+
+
 def test_failed_fresh_run_leaves_no_provenance(tmp_path):
   io.ExperimentWriter(tmp_path / 'w', {'b': 1}, enabled=True)
   assert (tmp_path / 'w' / 'provenance.json').exists()

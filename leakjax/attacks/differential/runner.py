@@ -633,7 +633,7 @@ def run(
   it does not change the results, so it is not part of `cfg`.
   """
   workdir = Path(workdir)
-  writer = io.ExperimentWriter(workdir, cfg, inputs={'data': cfg.data})
+  # The corpus is read and checked before the workdir is touched.
   sentences = read_sentences(
     cfg.data,
     max_sentences=cfg.max_sentences,
@@ -649,6 +649,9 @@ def run(
       f' words, fewer than vocab_size={cfg.vocab_size} - 2',
       'lower --vocab_size',
     )
+  writer = io.ExperimentWriter(
+    workdir, cfg, inputs={'data': cfg.data, 'texts': list(sentences)}
+  )
   canaries = make_canaries(
     tokenizer,
     corpus.train,
