@@ -1,0 +1,130 @@
+"""How well each score of the hybrid names the next token, given the prefix.
+
+On the pretrained SmolLM2-135M at t = 0 and one FILM Enron batch (by default
+b = 64, batch 0: 1,386 input positions, past the rank limit d = 576), the
+client's FedSGD gradient as in `experiments.dager`; for every position of
+every sentence, the true prefix is given and the batch's distinct tokens
+(BOS excluded) are ranked under
+
+* `lm`: the language model's log-probability;
+* `head`: the hybrid's head-gradient cosine
+  (:class:`leakjax.attacks.dager.hybrid.HeadScore`, statistics from the
+  model's own samples, shrinkage `s`);
+* `lm+head`: `0.6 · lm + w · head`, the hybrid's prior (`weight_lm` 0.6).
+
+Writes `head_ranks.json` beside this file: per score the fraction of
+positions where the true token ranks first, in the top 5 and in the top 32
+(the hybrid's shortlist). The block-2 span term is not included (it is
+computed for the shortlist only).
+
+Usage (repository root):
+  python -m reports.dager.head_ranks
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from leakjax import data as data_lib
+from leakjax.attacks.dager import hybrid, runner
+from leakjax.attacks.film import runner as film_runner
+
+_B = flags.DEFINE_integer('b', 64, 'Batch size.')
+_BATCH = flags.DEFINE_integer('batch', 0, 'Which consecutive batch.')
+_OUT = flags.DEFINE_string(
+  'out', str(Path(__file__).with_name('head_ranks.json')), 'Output JSON.'
+)
+WEIGHTS = (6.0, 12.0, 24.0)  # 10, 20 and 40 x weight_lm
+SHRINKAGE = (0.01, 0.1, 1.0)
+
+
+def ranks_of(scores: np.ndarray, true: np.ndarray) -> np.ndarray:
+  """Rank of column `true[i]` in row i (0: first; ties count against)."""
+  own = np.take_along_axis(scores, true[:, None], axis=1)
+  return (scores > own).sum(1)
+
+
+def fractions(ranks: np.ndarray) -> dict[str, float]:
+  return {
+    'top1': float(np.mean(ranks == 0)),
+    'top5': float(np.mean(ranks < 5)),
+    'top32': float(np.mean(ranks < 32)),
+  }
+
+
+def main(argv):
+  del argv
+  b, index = _B.value, _BATCH.value
+  cfg = runner.DagerExperimentConfig(
+    model='smollm2-135m',
+    data='film-enron',
+    max_sentences=2000,
+    batch_sizes=(b,),
+    num_batches=1,
+    first_batch=index,
+  )
+  fcfg = film_runner.FilmExperimentConfig(
+    model=cfg.model,
+    max_sentences=cfg.max_sentences,
+    max_tokens=cfg.max_tokens,
+    require_entity=False,
+    eval_fraction=0.0,
+    batch_sizes=(1,),
+  )
+  model, params = film_runner.load_model(fcfg)
+  texts = data_lib.load_corpus(cfg.data)
+  sentences = film_runner.preprocess(texts, model.tokenizer, fcfg)
+  ((_, batch),) = runner.consecutive_batches(sentences, b, 1, index)
+  ids, mask = model.tokenizer.encode_batch(batch, add_bos=True)
+  width = cfg.max_tokens + 1
+  ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
+  mask = np.pad(mask, ((0, 0), (0, width - mask.shape[1])))
+  # The key of experiments.dager's row for this batch.
+  key = jax.random.key(cfg.seed * 1_000_003 + b * 1009 + index)
+  grads = runner.client_view(
+    model, params, jnp.asarray(ids), jnp.asarray(mask), 'none', cfg, key=key
+  )
+  bos = model.tokenizer.bos_id
+  cands = np.unique(ids[mask.astype(bool)])
+  cands = cands[cands != bos].astype(np.int32)
+  rows, cols = np.nonzero(mask[:, 1:])  # positions with a next token
+  true = np.searchsorted(cands, ids[rows, cols + 1])
+  logits = model.logits(params, jnp.asarray(ids), jnp.asarray(mask))
+  z = np.asarray(logits, np.float32)[rows, cols]  # [P, V]
+  lm = np.asarray(jax.nn.log_softmax(jnp.asarray(z), axis=-1))[:, cands]
+  out = {
+    'b': b,
+    'batch': index,
+    'num_positions': int(len(rows)),
+    'num_input_tokens': int(mask.sum()),
+    'num_candidates': int(len(cands)),
+    'lm': fractions(ranks_of(lm, true)),
+  }
+  base = hybrid.HybridConfig()
+  for s in SHRINKAGE:
+    config = dataclasses.replace(base, head_shrinkage=s)
+    head = hybrid.head_score(
+      model,
+      params,
+      grads,
+      jnp.asarray(cands),
+      jnp.asarray(bos, jnp.int32),
+      key=jax.random.key(0),
+      config=config,
+    )
+    h = np.asarray(head.scores(jnp.asarray(z) @ head.readout))
+    out[f'head,s={s}'] = fractions(ranks_of(h, true))
+    for w in WEIGHTS:
+      prior = base.weight_lm * lm + w * h
+      out[f'lm+head,s={s},w={w}'] = fractions(ranks_of(prior, true))
+  Path(_OUT.value).write_text(json.dumps(out, indent=2) + '\n')
+  print(json.dumps(out, indent=2))
+
+
+if __name__ == '__main__':
+  app.run(main)
