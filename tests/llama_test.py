@@ -336,7 +336,7 @@ def test_bad_tensors_raise(untied, tmp_path, edit, message):
       'original_max_position_embeddings',
     ),
     ('mlp_bias', True, 'mlp_bias'),
-    ('hidden_act', 'gelu', 'gelu'),
+    ('hidden_act', 'relu2', 'relu2'),
   ],
 )
 def test_unsupported_config_raises(untied, tmp_path, key, value, message):

@@ -1,8 +1,9 @@
 """The Llama-family checkpoints users bring, against transformers.
 
 Llama 3.x RoPE scaling ('llama3', and 'linear'), HF Llama with attention
-biases, Qwen2 / Qwen2.5 (q/k/v biases; tied and untied heads) and Mistral
-(sliding window no shorter than the context): each a tiny random model
+biases, Qwen2 / Qwen2.5 (q/k/v biases; tied and untied heads), Mistral
+(sliding window no shorter than the context) and Gemma (GeGLU, RMSNorm
+scaling by 1 + weight, embeddings times sqrt(d), tied head): each a tiny random model
 saved by transformers (PyTorch, float32) and loaded by `leakjax.models.load`;
 logits and the gradients of the next-token loss must agree.
 """
@@ -76,6 +77,19 @@ VARIANTS = {
     transformers.MistralForCausalLM,
     dict(sliding_window=256),
   ),
+  'llama_gelu': (
+    transformers.LlamaConfig,
+    transformers.LlamaForCausalLM,
+    dict(hidden_act='gelu'),  # exact (erf) GELU in the gated MLP
+  ),
+  'gemma': (
+    transformers.GemmaConfig,
+    transformers.GemmaForCausalLM,
+    # pad_token_id None: torch's embedding would drop the input-side
+    # gradient of the padding row (nn.Embedding's padding_idx), which no
+    # JAX gradient does.
+    dict(head_dim=16, hidden_act='gelu_pytorch_tanh', pad_token_id=None),
+  ),
 }
 
 
@@ -123,6 +137,25 @@ def test_config_read(variant):
   assert ('bias' in q) == (c.attention_bias != 'none')
   assert ('bias' in params['layers_0']['attn']['o_proj']) == (
     c.attention_bias == 'qkvo'
+  )
+
+
+def test_first_layer_inputs_are_block_0s_inputs(variant):
+  # What the span tests read (FILM's tied bag, DAGER's token filter):
+  # RMSNorm(tokens[v]) · scale must be block 0's attention input.
+  name, model, params, _ = variant
+  inputs = model.first_layer_inputs(params)
+  ids = _ids(seed=7)
+  e = np.asarray(inputs.tokens, np.float64)[ids]
+  want = e / np.sqrt((e * e).mean(-1, keepdims=True) + inputs.eps)
+  want = want * np.asarray(inputs.scale, np.float64)
+  got = np.asarray(model.block_inputs(params, ids, layer=0))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  gemma = name == 'gemma'
+  assert model.config.embedding_scale == gemma
+  assert model.config.norm_offset == (1.0 if gemma else 0.0)
+  assert model.config.hidden_act == (
+    'gelu_tanh' if gemma else 'gelu' if name == 'llama_gelu' else 'silu'
   )
 
 

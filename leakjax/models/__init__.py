@@ -129,7 +129,7 @@ def load(source: str | os.PathLike, *, dtype=None) -> tuple[Model, PyTree]:
     from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
 
     return gpt2.from_hf_directory(path, config, dtype=dtype)
-  if model_type in ('llama', 'mistral', 'qwen2', 'qwen2_no_bias'):
+  if model_type in ('llama', 'mistral', 'qwen2', 'qwen2_no_bias', 'gemma'):
     from leakjax.models import llama  # pylint: disable=g-import-not-at-top
 
     return llama.from_hf_directory(path, config, dtype=dtype)
@@ -140,7 +140,8 @@ def load(source: str | os.PathLike, *, dtype=None) -> tuple[Model, PyTree]:
   raise LeakjaxError(
     f'{path}/config.json has model_type={model_type!r}, which leakjax does'
     ' not support',
-    'use a gpt2, llama or leakjax LSTM checkpoint',
+    'use a GPT-2, Llama-family (Llama, Mistral, Qwen2, Gemma) or leakjax'
+    ' LSTM checkpoint',
   )
 
 

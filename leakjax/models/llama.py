@@ -16,6 +16,7 @@ and a tied or untied LM head. Numerics follow transformers'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -40,7 +41,16 @@ from leakjax.models.protocol import (
 )
 
 FAMILY = 'llama'
-_HF_MODEL_TYPES = ('llama', 'mistral', 'qwen2', 'qwen2_no_bias')
+_HF_MODEL_TYPES = ('llama', 'mistral', 'qwen2', 'qwen2_no_bias', 'gemma')
+HIDDEN_ACTS = ('silu', 'gelu_tanh', 'gelu')
+# HF activation names -> ours.
+_HF_ACTS = {
+  'silu': 'silu',
+  'swish': 'silu',
+  'gelu_pytorch_tanh': 'gelu_tanh',
+  'gelu_tanh': 'gelu_tanh',
+  'gelu': 'gelu',
+}
 ATTENTION_BIASES = ('none', 'qkv', 'qkvo')
 ROPE_TYPES = ('default', 'linear', 'llama3', 'factors')
 
@@ -79,6 +89,13 @@ class LlamaConfig:
     rope_freq_factors: with rope_type 'factors', `head_dim // 2` positive
       divisors of the frequencies (a tuple, so that the config stays
       hashable).
+    hidden_act: the gated MLP's activation: 'silu' (SwiGLU: Llama, Qwen2,
+      Mistral), 'gelu_tanh' (GeGLU with tanh GELU: Gemma) or 'gelu'.
+    norm_offset: every RMSNorm scales by `norm_offset + weight` (Gemma: 1,
+      in float32 before casting back; Team Gemma 2024, arXiv 2403.08295,
+      and HF's GemmaRMSNorm), else by the weight (0).
+    embedding_scale: multiply the token embeddings by sqrt(hidden_size)
+      (Gemma) before the first block; the tied head uses them unscaled.
   """
 
   vocab_size: int
@@ -101,8 +118,15 @@ class LlamaConfig:
   rope_high_freq_factor: float = 4.0
   rope_original_max_position_embeddings: int | None = None
   rope_freq_factors: tuple[float, ...] | None = None
+  hidden_act: str = 'silu'
+  norm_offset: float = 0.0
+  embedding_scale: bool = False
 
   def __post_init__(self):
+    if self.hidden_act not in HIDDEN_ACTS:
+      raise LeakjaxError(
+        f'hidden_act={self.hidden_act!r} is not one of {", ".join(HIDDEN_ACTS)}'
+      )
     if self.attention_bias not in ATTENTION_BIASES:
       raise LeakjaxError(
         f'attention_bias={self.attention_bias!r} is not one of'
@@ -188,9 +212,17 @@ class LlamaConfig:
         f'config model_type={model_type!r} is not a Llama model',
         'load it with its own family',
       )
-    act = d.get('hidden_act', 'silu')
-    if act not in ('silu', 'swish'):
-      raise LeakjaxError(f'hidden_act={act!r} is not supported (only silu)')
+    gemma = model_type == 'gemma'
+    # Gemma's checkpoints name their activation `hidden_activation` (older
+    # ones left it null and meant tanh GELU); the others `hidden_act`.
+    act = d.get('hidden_activation') or d.get(
+      'hidden_act', 'gelu_pytorch_tanh' if gemma else 'silu'
+    )
+    if act not in _HF_ACTS:
+      raise LeakjaxError(
+        f'hidden_act={act!r} is not supported',
+        f'leakjax implements {", ".join(sorted(_HF_ACTS))}',
+      )
     if d.get('mlp_bias'):
       raise LeakjaxError(
         'mlp_bias=true is not supported by leakjax Llama',
@@ -260,6 +292,9 @@ class LlamaConfig:
       bos_token_id=_first_id(d.get('bos_token_id')),
       eos_token_id=_first_id(d.get('eos_token_id')),
       attention_bias=bias,
+      hidden_act=_HF_ACTS[act],
+      norm_offset=1.0 if gemma else 0.0,
+      embedding_scale=gemma,
       **scaling,
     )
 
@@ -267,6 +302,16 @@ class LlamaConfig:
     """An HF `config.json` dict that transformers 4.x and 5.x both read
     (Qwen2's when the q/k/v projections alone carry biases)."""
     qwen = self.attention_bias == 'qkv'
+    gemma = self.norm_offset == 1.0 and self.embedding_scale
+    if (self.norm_offset, self.embedding_scale) not in (
+      (0.0, False),
+      (1.0, True),
+    ):
+      raise LeakjaxError(
+        f'norm_offset={self.norm_offset} with embedding_scale='
+        f'{self.embedding_scale} is neither Llama nor Gemma',
+        'no HF config.json describes it',
+      )
     if self.rope_type == 'factors':
       raise LeakjaxError(
         'per-frequency RoPE factors (a GGUF rope_freqs tensor) have no HF'
@@ -284,9 +329,17 @@ class LlamaConfig:
           self.rope_original_max_position_embeddings
         ),
       )
+    arch, model_type = (
+      ('GemmaForCausalLM', 'gemma')
+      if gemma
+      else ('Qwen2ForCausalLM', 'qwen2')
+      if qwen
+      else ('LlamaForCausalLM', 'llama')
+    )
+    act = {'silu': 'silu', 'gelu_tanh': 'gelu_pytorch_tanh', 'gelu': 'gelu'}
     return {
-      'architectures': ['Qwen2ForCausalLM' if qwen else 'LlamaForCausalLM'],
-      'model_type': 'qwen2' if qwen else 'llama',
+      'architectures': [arch],
+      'model_type': model_type,
       'vocab_size': self.vocab_size,
       'hidden_size': self.hidden_size,
       'intermediate_size': self.intermediate_size,
@@ -294,7 +347,7 @@ class LlamaConfig:
       'num_attention_heads': self.num_attention_heads,
       'num_key_value_heads': self.num_key_value_heads,
       'head_dim': self.head_dim,
-      'hidden_act': 'silu',
+      'hidden_act': act[self.hidden_act],
       'rms_norm_eps': self.rms_norm_eps,
       'rope_theta': self.rope_theta,
       'rope_parameters': rope,
@@ -401,25 +454,35 @@ def rope(
   return x * cos + rotated * sin
 
 
-def _rms_norm(x, scale, eps):
-  """HF Llama's RMSNorm: normalise in float32, scale in the scale's dtype."""
+def _rms_norm(x, scale, eps, offset=0.0):
+  """HF Llama's RMSNorm: normalise in float32, scale in the scale's dtype;
+  with an offset, Gemma's: scale by `offset + scale` in float32, then cast
+  to the input's dtype."""
   x32 = x.astype(jnp.float32)
   x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps)
+  if offset:
+    return (x32 * (offset + scale.astype(jnp.float32))).astype(x.dtype)
   return scale * x32.astype(scale.dtype)
 
 
+def _norm(config: LlamaConfig, x, scale):
+  return _rms_norm(x, scale, config.rms_norm_eps, config.norm_offset)
+
+
 class RMSNorm(nn.Module):
-  """RMSNorm as in HF Llama: normalise in float32, scale in `dtype`."""
+  """RMSNorm as in HF Llama (Gemma's with `offset`): normalise in float32,
+  scale in `dtype`. The weight starts at the identity: ones, or zeros with
+  an offset."""
 
   eps: float
   dtype: Any = jnp.float32
+  offset: float = 0.0
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    scale = self.param(
-      'scale', nn.initializers.ones, (x.shape[-1],), self.dtype
-    )
-    return _rms_norm(x, scale, self.eps)
+    init = nn.initializers.zeros if self.offset else nn.initializers.ones
+    scale = self.param('scale', init, (x.shape[-1],), self.dtype)
+    return _rms_norm(x, scale, self.eps, self.offset)
 
 
 def _dense(features: int, dtype, name: str, bias: bool = False) -> nn.Dense:
@@ -505,8 +568,15 @@ class Attention(nn.Module):
     return self.o_proj(out), new_kv
 
 
+_ACT = {
+  'silu': nn.silu,
+  'gelu_tanh': functools.partial(nn.gelu, approximate=True),
+  'gelu': functools.partial(nn.gelu, approximate=False),
+}
+
+
 class MLP(nn.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """Gated MLP: down(act(gate(x)) * up(x)) (SwiGLU with silu)."""
 
   config: LlamaConfig
   dtype: Any = jnp.float32
@@ -516,7 +586,8 @@ class MLP(nn.Module):
     c = self.config
     gate = _dense(c.intermediate_size, self.dtype, 'gate_proj')(x)
     up = _dense(c.intermediate_size, self.dtype, 'up_proj')(x)
-    return _dense(c.hidden_size, self.dtype, 'down_proj')(nn.silu(gate) * up)
+    act = _ACT[c.hidden_act]
+    return _dense(c.hidden_size, self.dtype, 'down_proj')(act(gate) * up)
 
 
 class Block(nn.Module):
@@ -526,10 +597,10 @@ class Block(nn.Module):
   dtype: Any = jnp.float32
 
   def setup(self):
-    eps = self.config.rms_norm_eps
-    self.attn_norm = RMSNorm(eps, self.dtype)
+    eps, offset = self.config.rms_norm_eps, self.config.norm_offset
+    self.attn_norm = RMSNorm(eps, self.dtype, offset)
     self.attn = Attention(self.config, self.dtype)
-    self.mlp_norm = RMSNorm(eps, self.dtype)
+    self.mlp_norm = RMSNorm(eps, self.dtype, offset)
     self.mlp = MLP(self.config, self.dtype)
 
   def __call__(self, x, positions, allowed, kv=None, index=None):
@@ -556,7 +627,7 @@ class Llama(nn.Module):
       embedding_init=nn.initializers.normal(0.02),
     )
     self.layers = [Block(c, self.dtype) for _ in range(c.num_hidden_layers)]
-    self.final_norm = RMSNorm(c.rms_norm_eps, self.dtype)
+    self.final_norm = RMSNorm(c.rms_norm_eps, self.dtype, c.norm_offset)
     if not c.tie_word_embeddings:
       self.lm_head = _dense(c.vocab_size, self.dtype, 'lm_head')
 
@@ -576,12 +647,20 @@ class Llama(nn.Module):
     if mask is not None:
       allowed = allowed & (mask[:, None, :] > 0)  # [b, t, t]
     allowed = jnp.broadcast_to(allowed, (b, t, t))
-    x = self.embed(ids)
+    x = self.embed_ids(ids)
     states = [x]
     for layer in self.layers[:num_blocks]:
       x, _ = layer(x, positions, allowed)
       states.append(x)
     return jnp.stack(states)
+
+  def embed_ids(self, ids):
+    """The first block's input: the token embeddings (Gemma: times
+    sqrt(hidden_size), in their dtype)."""
+    x = self.embed(ids)
+    if self.config.embedding_scale:
+      x = x * jnp.asarray(self.config.hidden_size**0.5, x.dtype)
+    return x
 
   def head(self, h):
     """Final RMSNorm + LM head: `[..., D] -> [..., vocab]` float32."""
@@ -603,7 +682,7 @@ class Llama(nn.Module):
     positions = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)
     # A query at position p sees cache slots 0..p (later slots are stale).
     allowed = jnp.arange(max_len)[None, None, :] <= positions[:, :, None]
-    x = self.embed(ids)
+    x = self.embed_ids(ids)
     keys, values = [], []
     for i, layer in enumerate(self.layers[: len(cache.keys)]):
       x, (k, v) = layer(
@@ -700,7 +779,7 @@ def _llama_block_inputs(config: LlamaConfig, dtype, params, ids, mask, layer):
     {'params': params}, ids, mask, layer, method=Llama.hidden_states
   )[-1]
   scale = params[f'layers_{layer}']['attn_norm']['scale']
-  return _rms_norm(stream, scale, config.rms_norm_eps)
+  return _norm(config, stream, scale)
 
 
 def _llama_block_cache(
@@ -723,21 +802,29 @@ def _llama_block_decode(config: LlamaConfig, dtype, params, cache, ids, layer):
   if _is_concrete(ids):
     check_token_ids(ids, config.vocab_size)
   if layer == 0:  # no block runs: the embeddings, normalised
-    x = params['embed']['embedding'][ids]
+    x = Llama(config, dtype=dtype).apply(
+      {'params': params}, ids, method=Llama.embed_ids
+    )
     new = cache.replace(index=cache.index + ids.shape[1])
   else:
     x, new = Llama(config, dtype=dtype).apply(
       {'params': params}, ids, cache, method=Llama.decode_stream
     )
   scale = params[f'layers_{layer}']['attn_norm']['scale']
-  return _rms_norm(x, scale, config.rms_norm_eps), new
+  return _norm(config, x, scale), new
 
 
 def _llama_first_layer(config: LlamaConfig, params) -> FirstLayerInputs:
+  tokens = params['embed']['embedding']
+  if config.embedding_scale:
+    tokens = tokens * jnp.asarray(config.hidden_size**0.5, tokens.dtype)
+  scale = params['layers_0']['attn_norm']['scale']
+  if config.norm_offset:
+    scale = config.norm_offset + scale.astype(jnp.float32)
   return FirstLayerInputs(
-    tokens=params['embed']['embedding'],
+    tokens=tokens,
     positions=None,
-    scale=params['layers_0']['attn_norm']['scale'],
+    scale=scale,
     bias=None,
     eps=config.rms_norm_eps,
     kind='rms',
