@@ -138,6 +138,19 @@ def test_search_recovers_each_sentence_in_turn(family):
 
 
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_start_penalty_moves_the_next_search_to_another_first_word(family):
+  # Without penalties the second search repeats the first sentence; the
+  # first-word penalty alone (BOS bigrams are not in the bigram penalty)
+  # sends it to the other sentence.
+  free = dataclasses.replace(CONFIG, weight_diverse=0.0)
+  first = search(family, [], free)
+  assert search(family, [first], free) == first
+  start = dataclasses.replace(free, weight_start=50.0)
+  second = search(family, [first], start)
+  assert second in ROWS and second[1] != first[1]
+
+
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_default_search_leaves_the_end_to_the_lm(family):
   # The default scores a sentence end like the best continuation: every
   # token with a gradient still comes from the span, but where the

@@ -31,6 +31,7 @@ combines the three (our construction; no paper describes it):
       weight_lm · log p(v | prefix) + weight_head · cos(v | prefix)
       + weight_span · log(r̄ / r(v))
       − weight_diverse · #(earlier sentences holding (prefix[-1], v))
+      − weight_start · #(earlier sentences starting with v)   (first word)
 
   with `cos(v | prefix)` the head gradient's evidence that v followed the
   prefix in the batch (:class:`HeadScore`; it needs no rank, and enters
@@ -116,6 +117,9 @@ class HybridConfig:
       measurement above).
     weight_span: weight of the span term `log(r̄ / r)`.
     weight_diverse: penalty per earlier sentence that holds the bigram.
+    weight_start: penalty, on a sentence's first word, per earlier
+      sentence that starts with it (the bigram penalty skips BOS, since
+      sentences may share their first word; 0: none).
     reference_quantile: `r̄` is this quantile of the step's shortlisted
       log-residuals (0.5: the median).
     end_as_best: a sentence end's span term is the beam's best
@@ -147,6 +151,7 @@ class HybridConfig:
   head_shrinkage: float = 0.1
   weight_span: float = 1.0
   weight_diverse: float = 1.0
+  weight_start: float = 0.0
   reference_quantile: float = 0.5
   end_as_best: bool = True
   length_penalty: float = 1.0
@@ -475,6 +480,12 @@ def hybrid_step(
   if allowed is not None:
     ok &= allowed[None]
   prior = config.weight_lm * lm - config.weight_diverse * others
+  if config.weight_start:
+    started = (taken_length > 1)[:, None] & (
+      taken[:, 1][:, None] == candidates[None]
+    )  # [G, C]
+    first = (i == 1).astype(jnp.float32)
+    prior = prior - config.weight_start * first * started.sum(0)[None]
   if head is not None:
     prior = prior + config.weight_head * head.scores(state.head)
   prior = jnp.where(ok, prior, -jnp.inf)

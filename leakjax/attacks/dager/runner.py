@@ -84,6 +84,8 @@ class DagerExperimentConfig:
       the span.
     hybrid_weight_head: weight of the hybrid's head-gradient term
       (`HybridConfig.weight_head`; 0: the span and the LM alone).
+    hybrid_weight_start: the hybrid's penalty on a first word per earlier
+      sentence that starts with it (`HybridConfig.weight_start`).
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
@@ -114,6 +116,7 @@ class DagerExperimentConfig:
   hybrid_beams: int = hybrid.HybridConfig.beams
   hybrid_shortlist: int = hybrid.HybridConfig.shortlist
   hybrid_weight_head: float = hybrid.HybridConfig.weight_head
+  hybrid_weight_start: float = hybrid.HybridConfig.weight_start
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
@@ -143,10 +146,9 @@ class DagerExperimentConfig:
           f'{name} must be >= 1, got {getattr(self, name)}',
           f'pass a positive --{name}',
         )
-    if self.hybrid_weight_head < 0:
-      raise LeakjaxError(
-        f'hybrid_weight_head must be >= 0, got {self.hybrid_weight_head}'
-      )
+    for name in ('hybrid_weight_head', 'hybrid_weight_start'):
+      if getattr(self, name) < 0:
+        raise LeakjaxError(f'{name} must be >= 0, got {getattr(self, name)}')
     if self.first_batch < 0 or self.max_length < 0 or self.extra_live < 0:
       raise LeakjaxError('first_batch, max_length and extra_live must be >= 0')
     check_positive(self, 'train_batch_size')
@@ -338,6 +340,7 @@ def attack_batch(
       beams=cfg.hybrid_beams,
       shortlist=cfg.hybrid_shortlist,
       weight_head=cfg.hybrid_weight_head,
+      weight_start=cfg.hybrid_weight_start,
       max_length=cfg.max_length or cfg.max_tokens + 1,
       span=search.SpanConfig(
         layer1_tolerance=cfg.layer1_tolerance,
