@@ -45,7 +45,8 @@ combines the three (our construction; no paper describes it):
   score per token; a beam ends at a sentence-ending token;
 * the runner (:func:`recover`) runs `num_sentences` searches one after the
   other, each penalising the bigrams of those before (FILM Sec. 4.5's
-  repetitions), and returns one sentence per search.
+  repetitions) and the first words they started with, and returns one
+  sentence per search.
 
 The weights were chosen by hand on two batches (SmolLM2, b = 64, Enron
 batches 0 and 1), not tuned: see :class:`HybridConfig`.
