@@ -151,12 +151,35 @@ def _read_workdir_json(path: Path) -> Any:
     ) from None
 
 
-def _make_workdir(workdir: Path) -> None:
-  """Creates `workdir` (and its parents) or says in one line why not."""
+def check_workdir(workdir: str | os.PathLike) -> None:
+  """Raises LeakjaxError if `workdir` is a file, lies under a file or sits
+  where nothing can be written, without creating anything (so a runner
+  can check it before slower checks of its inputs)."""
+  workdir = Path(workdir)
   if workdir.exists() and not workdir.is_dir():
     raise LeakjaxError(
       f'--workdir {workdir} is a file, not a folder', 'choose another --workdir'
     )
+  parent = workdir
+  while not parent.exists() and parent != parent.parent:
+    parent = parent.parent
+  if parent != workdir and not parent.is_dir():
+    raise LeakjaxError(
+      f'--workdir {workdir} lies under a file, not a folder',
+      'choose another --workdir',
+    )
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise LeakjaxError(
+      f'--workdir {workdir} is not writable'
+      if parent == workdir
+      else f'cannot create --workdir {workdir}: {parent} is not writable',
+      'choose a folder you can write to',
+    )
+
+
+def _make_workdir(workdir: Path) -> None:
+  """Creates `workdir` (and its parents) or says in one line why not."""
+  check_workdir(workdir)
   try:
     workdir.mkdir(parents=True, exist_ok=True)
   except (FileExistsError, NotADirectoryError):

@@ -165,6 +165,16 @@ def test_workdir_under_a_file(tmp_path):
     io.ExperimentWriter(tmp_path / 'f' / 'w', {'b': 1}, enabled=True)
 
 
+def test_check_workdir_creates_nothing(tmp_path):
+  (tmp_path / 'f').write_text('x')
+  with pytest.raises(LeakjaxError, match='lies under a file'):
+    io.check_workdir(tmp_path / 'f' / 'a' / 'w')
+  with pytest.raises(LeakjaxError, match='is a file, not a folder'):
+    io.check_workdir(tmp_path / 'f')
+  io.check_workdir(tmp_path / 'new' / 'w')  # creatable: fine
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['f']
+
+
 @pytest.mark.skipif(
   hasattr(os, 'geteuid') and os.geteuid() == 0,
   reason='root may write into read-only folders',

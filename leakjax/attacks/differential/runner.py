@@ -633,6 +633,7 @@ def run(
   it does not change the results, so it is not part of `cfg`.
   """
   workdir = Path(workdir)
+  io.check_workdir(workdir)
   # The corpus is read and checked before the workdir is touched.
   sentences = read_sentences(
     cfg.data,
