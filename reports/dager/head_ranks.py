@@ -68,14 +68,7 @@ def main(argv):
     num_batches=1,
     first_batch=index,
   )
-  fcfg = film_runner.FilmExperimentConfig(
-    model=cfg.model,
-    max_sentences=cfg.max_sentences,
-    max_tokens=cfg.max_tokens,
-    require_entity=False,
-    eval_fraction=0.0,
-    batch_sizes=(1,),
-  )
+  fcfg = runner.film_experiment_config(cfg)
   model, params = film_runner.load_model(fcfg)
   texts = data_lib.load_corpus(cfg.data)
   sentences = film_runner.preprocess(texts, model.tokenizer, fcfg)

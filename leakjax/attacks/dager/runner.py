@@ -390,16 +390,12 @@ class DagerRun:
   extra: dict[str, Any]
 
 
-def run(
+def film_experiment_config(
   cfg: DagerExperimentConfig,
-  texts: Sequence[str],
-  writer: io.ExperimentWriter,
-  *,
-  progress: bool = True,
-) -> DagerRun:
-  """Runs (or resumes) the experiment on the private corpus `texts`."""
-  start = time.perf_counter()
-  fcfg = film_runner.FilmExperimentConfig(
+) -> film_runner.FilmExperimentConfig:
+  """FILM's experiment config for the model, sentence preprocessing,
+  fine-tuning and FILM attack of `cfg` (the parts the two share)."""
+  return film_runner.FilmExperimentConfig(
     model=cfg.model,
     max_sentences=cfg.max_sentences,
     max_tokens=cfg.max_tokens,
@@ -414,6 +410,18 @@ def run(
     token_steps=cfg.film_steps,
     seed=cfg.seed,
   )
+
+
+def run(
+  cfg: DagerExperimentConfig,
+  texts: Sequence[str],
+  writer: io.ExperimentWriter,
+  *,
+  progress: bool = True,
+) -> DagerRun:
+  """Runs (or resumes) the experiment on the private corpus `texts`."""
+  start = time.perf_counter()
+  fcfg = film_experiment_config(cfg)
   film_config = film_runner.film_config(fcfg, cfg.film_beams, 2, 1.0)
   model, params = film_runner.load_model(fcfg)
   logging.info('model %s loaded in %.1f s', model, time.perf_counter() - start)
@@ -474,6 +482,7 @@ __all__ = [
   'attack_batch',
   'batch_scores',
   'client_view',
+  'film_experiment_config',
   'consecutive_batches',
   'parse_defense',
   'run',
