@@ -127,16 +127,28 @@ def test_dager_rows():
     in line
   )
   hybrid = summary('dager/hybrid')
+  done = [b for b in big if f'rougeL@attack=hybrid,b={b}' in hybrid]
+  assert 32 in done and 64 in done
   assert (
-    'hybrid ' + joined(hybrid[f'rougeL@attack=hybrid,b={b}'] for b in big)
+    'hybrid (LM prior, head gradient, block-2 span) '
+    + joined(hybrid[f'rougeL@attack=hybrid,b={b}'] for b in done)
     in line
   )
-  assert all(hybrid[f'exact@attack=hybrid,b={b}'] == 0 for b in big)
-  tuned = summary('dager/hybrid_finetuned')
-  assert joined(tuned[f'rougeL@attack=hybrid,b={b}'] for b in big) in line
   # 3 batches of 32 sentences: the exact fraction as a count of 96.
-  exact = round(tuned['exact@attack=hybrid,b=32'] * 96)
+  exact = round(hybrid['exact@attack=hybrid,b=32'] * 96)
   assert f'{exact} of 96 exact at b = 32' in line
+  span = summary('dager/hybrid_span_only')
+  assert (
+    'the LM and the span alone: '
+    + joined(span[f'rougeL@attack=hybrid,b={b}'] for b in big)
+    in line
+  )
+  tuned = summary('dager/hybrid_finetuned')
+  exact = round(tuned['exact@attack=hybrid,b=32'] * 96)
+  assert (
+    f'{tuned["rougeL@attack=hybrid,b=32"]:.2f} at b = 32, {exact} of 96 exact'
+    in line
+  )
 
 
 def test_embed_parrot_row():
