@@ -187,3 +187,12 @@ def test_data_column_and_label_choose_the_private_rows(tmp_path):
     for x in (tmp_path / 'run' / 'results.jsonl').open()
   ]
   assert sorted(got) == sorted(r[1] for r in rows if r[0] == 'private')
+
+
+def test_hybrid_settings_are_checked():
+  with pytest.raises(LeakjaxError, match='hybrid_end_head_quantile'):
+    runner.DagerExperimentConfig(hybrid_end_head_quantile=1.5)
+  with pytest.raises(LeakjaxError, match='hybrid_head_norm_power'):
+    runner.DagerExperimentConfig(hybrid_head_norm_power=-0.5)
+  with pytest.raises(LeakjaxError, match='hybrid_weight_start'):
+    runner.DagerExperimentConfig(hybrid_weight_start=-1.0)

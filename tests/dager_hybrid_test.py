@@ -185,6 +185,10 @@ def test_config_and_recover_refuse_bad_input():
     hybrid.HybridConfig(head_samples=1)
   with pytest.raises(LeakjaxError, match='head_shrinkage'):
     hybrid.HybridConfig(head_shrinkage=-0.1)
+  with pytest.raises(LeakjaxError, match='head_norm_power'):
+    hybrid.HybridConfig(head_norm_power=-1.0)
+  with pytest.raises(LeakjaxError, match='end_head_quantile'):
+    hybrid.HybridConfig(end_head_quantile=1.5)
   model, params = tiny('gpt2')
   with pytest.raises(LeakjaxError, match='num_sentences'):
     hybrid.recover(model, params, gradient('gpt2'), 0)
@@ -250,6 +254,7 @@ def test_head_score_names_each_next_token(family):
   model, params = tiny(family)
   grads = gradient(family)
   cands = np.arange(V - 1, dtype=np.int32)  # every token but BOS
+  config = dataclasses.replace(CONFIG, head_norm_power=0.25)
   head = hybrid.head_score(
     model,
     params,
@@ -257,17 +262,35 @@ def test_head_score_names_each_next_token(family):
     jnp.asarray(cands),
     jnp.asarray(BOS, jnp.int32),
     key=jax.random.key(0),
-    config=CONFIG,
+    config=config,
   )
-  # The rows against NumPy: negated, centred on μ, whitened, unit.
+  # The rows against NumPy: negated, centred on μ, whitened, of norm
+  # (|r| / median |r|)^p.
   g = head_matrix(model, grads)[cands]
   mu = np.asarray(head.mean, np.float64)
   white = np.asarray(head.whiten, np.float64)
   rows = -g
   rows = rows - np.outer(rows @ mu / (mu @ mu), mu)
   rows = rows @ white
-  rows /= np.linalg.norm(rows, axis=1, keepdims=True)
-  np.testing.assert_allclose(np.asarray(head.rows), rows, atol=1e-4)
+  norm = np.linalg.norm(rows, axis=1, keepdims=True)
+  p = config.head_norm_power
+  rows = rows / norm * (norm / np.median(norm)) ** p
+  np.testing.assert_allclose(np.asarray(head.rows), rows, rtol=1e-4, atol=1e-5)
+  # Padding does not move the median: with half the candidates marked
+  # invalid the scale is the valid half's.
+  valid = np.arange(len(cands)) < 50
+  half = hybrid.head_score(
+    model,
+    params,
+    grads,
+    jnp.asarray(cands),
+    jnp.asarray(BOS, jnp.int32),
+    key=jax.random.key(0),
+    config=config,
+    valid=jnp.asarray(valid),
+  )
+  want = rows * (np.median(norm) / np.median(norm[:50])) ** p
+  np.testing.assert_allclose(np.asarray(half.rows), want, rtol=1e-4, atol=1e-5)
   # Given the true prefix, the true next token scores highest among the
   # 100 candidates at every position, except after BOS, where the two
   # sentences' first tokens share the one context (rank 0 or 1).
@@ -281,12 +304,38 @@ def test_head_score_names_each_next_token(family):
       assert rank <= (1 if t == 0 else 0), (r, t, rank)
 
 
+def test_end_head_terms_take_the_quantile_of_the_other_candidates():
+  rng = np.random.default_rng(0)
+  scores = rng.normal(size=(3, 10)).astype(np.float32)
+  valid = np.arange(10) < 8
+  is_end = np.isin(np.arange(10), (2, 5, 9)) & valid
+  got = np.asarray(
+    hybrid.end_head_terms(
+      jnp.asarray(scores), jnp.asarray(valid), jnp.asarray(is_end), 0.9
+    )
+  )
+  others = valid & ~is_end  # columns 0, 1, 3, 4, 6, 7
+  want = scores.copy()
+  for k in range(3):
+    want[k, is_end] = np.quantile(scores[k, others], 0.9)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  same = hybrid.end_head_terms(
+    jnp.asarray(scores), jnp.asarray(valid), jnp.asarray(is_end), None
+  )
+  np.testing.assert_array_equal(np.asarray(same), scores)
+
+
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_head_term_alone_recovers_a_sentence(family):
   # No span term and no LM: the head gradient alone must lead the search
-  # through one sentence of the batch.
+  # through one sentence of the batch, its end included (so the end's own
+  # row scores it: the default quantile leaves the end to the LM).
   config = dataclasses.replace(
-    CONFIG, weight_head=10.0, weight_span=0.0, weight_lm=0.0
+    CONFIG,
+    weight_head=10.0,
+    weight_span=0.0,
+    weight_lm=0.0,
+    end_head_quantile=None,
   )
   model, params = tiny(family)
   real = np.arange(1, V - 1, dtype=np.int32)

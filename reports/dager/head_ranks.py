@@ -10,12 +10,21 @@ every sentence, the true prefix is given and the batch's distinct tokens
 * `head`: the hybrid's head-gradient cosine
   (:class:`leakjax.attacks.dager.hybrid.HeadScore`, statistics from the
   model's own samples, shrinkage `s`);
-* `lm+head`: `0.6 · lm + w · head`, the hybrid's prior (`weight_lm` 0.6).
+* `lm+head`: `0.6 · lm + w · head`, the hybrid's prior (`weight_lm` 0.6),
+  first with each candidate's own row and the cosine alone
+  (`head_norm_power` 0, `end_head_quantile` None), then with sentence
+  ends scored by the quantile `q` of the other candidates' head terms
+  and rows scaled by their norm to the power `p`
+  (`lm+head,end=q,p=P,w=W`, q = 0.9; the hybrid's default is the first:
+  the end's own row, p = 0, w = 12).
 
 Writes `head_ranks.json` beside this file: per score the fraction of
 positions where the true token ranks first, in the top 5 and in the top 32
-(the hybrid's shortlist). The block-2 span term is not included (it is
-computed for the shortlist only).
+(the hybrid's shortlist), and for the default prior (s = 0.1) and the
+`end=` rows the same at the
+sentences' last positions (`...,at_end`: the true token is the sentence
+end) and at the others (`...,not_end`). The block-2 span term is not
+included (it is computed for the shortlist only).
 
 Usage (repository root):
   python -m reports.dager.head_ranks
@@ -32,6 +41,7 @@ from absl import app, flags
 
 from leakjax import data as data_lib
 from leakjax.attacks.dager import hybrid, runner
+from leakjax.attacks.film import reorder as ro
 from leakjax.attacks.film import runner as film_runner
 
 _B = flags.DEFINE_integer('b', 64, 'Batch size.')
@@ -41,6 +51,8 @@ _OUT = flags.DEFINE_string(
 )
 WEIGHTS = (6.0, 12.0, 24.0)  # 10, 20 and 40 x weight_lm
 SHRINKAGE = (0.01, 0.1, 1.0)
+POWERS = (0.0, 0.25, 0.5)
+END_WEIGHTS = (12.0, 24.0)
 
 
 def ranks_of(scores: np.ndarray, true: np.ndarray) -> np.ndarray:
@@ -98,7 +110,9 @@ def main(argv):
     'num_candidates': int(len(cands)),
     'lm': fractions(ranks_of(lm, true)),
   }
-  base = hybrid.HybridConfig()
+  # Sentence ends: the true next token is the last of its sentence.
+  at_end = cols + 2 == mask.sum(1)[rows]
+  base = hybrid.HybridConfig(head_norm_power=0.0, end_head_quantile=None)
   for s in SHRINKAGE:
     config = dataclasses.replace(base, head_shrinkage=s)
     head = hybrid.head_score(
@@ -115,6 +129,37 @@ def main(argv):
     for w in WEIGHTS:
       prior = base.weight_lm * lm + w * h
       out[f'lm+head,s={s},w={w}'] = fractions(ranks_of(prior, true))
+      if s == base.head_shrinkage:
+        r = ranks_of(prior, true)
+        out[f'lm+head,s={s},w={w},at_end'] = fractions(r[at_end])
+        out[f'lm+head,s={s},w={w},not_end'] = fractions(r[~at_end])
+  is_end = jnp.asarray(ro.sentence_end_mask(model.tokenizer, model.vocab_size))
+  is_end = is_end[jnp.asarray(cands)]
+  valid = jnp.ones(is_end.shape, bool)
+  q = 0.9
+  for p in POWERS:
+    config = dataclasses.replace(base, head_norm_power=p, end_head_quantile=q)
+    head = hybrid.head_score(
+      model,
+      params,
+      grads,
+      jnp.asarray(cands),
+      jnp.asarray(bos, jnp.int32),
+      key=jax.random.key(0),
+      config=config,
+    )
+    h = hybrid.end_head_terms(
+      head.scores(jnp.asarray(z) @ head.readout), valid, is_end, q
+    )
+    h = np.asarray(h)
+    for w in END_WEIGHTS:
+      r = ranks_of(base.weight_lm * lm + w * h, true)
+      name = f'lm+head,end={q},p={p},w={w}'
+      out[name] = fractions(r)
+      out[name + ',at_end'] = fractions(r[at_end])
+      out[name + ',not_end'] = fractions(r[~at_end])
+  out['lm,at_end'] = fractions(ranks_of(lm, true)[at_end])
+  out['num_end_positions'] = int(at_end.sum())
   Path(_OUT.value).write_text(json.dumps(out, indent=2) + '\n')
   print(json.dumps(out, indent=2))
 

@@ -86,6 +86,10 @@ class DagerExperimentConfig:
       (`HybridConfig.weight_head`; 0: the span and the LM alone).
     hybrid_weight_start: the hybrid's penalty on a first word per earlier
       sentence that starts with it (`HybridConfig.weight_start`).
+    hybrid_head_norm_power: `HybridConfig.head_norm_power` (0: the head
+      term is a cosine).
+    hybrid_end_head_quantile: `HybridConfig.end_head_quantile`; negative
+      (the default): None, a sentence end's head term from its own row.
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
@@ -117,6 +121,8 @@ class DagerExperimentConfig:
   hybrid_shortlist: int = hybrid.HybridConfig.shortlist
   hybrid_weight_head: float = hybrid.HybridConfig.weight_head
   hybrid_weight_start: float = hybrid.HybridConfig.weight_start
+  hybrid_head_norm_power: float = hybrid.HybridConfig.head_norm_power
+  hybrid_end_head_quantile: float = -1.0
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
@@ -146,7 +152,17 @@ class DagerExperimentConfig:
           f'{name} must be >= 1, got {getattr(self, name)}',
           f'pass a positive --{name}',
         )
-    for name in ('hybrid_weight_head', 'hybrid_weight_start'):
+    if self.hybrid_end_head_quantile > 1:
+      raise LeakjaxError(
+        'hybrid_end_head_quantile must be <= 1, got'
+        f' {self.hybrid_end_head_quantile}',
+        "a quantile in [0, 1], or a negative value for the end's own row",
+      )
+    for name in (
+      'hybrid_weight_head',
+      'hybrid_weight_start',
+      'hybrid_head_norm_power',
+    ):
       if getattr(self, name) < 0:
         raise LeakjaxError(f'{name} must be >= 0, got {getattr(self, name)}')
     if self.first_batch < 0 or self.max_length < 0 or self.extra_live < 0:
@@ -341,6 +357,12 @@ def attack_batch(
       shortlist=cfg.hybrid_shortlist,
       weight_head=cfg.hybrid_weight_head,
       weight_start=cfg.hybrid_weight_start,
+      head_norm_power=cfg.hybrid_head_norm_power,
+      end_head_quantile=(
+        None
+        if cfg.hybrid_end_head_quantile < 0
+        else cfg.hybrid_end_head_quantile
+      ),
       max_length=cfg.max_length or cfg.max_tokens + 1,
       span=search.SpanConfig(
         layer1_tolerance=cfg.layer1_tolerance,
