@@ -151,6 +151,33 @@ def test_dager_rows():
   )
 
 
+def test_dager_report_hybrid_variants():
+  # The reports/dager README's figures on the two variants of the hybrid
+  # that stay off, against their summaries, the default hybrid's row for
+  # the same batch and head_ranks.json.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  rows = [
+    json.loads(line)
+    for line in (ROOT / 'reports/dager/hybrid/results.jsonl').open()
+  ]
+  (base,) = [r for r in rows if r['b'] == 64 and r['batch'] == 0]
+  assert f"against the hybrid's {base['rougeL']:.3f} on that batch" in text
+  for name in ('hybrid_end', 'hybrid_end_power'):
+    got = summary(f'dager/{name}')['rougeL@attack=hybrid,b=64']
+    assert f'ROUGE-L {got:.3f} (`{name}/`)' in text
+  ranks = json.loads((ROOT / 'reports/dager/head_ranks.json').read_text())
+  pct = lambda key: f'{round(100 * ranks[key]["top1"])} %'  # noqa: E731
+  assert (
+    f'the true end ranks first at {pct("lm+head,s=0.1,w=12.0,at_end")} with'
+    f' its own row, {pct("lm+head,end=0.9,p=0.0,w=12.0,at_end")} with the'
+    f' quantile, {pct("lm,at_end")} under the LM alone' in text
+  )
+  assert (
+    f'first at {pct("lm+head,end=0.9,p=0.25,w=12.0")} of all positions'
+    f' against {pct("lm+head,end=0.9,p=0.0,w=12.0")}' in text
+  )
+
+
 def test_embed_parrot_row():
   s = summary('embed_parrot')
   line = row('| Embed Parrot')
