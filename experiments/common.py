@@ -45,7 +45,7 @@ def define_common_flags(default_workdir: str) -> None:
     None,
     'Corpus: a named data set (python -m leakjax.data list), a local'
     ' .txt (one example per line), .json (list of strings) or .tsv'
-    ' file, or hub:NAME[:CONFIG[:SPLIT]] (a Hugging Face dataset).',
+    ' file, or hub:NAME[@REVISION][:CONFIG[:SPLIT]] (a Hugging Face dataset).',
   )
   flags.DEFINE_string(
     'data_column',

@@ -29,7 +29,9 @@ from leakjax import datasets
 from leakjax.errors import LeakjaxError
 
 SUFFIXES = ('.txt', '.json', '.jsonl', '.tsv')
-HUB_PREFIX = 'hub:'  # hub:NAME[:CONFIG[:SPLIT]], a Hugging Face dataset
+HUB_PREFIX = (
+  'hub:'  # hub:NAME[@REVISION][:CONFIG[:SPLIT]], a Hugging Face dataset
+)
 _TEXT_COLUMNS = ('text', 'sentence', 'content', 'sms')
 
 
@@ -50,9 +52,13 @@ def load_corpus(
       skipped), a `.json` file (a list of strings, or a list of objects with
       a text field), a `.jsonl` file (one string or object per line), a
       `.tsv` file (header row; tabs separate fields, quotes are literal); or
-      `hub:NAME[:CONFIG[:SPLIT]]`, a Hugging Face dataset loaded with
-      `datasets.load_dataset(NAME, CONFIG, split=SPLIT)` (needs the Hub
-      or its local cache; NAME may also be a local folder).
+      `hub:NAME[@REVISION][:CONFIG[:SPLIT]]`, a Hugging Face dataset
+      loaded with `datasets.load_dataset(NAME, CONFIG, split=SPLIT,
+      revision=REVISION)` (needs the Hub or its local cache; NAME may also
+      be a local folder, without a revision). REVISION, a commit hash of
+      the dataset's repository, pins the bytes a run reads; without it the
+      Hub serves its latest files (the run's `provenance.json` records
+      the sha256 of the texts as loaded either way).
     split: the split of a hub dataset, unless `source` names one.
     column: the text field of objects / TSV rows / hub rows. Default: the
       last TSV column; the field named 'text' (or 'sentence', 'content',
@@ -79,10 +85,15 @@ def load_corpus(
   if source in datasets.REGISTRY:  # a named data set (leakjax.datasets)
     source = str(datasets.path(source))
   if source.startswith(HUB_PREFIX):
-    name, config, hub_split = _parse_hub(source)
+    name, revision, config, hub_split = _parse_hub(source)
     split = hub_split or split
     rows = _read_hub(
-      name, config=config, split=split, column=column, label=label
+      name,
+      revision=revision,
+      config=config,
+      split=split,
+      column=column,
+      label=label,
     )
     where = f'dataset {source!r} (split {split})'
   else:
@@ -99,7 +110,7 @@ def load_corpus(
       raise LeakjaxError(
         f'{source!r} is neither a file nor a named data set',
         f'use a path, one of {", ".join(datasets.REGISTRY)} (python -m'
-        f' leakjax.data list), or {HUB_PREFIX}NAME[:CONFIG[:SPLIT]] for a'
+        f' leakjax.data list), or {HUB_PREFIX}NAME[@REVISION][:CONFIG[:SPLIT]] for a'
         ' Hugging Face dataset',
       )
     rows = _read_file(path, column=column, label=label)
@@ -114,16 +125,20 @@ def load_corpus(
   return texts[:limit] if limit is not None else texts
 
 
-def _parse_hub(source: str) -> tuple[str, str | None, str | None]:
-  """`hub:NAME[:CONFIG[:SPLIT]]` -> (NAME, CONFIG or None, SPLIT or None)."""
+def _parse_hub(
+  source: str,
+) -> tuple[str, str | None, str | None, str | None]:
+  """`hub:NAME[@REVISION][:CONFIG[:SPLIT]]` -> (NAME, REVISION, CONFIG,
+  SPLIT), each absent part None."""
   parts = source[len(HUB_PREFIX) :].split(':')
-  if not parts[0] or len(parts) > 3:
+  name, _, revision = parts[0].partition('@')
+  if not name or len(parts) > 3 or ('@' in parts[0] and not revision):
     raise LeakjaxError(
-      f'{source!r} is not {HUB_PREFIX}NAME[:CONFIG[:SPLIT]]',
+      f'{source!r} is not {HUB_PREFIX}NAME[@REVISION][:CONFIG[:SPLIT]]',
       f'e.g. {HUB_PREFIX}wikitext:wikitext-2-raw-v1:test',
     )
   parts += [''] * (3 - len(parts))
-  return parts[0], parts[1] or None, parts[2] or None
+  return name, revision or None, parts[1] or None, parts[2] or None
 
 
 def parse_label(text: str) -> tuple[str, tuple[str, ...]]:
@@ -340,7 +355,16 @@ def _hub_unreachable() -> bool:
   return False
 
 
-def _read_hub(name: str, *, config, split, column, label) -> list[str]:
+def _read_hub(
+  name: str, *, revision=None, config, split, column, label
+) -> list[str]:
+  local = Path(name).expanduser().is_dir()
+  if local and revision is not None:
+    raise LeakjaxError(
+      f'{name} is a local folder: a revision (@{revision}) names a commit'
+      ' of a dataset on the Hub',
+      f"drop @{revision}, or give the dataset's Hub name",
+    )
   try:
     import datasets as hf_datasets  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -348,24 +372,25 @@ def _read_hub(name: str, *, config, split, column, label) -> list[str]:
       f'{HUB_PREFIX}{name} needs the Hugging Face datasets package',
       'pip install datasets',
     ) from None
-  if not Path(name).expanduser().is_dir() and _hub_unreachable():
+  if not local and _hub_unreachable():
     raise LeakjaxError(
       f'dataset {name!r}: the Hugging Face Hub is out of reach (offline)',
       'pass a local .txt, .json, .jsonl or .tsv file, or a named data set',
     )
   try:
     ds = hf_datasets.load_dataset(
-      str(Path(name).expanduser())
-      if Path(name).expanduser().is_dir()
-      else name,
+      str(Path(name).expanduser()) if local else name,
       config,
       split=split,
+      revision=revision,
     )
   except Exception as e:  # noqa: BLE001 (offline, unknown name, ...)
     first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
     raise LeakjaxError(
-      f'dataset {name!r} (config {config}, split {split}) could not be'
-      f' loaded with datasets.load_dataset ({type(e).__name__}: {first})',
+      f'dataset {name!r} (config {config}, split {split}'
+      + (f', revision {revision}' if revision else '')
+      + f') could not be loaded with datasets.load_dataset'
+      f' ({type(e).__name__}: {first})',
       'check the name, config and split, or pass a local file',
     ) from None
   fields = list(ds.column_names)

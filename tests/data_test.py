@@ -181,6 +181,37 @@ def test_hub_spec_config_split_column_label(tmp_path, monkeypatch):
     data.load_corpus('hub:a:b:c:d')
 
 
+def test_hub_revision_is_parsed_and_passed_to_load_dataset(
+  tmp_path, monkeypatch
+):
+  datasets = pytest.importorskip('datasets')
+  assert data._parse_hub('hub:org/name@abc123:cfg:test') == (
+    'org/name',
+    'abc123',
+    'cfg',
+    'test',
+  )
+  assert data._parse_hub('hub:org/name') == ('org/name', None, None, None)
+  for bad in ('hub:org/name@', 'hub:@abc', 'hub:a@b:c:d:e'):
+    with pytest.raises(LeakjaxError, match='is not hub:NAME'):
+      data.load_corpus(bad)
+  calls = []
+
+  def fake_load(name, config=None, *, split=None, revision=None):
+    calls.append((name, config, split, revision))
+    return datasets.Dataset.from_dict({'text': [f'row of {revision}']})
+
+  monkeypatch.setattr(datasets, 'load_dataset', fake_load)
+  monkeypatch.setattr(data, '_hub_unreachable', lambda: False)
+  got = data.load_corpus('hub:org/name@abc123:cfg', split='test')
+  assert got == ['row of abc123']
+  assert calls == [('org/name', 'cfg', 'test', 'abc123')]
+  # A local folder has no revisions: refused before load_dataset runs.
+  with pytest.raises(LeakjaxError, match='local folder'):
+    data.load_corpus(f'hub:{tmp_path}@abc123')
+  assert len(calls) == 1
+
+
 def test_label_string_form(tmp_path):
   path = write(tmp_path, 's.tsv', 'Label\tSMS\nham\thi\nspam\twin\nx\tyo\n')
   assert data.parse_label('Label=ham, x') == ('Label', ('ham', 'x'))

