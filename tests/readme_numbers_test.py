@@ -128,10 +128,13 @@ def test_dager_rows():
   )
   hybrid = summary('dager/hybrid')
   done = [b for b in big if f'rougeL@attack=hybrid,b={b}' in hybrid]
-  assert 32 in done and 64 in done
+  assert done == [32, 64]
+  b128 = summary('dager/hybrid_b128')['rougeL@attack=hybrid,b=128']
+  cells = [hybrid[f'rougeL@attack=hybrid,b={b}'] for b in done] + [b128]
   assert (
     'hybrid (LM prior, head gradient, block-2 span) '
-    + joined(hybrid[f'rougeL@attack=hybrid,b={b}'] for b in done)
+    + joined(cells)
+    + ' (b = 128: one batch)'
     in line
   )
   # 3 batches of 32 sentences: the exact fraction as a count of 96.
