@@ -255,7 +255,8 @@ def test_head_score_names_each_next_token(family):
   grads = gradient(family)
   cands = np.arange(V - 1, dtype=np.int32)  # every token but BOS
   config = dataclasses.replace(CONFIG, head_norm_power=0.25)
-  head = hybrid.head_score(
+  score = functools.partial(
+    hybrid.head_score,
     model,
     params,
     grads,
@@ -264,6 +265,7 @@ def test_head_score_names_each_next_token(family):
     key=jax.random.key(0),
     config=config,
   )
+  head = score()
   # The rows against NumPy: negated, centred on μ, whitened, of norm
   # (|r| / median |r|)^p.
   g = head_matrix(model, grads)[cands]
@@ -279,16 +281,7 @@ def test_head_score_names_each_next_token(family):
   # Padding does not move the median: with half the candidates marked
   # invalid the scale is the valid half's.
   valid = np.arange(len(cands)) < 50
-  half = hybrid.head_score(
-    model,
-    params,
-    grads,
-    jnp.asarray(cands),
-    jnp.asarray(BOS, jnp.int32),
-    key=jax.random.key(0),
-    config=config,
-    valid=jnp.asarray(valid),
-  )
+  half = score(valid=jnp.asarray(valid))
   want = rows * (np.median(norm) / np.median(norm[:50])) ** p
   np.testing.assert_allclose(np.asarray(half.rows), want, rtol=1e-4, atol=1e-5)
   # Given the true prefix, the true next token scores highest among the

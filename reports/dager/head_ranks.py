@@ -113,8 +113,10 @@ def main(argv):
   # Sentence ends: the true next token is the last of its sentence.
   at_end = cols + 2 == mask.sum(1)[rows]
   base = hybrid.HybridConfig(head_norm_power=0.0, end_head_quantile=None)
-  for s in SHRINKAGE:
-    config = dataclasses.replace(base, head_shrinkage=s)
+
+  def head_terms(**changes):
+    """The head term of every candidate at every position, `[P, C]`."""
+    config = dataclasses.replace(base, **changes)
     head = hybrid.head_score(
       model,
       params,
@@ -124,7 +126,10 @@ def main(argv):
       key=jax.random.key(0),
       config=config,
     )
-    h = np.asarray(head.scores(jnp.asarray(z) @ head.readout))
+    return head.scores(jnp.asarray(z) @ head.readout)
+
+  for s in SHRINKAGE:
+    h = np.asarray(head_terms(head_shrinkage=s))
     out[f'head,s={s}'] = fractions(ranks_of(h, true))
     for w in WEIGHTS:
       prior = base.weight_lm * lm + w * h
@@ -138,20 +143,8 @@ def main(argv):
   valid = jnp.ones(is_end.shape, bool)
   q = 0.9
   for p in POWERS:
-    config = dataclasses.replace(base, head_norm_power=p, end_head_quantile=q)
-    head = hybrid.head_score(
-      model,
-      params,
-      grads,
-      jnp.asarray(cands),
-      jnp.asarray(bos, jnp.int32),
-      key=jax.random.key(0),
-      config=config,
-    )
-    h = hybrid.end_head_terms(
-      head.scores(jnp.asarray(z) @ head.readout), valid, is_end, q
-    )
-    h = np.asarray(h)
+    h = head_terms(head_norm_power=p, end_head_quantile=q)
+    h = np.asarray(hybrid.end_head_terms(h, valid, is_end, q))
     for w in END_WEIGHTS:
       r = ranks_of(base.weight_lm * lm + w * h, true)
       name = f'lm+head,end={q},p={p},w={w}'
