@@ -146,11 +146,12 @@ def test_dager_rows():
     + joined(span[f'rougeL@attack=hybrid,b={b}'] for b in big)
     in line
   )
-  tuned = summary('dager/hybrid_finetuned')
-  exact = round(tuned['exact@attack=hybrid,b=32'] * 96)
+  tuned = summary('dager/hybrid_finetuned_full')
+  exact = [round(tuned[f'exact@attack=hybrid,b={b}'] * 3 * b) for b in (32, 64)]
+  rouge = joined(tuned[f'rougeL@attack=hybrid,b={b}'] for b in (32, 64))
   assert (
-    f'{tuned["rougeL@attack=hybrid,b=32"]:.2f} at b = 32, {exact} of 96 exact'
-    in line
+    f'fine-tuning on these batches: {rouge} at b = 32 / 64, {exact[0]} of 96'
+    f' and {exact[1]} of 192 exact' in line
   )
 
 
