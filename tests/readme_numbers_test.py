@@ -290,3 +290,34 @@ def test_film_utility_row():
   assert f'pruning 0.9 / 0.9999: {prune}' in line
   dp = joined(ratio(wt, f'dp:{e}') for e in (15, 1))
   assert f'DP-SGD ε = 15 / 1: {dp}' in line
+
+
+def test_film_dp_bound_report():
+  # reports/film_bag/defenses/README.md's bound table against dp_bound.json.
+  here = ROOT / 'reports/film_bag/defenses'
+  text = ' '.join((here / 'README.md').read_text('utf-8').split())
+  bound = json.loads((here / 'dp_bound.json').read_text())
+  by_eps = {r['epsilon']: r for r in bound['epsilons']}
+  for paper in bound['paper_rows']:
+    eps = paper['epsilon']
+    r = by_eps[eps]
+    assert r['matched_recall_at_paper_precision'] < 5e-4
+    assert r['energy_recall_at_paper_precision'] < 5e-4
+    line = (
+      f'| {eps:.0f} | {paper["paper_precision"]:.2f} /'
+      f' {paper["paper_recall"]:.2f} |'
+      f' {r["matched_precision_at_paper_recall"]:.3f} |'
+      f' {r["energy_precision_at_paper_recall"]:.3f} |'
+      f' {paper["matched_largest_sigma"]:.3f}'
+      f' (ε ≈ {paper["matched_epsilon_needed"]:,.0f}) |'
+    )
+    assert line in text, line
+  top = by_eps[15.0]
+  tokens = sum(b['true_bag_size'] for b in bound['batches'])
+  assert (
+    f'median norm {top["snr_median"]:.2f} σC at ε = 15 (largest'
+    f' {top["snr_max"]:.2f} σC; {round(100 * top["snr_fraction_above_1"])} %'
+    f' of the {tokens:,} batch tokens' in text
+  )
+  share = sum(b['embedding_norm_over_b_clip'] for b in bound['batches'])
+  assert f'hold {share / len(bound["batches"]):.2f} of the batch' in text
