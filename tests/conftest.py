@@ -10,15 +10,35 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
 
+import shutil
 import sys
+import tempfile
 
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+# One persistent XLA compilation cache per test session, shared by the xdist
+# workers (they inherit the controller's environment) and by the experiments
+# the tests start as subprocesses, which compile the same kernels run after
+# run. A fresh folder each session, so the suite's time is what a clean
+# machine sees; a cache the caller names is used and kept.
+_OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ
+if _OWN_CACHE:
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(
+    prefix='leakjax-tests-xla-cache-'
+  )
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.1')
+
+import jax  # noqa: E402  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest  # noqa: E402  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_default_matmul_precision', 'highest')
 
 
 NUM_FAKE_DEVICES = 8
+
+
+def pytest_sessionfinish(session):
+  # The controller (or a run without xdist) removes the cache it made.
+  if _OWN_CACHE and not hasattr(session.config, 'workerinput'):
+    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
 
 @pytest.fixture(scope='module')

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FILM_FLAGS = [
   '--model=gpt2-tiny',
-  '--batch_sizes=1,2,4',
-  '--num_batches=4',
+  '--batch_sizes=1,2',
+  '--num_batches=2',
   '--max_sentences=16',
   '--train_steps=1',
   '--train_batch_size=4',
@@ -87,7 +87,7 @@ def _without_timings(rows):
 @pytest.mark.parametrize(
   'module, flags, keys, total, compare',
   [
-    ('experiments.film', FILM_FLAGS, ('b', 'batch'), 12, True),
+    ('experiments.film', FILM_FLAGS, ('b', 'batch'), 4, True),
     ('experiments.dager', DAGER_FLAGS, ('b', 'defense', 'batch'), 12, False),
   ],
 )
