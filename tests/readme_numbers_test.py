@@ -321,3 +321,50 @@ def test_film_dp_bound_report():
   )
   share = sum(b['embedding_norm_over_b_clip'] for b in bound['batches'])
   assert f'hold {share / len(bound["batches"]):.2f} of the batch' in text
+
+
+def test_embed_parrot_report():
+  # reports/embed_parrot/README.md: headline, DCT paragraph and the
+  # dct_cost table against summary.json and dct_cost.json.
+  here = ROOT / 'reports/embed_parrot'
+  text = ' '.join((here / 'README.md').read_text('utf-8').split())
+  s = summary('embed_parrot')
+  for data, name in (
+    ('enron', 'enron (held out, training distribution)'),
+    ('wikitext', 'wikitext-2'),
+    ('sms', 'sms'),
+  ):
+    vals = [
+      s[f'rouge1@data={data},layer=25,method={m}']
+      for m in ('bei', 'hei', 'ep', 'ep_skip')
+    ]
+    assert f'| {name} | ' + ' | '.join(f'{v:.3f}' for v in vals) in text
+  dct = lambda m, k: s[  # noqa: E731
+    f'rouge1@data=enron,defense=dct,layer=25,method={m},subsets={k}'
+  ]
+  assert (
+    f'from ROUGE-1 {s["rouge1@data=enron,layer=25,method=ep"]:.3f} to'
+    f' {dct("ep", 1):.3f} (k = 1) and {dct("ep", 2):.3f} (k = 2)' in text
+  )
+  assert all(
+    s[f'f1@data={d},defense=dct,layer=0,method=hei,subsets={k}'] == 1.0
+    for d in ('enron', 'wikitext', 'sms')
+    for k in (1, 2)
+  )
+  ppl = lambda layer, k: s[f'ppl@defense=dct,layer={layer},subsets={k}']  # noqa: E731
+  assert (
+    f'here {s["ppl@defense=none"]:,.0f} -> {ppl(0, 1):,.0f} /'
+    f' {ppl(0, 2):,.0f} at layer 0 and {ppl(25, 1):,.0f} /'
+    f' {ppl(25, 2):,.0f} at layer 25' in text
+  )
+  cost = json.loads((here / 'dct_cost.json').read_text())
+  for r in cost['rows']:
+    assert abs(r['ppl_defended'] / r['ppl_committed'] - 1) < 1e-5
+    if r['layer'] is None:
+      continue
+    line = (
+      f'| {r["layer"]} | {r["subsets"]} | {r["rank"]} / {r["dim"]} |'
+      f' {100 * r["lost_energy"]:.2f} % | {r["relative_change"]:.2f} |'
+      f' {r["ppl_defended"]:,.0f} | {r["ppl_undone"]:,.0f} |'
+    )
+    assert line in text, line
