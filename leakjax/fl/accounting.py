@@ -29,12 +29,25 @@ epochs, δ=1e-5: ε = 2.92; σ=1.2, 10 epochs: ε = 1.20).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import dp_accounting
 import numpy as np
-from dp_accounting import pld, rdp
 
 from leakjax.errors import LeakjaxError
+
+if TYPE_CHECKING:
+  import dp_accounting
+
+
+def _dp():
+  # dp-accounting pulls in scipy.signal (over a second): imported on first
+  # use, not by every `import leakjax`.
+  import dp_accounting  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  import dp_accounting.pld  # pylint: disable=g-import-not-at-top
+  import dp_accounting.rdp  # pylint: disable=g-import-not-at-top
+
+  return dp_accounting
+
 
 # TF-Privacy's orders, plus a few large ones for tiny δ / large σ.
 RDP_ORDERS = tuple(
@@ -69,12 +82,11 @@ def _check(noise_multiplier, sampling_probability, steps, delta) -> None:
 def _dp_sgd_event(
   noise_multiplier: float, sampling_probability: float, steps: int
 ) -> dp_accounting.DpEvent:
-  gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
+  dp = _dp()
+  gaussian = dp.GaussianDpEvent(noise_multiplier)
   if sampling_probability < 1:
-    gaussian = dp_accounting.PoissonSampledDpEvent(
-      sampling_probability, gaussian
-    )
-  return dp_accounting.SelfComposedDpEvent(gaussian, int(steps))
+    gaussian = dp.PoissonSampledDpEvent(sampling_probability, gaussian)
+  return dp.SelfComposedDpEvent(gaussian, int(steps))
 
 
 def rdp_curve(
@@ -84,7 +96,7 @@ def rdp_curve(
   orders=RDP_ORDERS,
 ) -> np.ndarray:
   """RDP ε(α) of DP-SGD at each order α in `orders`, `[len(orders)]`."""
-  accountant = rdp.RdpAccountant(list(orders))
+  accountant = _dp().rdp.RdpAccountant(list(orders))
   accountant.compose(
     _dp_sgd_event(noise_multiplier, sampling_probability, steps)
   )
@@ -119,9 +131,9 @@ def epsilon(
     return math.inf
   event = _dp_sgd_event(noise_multiplier, sampling_probability, steps)
   if accountant == 'rdp':
-    acc = rdp.RdpAccountant(list(RDP_ORDERS))
+    acc = _dp().rdp.RdpAccountant(list(RDP_ORDERS))
   elif accountant == 'pld':
-    acc = pld.PLDAccountant()
+    acc = _dp().pld.PLDAccountant()
   else:
     raise LeakjaxError(
       f'accountant {accountant!r} is not one of {ACCOUNTANTS}',
