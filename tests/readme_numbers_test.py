@@ -368,3 +368,33 @@ def test_embed_parrot_report():
       f' {r["ppl_defended"]:,.0f} | {r["ppl_undone"]:,.0f} |'
     )
     assert line in text, line
+
+
+def test_film_untied_pruning_report():
+  # reports/film_bag/defenses/README.md's untied-head table and prose
+  # against untied.json and the committed run's summary.
+  here = ROOT / 'reports/film_bag/defenses'
+  text = ' '.join((here / 'README.md').read_text('utf-8').split())
+  untied = json.loads((here / 'untied.json').read_text())
+  tied = json.loads((here / 'summary.json').read_text())
+  for spec, mean in untied['mean'].items():
+    label = 'none' if spec == 'none' else f'prune {spec.split(":")[1]}'
+    cell = '-'
+    if spec != 'none':
+      key = f'b=16,defense={spec},method=nonzero'
+      cell = (
+        f'{tied[f"bag_precision@{key}"]:.3f} / {tied[f"bag_recall@{key}"]:.3f}'
+      )
+    line = (
+      f'| {label} | {cell} | {mean["bag_precision"]:.3f} /'
+      f' {mean["bag_recall"]:.3f} |'
+    )
+    assert line in text, line
+  # Without pruning the rule misses exactly the last-only tokens.
+  clean = [r for r in untied['rows'] if r['defense'] == 'none']
+  missed = [r['true_bag_size'] - r['bag_size'] for r in clean]
+  assert missed == [r['missed_last_only'] for r in clean]
+  assert missed == [r['last_only_tokens'] for r in clean]
+  assert f'{min(missed)}-{max(missed)} per batch' in text
+  recall = untied['mean']['prune:0.9999']['bag_recall']
+  assert f"paper's at 0.9999 ({recall:.3f} against 0.90)" in text
