@@ -103,16 +103,7 @@ def main() -> None:
   model, params = models.load(cfg.model)
   d = model.hidden_size
   tests = test_splits(cfg, model.tokenizer)
-  ppl = {
-    name: inv.Split(
-      s.texts[: cfg.ppl_texts],
-      s.ids[: cfg.ppl_texts],
-      s.mask[: cfg.ppl_texts],
-      s.score_mask[: cfg.ppl_texts],
-      s.references[: cfg.ppl_texts],
-    )
-    for name, s in tests.items()
-  }
+  ppl = {name: s.first(cfg.ppl_texts) for name, s in tests.items()}
 
   def batches():
     for split in ppl.values():

@@ -218,6 +218,16 @@ class Split:
   def lengths(self) -> np.ndarray:
     return self.score_mask.sum(1)
 
+  def first(self, n: int) -> Split:
+    """The split's first `n` texts."""
+    return Split(
+      self.texts[:n],
+      self.ids[:n],
+      self.mask[:n],
+      self.score_mask[:n],
+      self.references[:n],
+    )
+
 
 def load_texts(name: str, path: str, split_sentences: bool) -> list[str]:
   """A corpus' texts, deduplicated in file order."""
@@ -789,16 +799,7 @@ def run_experiment(
   logging.info('Embed Parrot scored')
 
   # 3. DCT defense (Table 6).
-  ppl_splits = {
-    name: Split(
-      s.texts[: cfg.ppl_texts],
-      s.ids[: cfg.ppl_texts],
-      s.mask[: cfg.ppl_texts],
-      s.score_mask[: cfg.ppl_texts],
-      s.references[: cfg.ppl_texts],
-    )
-    for name, s in tests.items()
-  }
+  ppl_splits = {name: s.first(cfg.ppl_texts) for name, s in tests.items()}
 
   def corpus_ppl(layer, overlap) -> float:
     # One compile per layer, not per defense: the overlap is an argument.
