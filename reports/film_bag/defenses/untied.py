@@ -10,7 +10,7 @@ separate copy of the embedding matrix (the same function: logits are
 checked equal), so the embedding gradient holds only the input rows. Same
 batches, keys and per-tensor pruning as the committed run (`config.json`).
 
-Usage (repository root; ~5 min on the 2-core CPU):
+Usage (repository root; ~12 min on the 2-core CPU):
   python -m reports.film_bag.defenses.untied
 writes `untied.json` beside this script.
 """
