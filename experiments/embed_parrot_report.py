@@ -138,7 +138,9 @@ def render_markdown(
     "\n\n`ep` = Embed Parrot with the paper's architecture (Input-Adapter,"
     ' decoder, Output-Adapter; cosine loss), decoded with HEI; `ep_skip` ='
     ' the same plus a ridge-initialised linear skip from input to output'
-    ' (ours, not in the paper); `*_bei` = BEI on the predicted H^0.\n'
+    " (ours, not in the paper); `ep_pretrained` = the paper's architecture"
+    ' with a pretrained Decode Model (`--ep_decoder`), all of it fine-tuned;'
+    ' `*_ppl` = EP+PPL; `*_bei` = BEI on the predicted H^0.\n'
   )
   header = ['data', 'method', 'ROUGE-1', 'ROUGE-L', 'F1', 'SBERT']
   rows = []

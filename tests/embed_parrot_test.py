@@ -13,12 +13,13 @@ import pytest
 
 from experiments import common
 from experiments import embed_parrot as experiment
+from leakjax import models
 from leakjax import train as train_lib
 from leakjax.attacks.inversion import bei_hei as ei
 from leakjax.attacks.inversion import embed_parrot as ep
 from leakjax.attacks.inversion import runner
 from leakjax.errors import LeakjaxError
-from leakjax.models import llama
+from leakjax.models import gpt2, llama
 from leakjax.tokenization import gpt2_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,6 +212,103 @@ def test_linear_skip_starts_at_ridge_and_improves():
   assert acc > 0.9
 
 
+@pytest.mark.parametrize('family', ['llama', 'gpt2'])
+def test_decoder_states_of_token_embeddings_are_the_model_states(family):
+  # Independent reference: the model's own forward pass. Fed its own token
+  # embeddings, the decoder stack must reproduce the last block's output
+  # (GPT-2's position embeddings are kept by the substitution).
+  if family == 'llama':
+    model, params = tiny_llama()
+    emb = model.word_embeddings(params)
+  else:
+    model, params = gpt2.init_model(
+      gpt2.GPT2Config.tiny(vocab_size=128, n_positions=16, n_layer=2),
+      key=jax.random.key(3),
+    )
+    emb = model.word_embeddings(params)
+  ids = jax.random.randint(jax.random.key(4), (3, 7), 0, 128)
+  mask = jnp.ones((3, 7), jnp.int32).at[1, 5:].set(0)
+  want = model.hidden_states(params, ids, mask)[-1]
+  got = jax.jit(ep.decoder_states, static_argnums=0)(
+    model, params, emb[ids], mask
+  )
+  real = np.asarray(mask) > 0
+  np.testing.assert_allclose(
+    np.asarray(got)[real], np.asarray(want)[real], atol=2e-5, rtol=1e-4
+  )
+
+
+def test_pretrained_decoder_trains_every_weight_and_starts_at_ridge():
+  ids, mask, deep, h0 = tiny_data()
+  model, params = tiny_llama()
+  config = ep.EmbedParrotConfig(
+    input_dim=32, output_dim=32, decoder=model, ridge_input_adapter=True
+  )
+  assert config.decoder_width == 32
+  start, _ = ep.train(
+    config,
+    deep,
+    h0,
+    mask,
+    ep.train_config(0, 16),
+    key=jax.random.key(0),
+    decoder_params=params,
+  )
+  # The decoder starts as the pretrained weights, the Input-Adapter at the
+  # ridge map H^i -> H^0.
+  jax.tree.map(
+    np.testing.assert_array_equal, start['params']['decoder'], params
+  )
+  stats = jax.tree.map(np.asarray, start['stats'])
+  kernel, bias = ep.ridge_solution(deep, h0, mask, stats)
+  np.testing.assert_allclose(
+    start['params']['input_adapter']['kernel'], kernel, atol=1e-6
+  )
+  # Causal: changing position 3 leaves positions 0..2 unchanged.
+  x = jnp.asarray(deep[:2])
+  m = jnp.ones((2, 8), jnp.int32)
+  y = ep.predict(config, start, x, m)
+  y2 = ep.predict(config, start, x.at[:, 3].add(5.0), m)
+  np.testing.assert_allclose(y2[:, :3], y[:, :3], atol=1e-5)
+  assert not np.allclose(y2[:, 3:], y[:, 3:])
+  # One loss gradient reaches every block weight, not the token embeddings
+  # (the decoder reads the adapter's output in their place).
+  batch = ep.Batch(jnp.asarray(deep[:8]), jnp.asarray(h0[:8]), mask[:8])
+  grads = jax.grad(
+    lambda p: ep.loss_fn(p, start['stats'], batch, config=config)[0]
+  )(start['params'])
+  dec = grads['decoder']
+  # (Row 0, the dummy id's, gets the two paths' cancelling terms: rounding.)
+  emb_grad = np.asarray(dec['embed']['embedding'])
+  assert not np.any(emb_grad[1:])
+  largest = max(np.abs(np.asarray(g)).max() for g in jax.tree.leaves(dec))
+  assert np.abs(emb_grad[0]).max() < 1e-5 * largest
+  for name in ('layers_0', 'layers_1', 'layers_2'):
+    for leaf in jax.tree.leaves(dec[name]):
+      assert np.abs(np.asarray(leaf)).max() > 0
+  # Training lowers the loss.
+  cfg = ep.train_config(
+    40, 16, learning_rate=1e-3, warmup_steps=4, log_every=10
+  )
+  _, history = ep.train(
+    config, deep, h0, mask, cfg, key=jax.random.key(0), decoder_params=params
+  )
+  assert history[-1]['cos_loss'] < 0.7 * history[0]['cos_loss']
+
+
+def test_pretrained_decoder_needs_its_params():
+  model, params = tiny_llama()
+  config = ep.EmbedParrotConfig(input_dim=32, output_dim=32, decoder=model)
+  with pytest.raises(LeakjaxError, match='go together'):
+    ep.init_variables(config, key=jax.random.key(0))
+  with pytest.raises(LeakjaxError, match='ridge_input_adapter'):
+    ep.EmbedParrotConfig(
+      input_dim=32, output_dim=16, decoder=model, ridge_input_adapter=True
+    )
+  with pytest.raises(LeakjaxError, match='ridge_input_adapter'):
+    ep.EmbedParrotConfig(input_dim=32, output_dim=32, ridge_input_adapter=True)
+
+
 def test_train_rejects_bad_shapes():
   _, mask, deep, h0 = tiny_data()
   cfg = ep.train_config(1, 4)
@@ -398,6 +496,51 @@ def test_experiment_smoke(tmp_path):
     assert again[k] == pytest.approx(v, nan_ok=True), k
 
 
+def test_experiment_with_a_pretrained_decoder(tmp_path):
+  # ep_pretrained: a saved model as Decode Model, then EP+PPL on top of it.
+  tok = gpt2_tokenizer()
+  model, params = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok, layers=2)
+  models.save(model, params, tmp_path / 'decoder')
+  cfg = experiment.Config(
+    model='tiny',
+    corpora=tuple(_write_corpora(tmp_path).split(',')),
+    train_corpus='a',
+    sentence_split=('b',),
+    layers=('2',),
+    deep_layer=2,
+    num_test=4,
+    num_train=16,
+    test_fraction=0.25,
+    max_length=16,
+    batch_size=4,
+    ep_steps=3,
+    ep_batch_size=8,
+    ep_variants=('ep_pretrained',),
+    ep_decoder=str(tmp_path / 'decoder'),
+    ep_ppl_steps=2,
+    defense_layers=(),
+    sbert=False,
+    ppl_texts=2,
+  )
+  workdir = tmp_path / 'out'
+  summary = experiment.run(
+    cfg, workdir, tmp_path / 'cache', model=model, params=params
+  )
+  rows = [json.loads(x) for x in (workdir / 'results.jsonl').open()]
+  for method in ('ep_pretrained', 'ep_pretrained_bei', 'ep_pretrained_ppl'):
+    (row,) = [
+      r
+      for r in rows
+      if r['kind'] == 'inversion' and r['method'] == method and r['data'] == 'a'
+    ]
+    key = f'rouge1@data=a,layer=2,method={method}'
+    assert summary[key] == pytest.approx(row['rouge1'])
+  history = json.loads((workdir / 'ep_pretrained_history.json').read_text())
+  assert history and history[-1]['step'] == 3
+  with pytest.raises(LeakjaxError, match='ep_decoder'):
+    dataclasses.replace(cfg, ep_decoder='')
+
+
 @pytest.fixture
 def ep_flags(fresh_flags):
   """Fresh flags with the experiment's flags defined."""
@@ -422,7 +565,10 @@ def test_every_config_field_is_a_flag_and_back(ep_flags):
   assert experiment.config_from_flags() == experiment.Config()
 
 
-@pytest.mark.parametrize('name', ['embed_parrot_quick', 'embed_parrot_smollm2'])
+@pytest.mark.parametrize(
+  'name',
+  ['embed_parrot_quick', 'embed_parrot_smollm2', 'embed_parrot_pretrained'],
+)
 def test_flagfiles_parse(ep_flags, name):
   path = REPO / 'experiments' / 'configs' / f'{name}.flags'
   ep_flags(['prog', f'--flagfile={path}'])
@@ -430,6 +576,10 @@ def test_flagfiles_parse(ep_flags, name):
   assert cfg.train_corpus in dict(cfg.corpus_paths())
   assert str(cfg.deep_layer) in cfg.layers
   assert path.read_text().startswith('#')
+  if name == 'embed_parrot_pretrained':
+    # EP+PPL fine-tunes the first variant: the pretrained one.
+    assert cfg.ep_variants[0] == 'ep_pretrained' and cfg.ep_ppl_steps > 0
+    assert cfg.ep_decoder == cfg.model == 'smollm2-135m'
 
 
 def test_data_flag_replaces_the_corpora(ep_flags):

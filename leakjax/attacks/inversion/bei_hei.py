@@ -508,6 +508,30 @@ def logits_with_transform(
     return model.logits(params, ids, mask)
 
 
+def hidden_with_transform(
+  model: Model,
+  params,
+  ids,
+  mask,
+  *,
+  transform: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+  """The last block's output `[B, T, D]` when `H^0` is replaced by
+  `transform(H^0)`: the model read as a stack of blocks over given inputs
+  (Embed Parrot's pretrained Decode Model, Sec. 4.3).
+
+  Args:
+    model: a model with `hidden_states` and declared `attention_inputs`.
+    params: its parameters (traced params are fine).
+    ids: int32 `[B, T]`: the ids whose `H^0` is handed to `transform`.
+    mask: `[B, T]`.
+    transform: `H^0 [B, T, D] -> [B, T, D]`.
+  """
+  interceptor = _intercept(block_paths(model, params)[0], before=transform)
+  with nn.intercept_methods(interceptor):
+    return model.hidden_states(params, ids, mask)[-1]
+
+
 def logits_from_hidden(
   model: Model, params, hidden: jax.Array, mask, *, layer: Layer = 0
 ) -> jax.Array:
@@ -556,6 +580,7 @@ __all__ = [
   'bei_hei_ids',
   'decode_ids',
   'logits_with_transform',
+  'hidden_with_transform',
   'logits_from_hidden',
   'sequence_nll',
 ]

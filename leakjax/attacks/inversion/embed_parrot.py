@@ -24,6 +24,18 @@ already orders the sequence, RoPE targets such as Llama carry no absolute
 position in `H^i`, and it then works on sequences longer than any it was
 trained on, as Tables 5 and 8 need); `position_embeddings=True` adds GPT-2's.
 
+A pretrained Decode Model, as in the paper: `EmbedParrotConfig(decoder=
+model)` puts any model of the protocol (e.g. the pretrained SmolLM2-135M)
+between the adapters: the Input-Adapter's output takes the place of the
+decoder's token embeddings (its own position terms, if any, are kept), its
+blocks run with their causal mask, and the Output-Adapter reads the last
+block's output through a LayerNorm. Every decoder weight is fine-tuned with
+the adapters (the paper does not say whether it froze GPT-2 XL; we train it
+all). With `ridge_input_adapter=True` the Input-Adapter starts at the ridge
+map `H^i -> H^0`, so a decoder that shares the target's embedding space
+(the target itself) starts by reading approximately its own token
+embeddings (ours; the paper does not say how the adapters start).
+
 The Input-Adapter standardises each feature with fixed statistics of the
 training hidden states before its linear map (together still one affine
 map; it keeps the huge outlier features of deep Llama states from
@@ -88,6 +100,13 @@ class EmbedParrotConfig:
       the transformer learns what it misses. Not in the paper (False = the
       paper's architecture); it removes the `width`-rank bottleneck of
       Input-Adapter -> decoder -> Output-Adapter when `width < input_dim`.
+    decoder: a pretrained Decode Model (any :class:`Model` with
+      `hidden_states` and declared `attention_inputs`): its blocks replace
+      the from-scratch stack, `width`, `num_layers`, `num_heads` and
+      `position_embeddings` are then unused, and its params are passed to
+      :func:`init_variables` / :func:`train`. None: the from-scratch stack.
+    ridge_input_adapter: with a `decoder` whose width is `output_dim`,
+      start the Input-Adapter at the ridge map `H^i -> H^0`.
   """
 
   input_dim: int
@@ -98,6 +117,13 @@ class EmbedParrotConfig:
   position_embeddings: bool = False
   max_length: int = 1024
   linear_skip: bool = False
+  decoder: Model | None = None
+  ridge_input_adapter: bool = False
+
+  @property
+  def decoder_width(self) -> int:
+    """Width of the stack between the adapters."""
+    return self.width if self.decoder is None else self.decoder.hidden_size
 
   def __post_init__(self):
     for name in (
@@ -113,7 +139,25 @@ class EmbedParrotConfig:
           f'Embed Parrot: {name}={getattr(self, name)!r}'
           ' must be a positive integer'
         )
-    if self.width % self.num_heads:
+    if self.decoder is not None:
+      if not self.decoder.hidden_size or not self.decoder.num_layers:
+        raise LeakjaxError(
+          'Embed Parrot: the pretrained decoder declares no hidden_size or'
+          ' num_layers',
+          'build it with hidden_size= and num_layers= (models.load does)',
+        )
+      if self.ridge_input_adapter and self.decoder.hidden_size != (
+        self.output_dim
+      ):
+        raise LeakjaxError(
+          'Embed Parrot: ridge_input_adapter needs a decoder of width'
+          f' output_dim={self.output_dim}, not {self.decoder.hidden_size}'
+        )
+    elif self.ridge_input_adapter:
+      raise LeakjaxError(
+        'Embed Parrot: ridge_input_adapter needs a pretrained decoder'
+      )
+    if self.decoder is None and self.width % self.num_heads:
       raise LeakjaxError(
         f'Embed Parrot: width={self.width} is not divisible'
         f' by num_heads={self.num_heads}'
@@ -138,9 +182,10 @@ class EmbedParrot(nn.Module):
   config: EmbedParrotConfig
 
   @nn.compact
-  def __call__(self, hidden, mask):
+  def __call__(self, hidden, mask, decode=None):
+    """`decode`: `[B, T, W] -> [B, T, W]`, the pretrained decoder's stack
+    (see :func:`predict`); only with `config.decoder`."""
     c = self.config
-    dc = c.decoder_config()
     shift = self.variable('stats', 'input_shift', jnp.zeros, (c.input_dim,))
     scale = self.variable('stats', 'input_scale', jnp.ones, (c.input_dim,))
     x = (hidden.astype(jnp.float32) - shift.value) / scale.value
@@ -148,10 +193,15 @@ class EmbedParrot(nn.Module):
     if c.linear_skip:
       skip = nn.Dense(c.output_dim, name='linear_skip')(x)
     x = nn.Dense(
-      c.width,
+      c.decoder_width,
       name='input_adapter',
       kernel_init=nn.initializers.normal(c.input_dim**-0.5),
     )(x)
+    if c.decoder is not None:
+      x = nn.LayerNorm(name='ln_f')(decode(x))
+      out = nn.Dense(c.output_dim, name='output_adapter')(x)
+      return out if skip is None else out + skip
+    dc = c.decoder_config()
     _, t, _ = x.shape
     if c.position_embeddings:
       x = x + nn.Embed(
@@ -209,15 +259,60 @@ def ridge_solution(
   return kernel.astype(np.float32), bias.astype(np.float32)
 
 
+def decoder_states(decoder: Model, params, inputs, mask) -> jax.Array:
+  """The pretrained decoder's last block output `[B, T, W]` for `inputs`.
+
+  `inputs [B, T, W]` take the place of the token embeddings: the decoder
+  runs on dummy ids (id 0) and its block 0 reads `H^0 - e_0 + inputs`,
+  where `e_0` is token 0's embedding as block 0 sees it, so position terms
+  (GPT-2's) stay and the token part is `inputs`.
+  """
+  ids = jnp.zeros(inputs.shape[:2], jnp.int32)
+  first = decoder.first_layer_inputs(params)
+  token0 = (
+    first.tokens[0] if first is not None else decoder.word_embeddings(params)[0]
+  )
+  token0 = token0.astype(jnp.float32)
+
+  def transform(h):
+    return (h.astype(jnp.float32) - token0 + inputs).astype(h.dtype)
+
+  out = ei.hidden_with_transform(
+    decoder, params, ids, mask, transform=transform
+  )
+  return out.astype(jnp.float32)
+
+
 def init_variables(
-  config: EmbedParrotConfig, *, key, stats: dict[str, np.ndarray] | None = None
+  config: EmbedParrotConfig,
+  *,
+  key,
+  stats: dict[str, np.ndarray] | None = None,
+  decoder_params: PyTree = None,
 ) -> PyTree:
-  """`{'params': ..., 'stats': ...}` for :class:`EmbedParrot`."""
+  """`{'params': ..., 'stats': ...}` for :class:`EmbedParrot`.
+
+  With `config.decoder`, `decoder_params` (its pretrained weights) become
+  `params['decoder']`.
+  """
+  if (config.decoder is None) != (decoder_params is None):
+    raise LeakjaxError(
+      'Embed Parrot: a pretrained decoder and its params go together',
+      'pass EmbedParrotConfig(decoder=model) with decoder_params=params',
+    )
   module = EmbedParrot(config)
   variables = module.init(
-    key, jnp.zeros((1, 2, config.input_dim)), jnp.ones((1, 2), jnp.int32)
+    key,
+    jnp.zeros((1, 2, config.input_dim)),
+    jnp.ones((1, 2), jnp.int32),
+    None if config.decoder is None else (lambda x: x),
   )
   variables = {'params': variables['params'], 'stats': variables['stats']}
+  if decoder_params is not None:
+    variables['params'] = {
+      **variables['params'],
+      'decoder': jax.tree.map(jnp.asarray, decoder_params),
+    }
   if stats is not None:
     variables['stats'] = {k: jnp.asarray(v) for k, v in stats.items()}
   return variables
@@ -227,7 +322,17 @@ def predict(
   config: EmbedParrotConfig, variables: PyTree, hidden, mask
 ) -> jax.Array:
   """Predicted `H^0` float32 `[B, T, output_dim]` (pure; jit it)."""
-  return EmbedParrot(config).apply(variables, hidden, mask)
+  if config.decoder is None:
+    return EmbedParrot(config).apply(variables, hidden, mask)
+  params = dict(variables['params'])
+  dec = params.pop('decoder')
+  decode = functools.partial(decoder_states, config.decoder, dec, mask=mask)
+  return EmbedParrot(config).apply(
+    {'params': params, 'stats': variables['stats']},
+    hidden,
+    mask,
+    lambda x: decode(x),
+  )
 
 
 # ------------------------------------------------------------------- loss
@@ -413,6 +518,7 @@ def train(
   target_model: Model | None = None,
   target_params: PyTree = None,
   init: PyTree | None = None,
+  decoder_params: PyTree = None,
   progress: bool = False,
 ) -> tuple[PyTree, list[dict[str, float]]]:
   """Trains Embed Parrot on cached hidden states with :func:`leakjax.train.fit`.
@@ -434,6 +540,8 @@ def train(
     target_params: its parameters, needed with `target_model`.
     init: start from these `{'params', 'stats'}` (e.g. a trained EP that is
       fine-tuned with the PPL term) instead of a fresh initialisation.
+    decoder_params: the pretrained weights of `config.decoder` (needed with
+      a decoder and no `init`).
     progress: show a tqdm bar (log lines are written either way).
 
   Returns:
@@ -471,17 +579,20 @@ def train(
     variables = jax.tree.map(jnp.asarray, init)
   else:
     stats = feature_stats(inputs, mask)
-    variables = init_variables(config, key=key, stats=stats)
-    if config.linear_skip:
+    variables = init_variables(
+      config, key=key, stats=stats, decoder_params=decoder_params
+    )
+    if config.linear_skip or config.ridge_input_adapter:
       kernel, bias = ridge_solution(inputs, targets, mask, stats)
+      ridge = {'kernel': jnp.asarray(kernel), 'bias': jnp.asarray(bias)}
       params = dict(variables['params'])
-      params['linear_skip'] = {
-        'kernel': jnp.asarray(kernel),
-        'bias': jnp.asarray(bias),
-      }
-      params['output_adapter'] = jax.tree.map(
-        jnp.zeros_like, params['output_adapter']
-      )
+      if config.ridge_input_adapter:
+        params['input_adapter'] = ridge
+      if config.linear_skip:
+        params['linear_skip'] = ridge
+        params['output_adapter'] = jax.tree.map(
+          jnp.zeros_like, params['output_adapter']
+        )
       variables = {'params': params, 'stats': variables['stats']}
   # Right padding: the last real position + 1 of each sequence.
   host_mask = np.asarray(mask)
@@ -550,6 +661,7 @@ def predict_batches(
 __all__ = [
   'EmbedParrotConfig',
   'EmbedParrot',
+  'decoder_states',
   'feature_stats',
   'ridge_solution',
   'init_variables',

@@ -13,7 +13,8 @@ r"""The embedding-inversion experiment of Wan et al. 2024, as one runner.
    without the defense (Table 6).
 
 Summary keys: `f1|rouge1|rougeL|sbert@data=...,layer=...,method=...` with
-method in {bei, hei, ep, ep_bei, ep_skip, ep_skip_bei}; `...@bucket=lo-hi,...`
+method in {bei, hei, ep, ep_bei, ep_skip, ep_skip_bei, ep_pretrained,
+ep_pretrained_bei} (and `<variant>_ppl` with EP+PPL); `...@bucket=lo-hi,...`
 (Table 5); `...@data=...,defense=dct,layer=...,method=...,subsets=k` and
 `ppl@defense=dct,layer=...,subsets=k` / `ppl@defense=none` (Table 6).
 
@@ -53,7 +54,7 @@ from leakjax.models import Model
 METRICS = ('f1', 'rouge1', 'rougeL', 'sbert')
 # Table 5 / Table 8 token-length buckets, [lo, hi).
 BUCKETS = ((1, 8), (8, 16), (16, 32), (32, 64), (64, 128), (128, 256))
-EP_VARIANTS = ('ep', 'ep_skip')
+EP_VARIANTS = ('ep', 'ep_skip', 'ep_pretrained')
 DEFAULT_CORPORA = (
   'enron=film-enron',
   'wikitext=wikitext-2-valid',
@@ -87,8 +88,16 @@ class InversionExperimentConfig:
     ep_steps: Embed Parrot training steps.
     ep_batch_size: Embed Parrot batch size.
     ep_lr: Embed Parrot peak learning rate.
-    ep_variants: Embed Parrot variants: ep (the paper's architecture),
-      ep_skip (plus a ridge-initialised linear skip from input to output).
+    ep_variants: Embed Parrot variants: ep (the paper's architecture with
+      a small decoder trained from scratch), ep_skip (plus a
+      ridge-initialised linear skip from input to output), ep_pretrained
+      (the paper's architecture with the pretrained `ep_decoder` as Decode
+      Model, all of it fine-tuned, the Input-Adapter started at the ridge
+      map). The first variant is the one EP+PPL fine-tunes.
+    ep_decoder: the pretrained Decode Model of ep_pretrained (alias, .gguf
+      or checkpoint dir, as `model`); the paper's is GPT-2 XL.
+    ep_decoder_lr: peak learning rate of ep_pretrained (a pretrained
+      decoder is fine-tuned, so lower than ep_lr).
     ep_ppl_steps: Fine-tune steps of EP+PPL after EP (0: skip).
     ep_ppl_weight: Weight of the PPL term.
     defense_layers: Layers where the DCT defense is applied.
@@ -121,6 +130,8 @@ class InversionExperimentConfig:
   ep_batch_size: int = 32
   ep_lr: float = 1e-3
   ep_variants: tuple[str, ...] = ('ep',)
+  ep_decoder: str = ''
+  ep_decoder_lr: float = 1e-4
   ep_ppl_steps: int = 0
   ep_ppl_weight: float = 0.1
   defense_layers: tuple[str, ...] = ('0', '25')
@@ -166,6 +177,15 @@ class InversionExperimentConfig:
           f'unknown --ep_variants entry {variant!r}',
           f'use some of {", ".join(EP_VARIANTS)}',
         )
+    if 'ep_pretrained' in self.ep_variants and not self.ep_decoder:
+      raise LeakjaxError(
+        '--ep_variants=ep_pretrained needs a pretrained Decode Model',
+        'pass --ep_decoder=smollm2-135m (or a .gguf / checkpoint dir)',
+      )
+    if not self.ep_decoder_lr > 0:
+      raise LeakjaxError(
+        f'--ep_decoder_lr={self.ep_decoder_lr} must be positive'
+      )
 
   def corpus_paths(self) -> tuple[tuple[str, str], ...]:
     """`corpora` as `(name, path)` pairs."""
@@ -495,6 +515,21 @@ class InversionRun:
   model_hidden_size: int
 
 
+def _load_decoder(cfg, model, params, source, weights):
+  """`(decoder, its params, its weights' sha256)` of `cfg.ep_decoder`; the
+  target itself (no second load) when both name the same file."""
+  path = models.source_path(cfg.ep_decoder)
+  if source is not None and path is not None and Path(path) == Path(source):
+    return model, params, weights
+  decoder, decoder_params = models.load(cfg.ep_decoder)
+  digest = (
+    provenance.file_sha256(path)
+    if path is not None
+    else provenance.pytree_sha256(decoder_params)
+  )
+  return decoder, decoder_params, digest
+
+
 # ------------------------------------------------------------------ main
 def run_experiment(
   cfg: InversionExperimentConfig,
@@ -679,23 +714,48 @@ def run_experiment(
   histories: dict[str, list[dict[str, float]]] = {}
   t0 = time.time()
   for variant in cfg.ep_variants:
-    ep_config = ep.EmbedParrotConfig(
-      input_dim=d,
-      output_dim=d,
-      width=cfg.ep_width,
-      num_layers=cfg.ep_layers,
-      num_heads=cfg.ep_heads,
-      linear_skip=variant == 'ep_skip',
+    variant_cfg, decoder_params, decoder_weights = train_cfg, None, None
+    if variant == 'ep_pretrained':
+      decoder, decoder_params, decoder_weights = _load_decoder(
+        cfg, model, params, source, weights
+      )
+      ep_config = ep.EmbedParrotConfig(
+        input_dim=d,
+        output_dim=d,
+        decoder=decoder,
+        ridge_input_adapter=decoder.hidden_size == d,
+      )
+      # Two checkpoints, not six: each holds the whole decoder and its
+      # optimiser state (1.6 GB for SmolLM2-135M).
+      variant_cfg = dataclasses.replace(
+        train_cfg,
+        learning_rate=cfg.ep_decoder_lr,
+        checkpoint_every=max(cfg.ep_steps // 2, 1),
+      )
+    else:
+      ep_config = ep.EmbedParrotConfig(
+        input_dim=d,
+        output_dim=d,
+        width=cfg.ep_width,
+        num_layers=cfg.ep_layers,
+        num_heads=cfg.ep_heads,
+        linear_skip=variant == 'ep_skip',
+      )
+    ep_key = (
+      _cache_key(k, ep_config, variant_cfg)
+      if decoder_weights is None
+      else _cache_key(k, ep_config, variant_cfg, decoder_weights)
     )
-    ep_key = _cache_key(k, ep_config, train_cfg)
     variables, history = ep.train(
       ep_config,
       train_pass['keep'][1],
       train_pass['keep'][0],
       train_split.score_mask,
-      train_cfg,
+      variant_cfg,
       key=jax.random.fold_in(key, 1),
       workdir=cache_dir / f'{variant}_{ep_key}',
+      decoder_params=decoder_params,
+      progress=True,
     )
     if io.is_primary():
       history_path = Path(workdir) / f'{variant}_history.json'
@@ -709,7 +769,10 @@ def run_experiment(
     ppl_cfg = dataclasses.replace(
       train_cfg,
       num_steps=cfg.ep_ppl_steps,
-      learning_rate=cfg.ep_lr / 3,
+      learning_rate=(
+        cfg.ep_decoder_lr if base == 'ep_pretrained' else cfg.ep_lr
+      )
+      / 3,
       warmup_steps=1,
       batch_size=min(8, train_cfg.batch_size),
       log_every=max(cfg.ep_ppl_steps // 10, 1),
