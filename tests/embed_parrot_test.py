@@ -187,17 +187,25 @@ def test_train_matches_a_hand_written_adamw_loop():
   assert history[-1]['cos_loss'] == pytest.approx(np.mean(losses), rel=1e-5)
 
 
-def test_linear_skip_starts_at_ridge_and_improves():
-  ids, mask, deep, h0 = tiny_data()
-  config = dataclasses.replace(CONFIG, linear_skip=True)
-  start, _ = ep.train(
+def _start(config, **kwargs):
+  """Embed Parrot's variables before its first step, on `tiny_data`."""
+  _, mask, deep, h0 = tiny_data()
+  variables, _ = ep.train(
     config,
     deep,
     h0,
     mask,
     ep.train_config(0, 16),
     key=jax.random.key(0),
+    **kwargs,
   )
+  return variables
+
+
+def test_linear_skip_starts_at_ridge_and_improves():
+  ids, mask, deep, h0 = tiny_data()
+  config = dataclasses.replace(CONFIG, linear_skip=True)
+  start = _start(config)
   stats = jax.tree.map(np.asarray, start['stats'])
   kernel, bias = ep.ridge_solution(deep, h0, mask, stats)
   x = (deep - stats['input_shift']) / stats['input_scale']
@@ -245,15 +253,7 @@ def test_pretrained_decoder_trains_every_weight_and_starts_at_ridge():
     input_dim=32, output_dim=32, decoder=model, ridge_input_adapter=True
   )
   assert config.decoder_width == 32
-  start, _ = ep.train(
-    config,
-    deep,
-    h0,
-    mask,
-    ep.train_config(0, 16),
-    key=jax.random.key(0),
-    decoder_params=params,
-  )
+  start = _start(config, decoder_params=params)
   # The decoder starts as the pretrained weights, the Input-Adapter at the
   # ridge map H^i -> H^0.
   jax.tree.map(

@@ -398,3 +398,35 @@ def test_film_untied_pruning_report():
   assert f'{min(missed)}-{max(missed)} per batch' in text
   recall = untied['mean']['prune:0.9999']['bag_recall']
   assert f"paper's at 0.9999 ({recall:.3f} against 0.90)" in text
+
+
+def test_embed_parrot_lora_report():
+  # reports/embed_parrot/README.md's LoRA table and perplexity against
+  # lora.json, the paper's columns against the script's Table 10 copy.
+  from reports.embed_parrot import lora as lora_report
+
+  here = ROOT / 'reports/embed_parrot'
+  text = ' '.join((here / 'README.md').read_text('utf-8').split())
+  report = json.loads((here / 'lora.json').read_text())
+  paper = lora_report.PAPER_TABLE10_ROUGE1
+  for layer in report['settings']['layers']:
+    cells = [
+      f'{report[model][f"{method}@layer={layer}"]["rouge1"]:.3f}'
+      for method in ('bei', 'hei')
+      for model in ('base', 'lora')
+    ]
+    for name in ('Llama2-7B', 'ChatGLM-6B'):
+      if layer in lora_report.PAPER_LAYERS:
+        i = lora_report.PAPER_LAYERS.index(layer)
+        cells.append(f'{paper[name][i]:.2f} -> {paper["FT " + name][i]:.2f}')
+      else:
+        cells.append('-')
+    line = f'| {layer} | ' + ' | '.join(cells) + ' |'
+    assert line in text, line
+  ppl = report['ppl']
+  assert f'perplexity on them {ppl["base"]:.1f} -> {ppl["lora"]:.1f}' in text
+  s = report['settings']
+  assert (
+    f'{s["texts"]:,} Embed Parrot training texts, {s["epochs"]} epochs'
+    f' ({s["steps"]} steps of {s["batch_size"]})' in text
+  )
