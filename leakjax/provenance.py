@@ -156,8 +156,34 @@ def _git_commit() -> dict[str, Any] | None:
   return {'commit': head, 'modified': bool(dirty)}
 
 
+def _cpu() -> dict[str, Any]:
+  """The host CPU's model and vector extensions (Linux; else the model).
+
+  XLA compiles for the host's instruction set, so float32 results can
+  differ in their last bits between CPUs (AVX2 against AVX-512, say), and
+  a long run (fine-tuning, then a beam search) can then choose otherwise.
+  """
+  model, flags = platform.processor() or platform.machine(), []
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      info = f.read()
+  except OSError:
+    return {'model': model}
+  for line in info.splitlines():
+    key, _, value = line.partition(':')
+    if key.strip() == 'model name' and value.strip():
+      model = value.strip()
+    elif key.strip() == 'flags':
+      flags = sorted(
+        x for x in value.split() if x.startswith(('avx', 'fma', 'amx'))
+      )
+      break
+  return {'model': model, 'vector': flags}
+
+
 def environment() -> dict[str, Any]:
-  """leakjax version and commit, Python, package versions, JAX devices."""
+  """leakjax version and commit, Python, package versions, JAX devices,
+  the host CPU."""
   import jax  # pylint: disable=g-import-not-at-top
 
   import leakjax  # pylint: disable=g-import-not-at-top
@@ -181,6 +207,7 @@ def environment() -> dict[str, Any]:
       'count': len(devices),
       'processes': jax.process_count(),
     },
+    'cpu': _cpu(),
   }
 
 
@@ -218,6 +245,8 @@ def environment_changes(
       changes.append(f'{name} {old_pk.get(name)} -> {new_pk.get(name)}')
   if old.get('devices') != new.get('devices'):
     changes.append(f'devices {old.get("devices")} -> {new.get("devices")}')
+  if 'cpu' in old and old['cpu'] != new.get('cpu'):
+    changes.append(f'cpu {old["cpu"]} -> {new.get("cpu")}')
   return changes
 
 

@@ -5,6 +5,7 @@ with a plain-Python beam search that rescores whole sequences with
 `model.logits` at every step.
 """
 
+import dataclasses
 import functools
 import math
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from leakjax.attacks.film import beam_search as bs
+from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2, llama
 from leakjax.tokenization import gpt2_tokenizer
 
@@ -160,6 +162,44 @@ def test_kernel_matches_python_reference(family, config):
     assert gs == pytest.approx(rs, abs=1e-4)
   # Every generated token comes from the bag.
   assert set(np.asarray(out.tokens[0, :, 2:]).ravel()) <= set(bag)
+
+
+@pytest.mark.parametrize('family', ['gpt2', 'llama'])
+def test_traced_length_in_a_wider_buffer_matches_reference(family):
+  """`num_steps` tokens into a `length`-token buffer: the beams of a
+  search of length `num_steps`, and one compilation for every length."""
+  model, params = tiny(family)
+  buffer = bs.BeamSearchConfig(num_beams=4, length=8, ngram_size=2)
+  prompts = [[1, 5], [1, 9], [1, 17]]
+  bag = [5, 9, 17, 22, 23, 40, 41, 60]
+  traces = []
+
+  def search(params, prompts, bag, steps):
+    traces.append(1)  # once per compilation
+    return bs.bag_beam_search(
+      model, params, prompts, bag, config=buffer, num_steps=steps
+    )
+
+  fn = jax.jit(search)
+  for steps in (3, 5, 8):
+    out = fn(params, jnp.asarray([prompts]), jnp.asarray(bag), steps)
+    assert out.tokens.shape == (1, 4, 2 + 8)
+    assert not np.asarray(out.tokens[0, :, 2 + steps :]).any()
+    config = dataclasses.replace(buffer, length=steps)
+    ref = reference(model, params, prompts, bag, config)
+    for t, sc, (rt, rs) in zip(out.tokens[0], out.scores[0], ref, strict=True):
+      assert list(map(int, t[: 2 + steps])) == rt
+      assert float(sc) == pytest.approx(rs, abs=1e-4)
+  assert len(traces) == 1
+  with pytest.raises(LeakjaxError, match='num_steps must be in'):
+    bs.bag_beam_search(
+      model,
+      params,
+      jnp.asarray([prompts]),
+      jnp.asarray(bag),
+      config=buffer,
+      num_steps=9,
+    )
 
 
 def test_prior_ngrams_are_penalised_and_match_reference():

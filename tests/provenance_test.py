@@ -54,6 +54,18 @@ def test_writer_records_inputs_and_environment(tmp_path):
   assert env['leakjax'] and env['python']
   # This checkout is a git repository: its commit is recorded.
   assert len(env['git']['commit']) == 40
+  # The CPU, whose instruction set XLA compiles for.
+  assert env['cpu']['model'] and isinstance(env['cpu'].get('vector', []), list)
+  other = {**env, 'cpu': {'model': 'Other CPU', 'vector': ['avx512f']}}
+  changes = provenance.environment_changes(other, env)
+  assert changes == [f'cpu {other["cpu"]} -> {env["cpu"]}']
+  # Records written before the CPU was recorded compare equal.
+  assert (
+    provenance.environment_changes(
+      {k: v for k, v in env.items() if k != 'cpu'}, env
+    )
+    == []
+  )
 
 
 def test_resume_with_a_changed_input_is_refused(tmp_path):

@@ -88,6 +88,8 @@ def test_edit_tokens_swap_delete_insert():
 
 def test_edit_tokens_respects_full_rows():
   full = jnp.arange(1, 9, dtype=jnp.int32)
+  padded = jnp.zeros((16,), jnp.int32).at[:8].set(full)
+  grew = 0
   for s in range(20):
     out, n = ro.edit_tokens(
       jax.random.key(s),
@@ -98,6 +100,29 @@ def test_edit_tokens_respects_full_rows():
       fixed=1,
     )
     assert int(n) <= 8
+    # A wider buffer with the same limit: the same move, the same row.
+    wide, m = ro.edit_tokens(
+      jax.random.key(s),
+      padded,
+      jnp.int32(8),
+      jnp.asarray([50]),
+      jnp.ones(1, bool),
+      fixed=1,
+      max_length=jnp.int32(8),
+    )
+    assert int(m) == int(n)
+    assert np.array_equal(np.asarray(wide)[:8], out)
+    # Without the limit the same buffer takes the insertions.
+    _, free = ro.edit_tokens(
+      jax.random.key(s),
+      padded,
+      jnp.int32(8),
+      jnp.asarray([50]),
+      jnp.ones(1, bool),
+      fixed=1,
+    )
+    grew += int(free) == 9
+  assert grew >= 3
 
 
 def test_truncate_at_first_sentence_end():
@@ -205,3 +230,41 @@ def test_sentence_end_mask():
     True,
     False,
   ]
+
+
+def test_a_padded_buffer_changes_no_result():
+  """A buffer padded past `max_length` reorders exactly as the unpadded one.
+
+  The FILM pipeline pads every sentence to a bucket of 16 tokens to compile
+  the reordering once per bucket; the insertion limit stays `max_length`.
+  """
+  model, params = tiny()
+  config = ro.ReorderConfig(
+    phrase_steps=4, token_steps=12, num_candidates=4, min_cuts=1, max_cuts=3
+  )
+  is_end = jnp.zeros(VOCAB, bool).at[15].set(True)
+  fn = jax.jit(functools.partial(ro.reorder, model, config=config))
+  bag = jnp.asarray([30, 31, 11, 12])
+  width = TOKENS.shape[0]  # 13: room for 3 insertions
+  padded = jnp.zeros((32,), jnp.int32).at[:width].set(TOKENS)
+  for seed in range(6):
+    args = dict(key=jax.random.key(seed), is_end=is_end)
+    exact = fn(params, TOKENS, jnp.int32(LENGTH), bag, **args)
+    wide = fn(
+      params,
+      padded,
+      jnp.int32(LENGTH),
+      bag,
+      max_length=jnp.int32(width),
+      **args,
+    )
+    n = int(exact.length)
+    assert int(wide.length) == n <= width
+    assert np.array_equal(np.asarray(wide.tokens)[:width], exact.tokens)
+    assert not np.asarray(wide.tokens)[width:].any()
+    # The scores agree to float32 rounding of the longer masked sums.
+    assert float(wide.score) == pytest.approx(float(exact.score), rel=2e-6)
+    assert float(wide.initial_score) == pytest.approx(
+      float(exact.initial_score), rel=2e-6
+    )
+    assert int(wide.accepted) == int(exact.accepted)

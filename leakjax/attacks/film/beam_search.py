@@ -278,6 +278,7 @@ def _search_one(
   prior_lengths: Int[Array, 'R'] | None,
   config: BeamSearchConfig,
   mesh: Mesh | None = None,
+  num_steps: Int[Array, ''] | None = None,
 ) -> tuple[Int[Array, 'k T'], Float[Array, 'k']]:
   """One beam search from a pool of prompts (Alg. 1 with π¹ = prompts).
 
@@ -333,8 +334,10 @@ def _search_one(
   )
   state = _split_state(state, mesh)
 
+  steps = config.length if num_steps is None else num_steps
+
   def cond(state: BagBeamState):
-    return state.step < config.length
+    return state.step < steps
 
   def body(state: BagBeamState) -> BagBeamState:
     length = p + state.step
@@ -388,6 +391,7 @@ def bag_beam_search(
   prior: Int[Array, 'R Tp'] | None = None,
   prior_lengths: Int[Array, 'R'] | None = None,
   mesh: Mesh | None = None,
+  num_steps: Int[Array, ''] | None = None,
 ) -> BeamResult:
   """Bag-restricted beam search, batched over S independent searches.
 
@@ -420,6 +424,12 @@ def bag_beam_search(
     mesh: optional `jax.sharding.Mesh` with a `'data'` axis
       (:func:`leakjax.sharding.make_mesh`) over which the beams of every
       search are split; None: no sharding constraints.
+    num_steps: int32 `[]`, 1 <= num_steps <= L: generate this many tokens
+      into the `P + L` buffer (the rest stays 0). A traced length, so one
+      compilation serves every length up to L (FILM's length is the
+      longest client sentence's, Sec. 4.2, different in every batch). The
+      beams equal those of `config.length = num_steps` (the unused cache
+      slots are masked; scores agree to float32 rounding). None: L steps.
 
   Returns:
     A :class:`BeamResult` with `tokens [S, k, P + L]` and `scores [S, k]`,
@@ -454,8 +464,19 @@ def bag_beam_search(
     prior_lengths = jnp.asarray(prior_lengths, jnp.int32)
   sharding.check_data_axis(mesh)
   params = sharding.constrain_replicated(params, mesh)
+  if num_steps is not None:
+    num_steps = jnp.asarray(num_steps, jnp.int32)
+    if not isinstance(num_steps, jax.core.Tracer) and not (
+      1 <= int(num_steps) <= config.length
+    ):
+      raise LeakjaxError(
+        f'num_steps must be in [1, {config.length}] (the buffer length),'
+        f' got {int(num_steps)}'
+      )
   tokens, scores = jax.vmap(
-    functools.partial(_search_one, model, config=config, mesh=mesh),
+    functools.partial(
+      _search_one, model, config=config, mesh=mesh, num_steps=num_steps
+    ),
     in_axes=(None, 0, 0, None, None, None, None),
   )(
     params,

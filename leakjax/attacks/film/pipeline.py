@@ -144,6 +144,12 @@ class FilmResult:
 
 
 # ---------------------------------------------------------- jitted kernels
+# Beam-search and reordering buffers are padded to a multiple of this many
+# tokens, so that batches of different lengths share one compilation.
+_LENGTH_BUCKET = 8
+_REORDER_BUCKET = 16
+
+
 @functools.partial(jax.jit, static_argnames=('model', 'config', 'mesh'))
 def _beam_search(
   model: Model,
@@ -155,6 +161,7 @@ def _beam_search(
   bag_mask,
   prior,
   prior_lengths,
+  num_steps,
   config: bs.BeamSearchConfig,
   mesh: Mesh | None,
 ) -> bs.BeamResult:
@@ -169,6 +176,7 @@ def _beam_search(
     prior=prior,
     prior_lengths=prior_lengths,
     mesh=mesh,
+    num_steps=num_steps,
   )
 
 
@@ -185,6 +193,7 @@ def _reorder(
   key,
   is_end,
   bag_mask,
+  max_length,
   config: ro.ReorderConfig,
   grad_paths,
   mesh: Mesh | None,
@@ -201,12 +210,22 @@ def _reorder(
     bag_mask=bag_mask,
     grad_paths=grad_paths,
     mesh=mesh,
+    max_length=max_length,
   )
 
 
 @functools.partial(jax.jit, static_argnames=('model',))
 def _token_log_probs(model: Model, params: PyTree, ids):
   return model.token_log_probs(params, ids)
+
+
+def _bucket_length(model: Model, prompt_length: int, steps: int) -> int:
+  """The beam buffer's generated length: `steps` rounded up to a multiple
+  of _LENGTH_BUCKET, within the model's longest sequence."""
+  length = -(-steps // _LENGTH_BUCKET) * _LENGTH_BUCKET
+  if model.max_length is not None:
+    length = min(length, max(steps, model.max_length - prompt_length))
+  return length
 
 
 def _pad(ids: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
@@ -306,13 +325,17 @@ def recover(
   per_search = config.prompts_per_search or -(-len(prompts) // 8) * 8
   prompt_arr, prompt_mask = bs.prompt_batches(prompts, per_search=per_search)
   beam_cfg = config.beam
+  num_steps = beam_cfg.length
   if bag.max_length is not None:  # Sec. 4.2: the longest sentence's length
+    num_steps = max(1, bag.max_length - prompt_arr.shape[-1])
+    # The length is traced: the search compiles once per buffer bucket.
     beam_cfg = dataclasses.replace(
-      beam_cfg, length=max(1, bag.max_length - prompt_arr.shape[-1])
+      beam_cfg, length=_bucket_length(model, prompt_arr.shape[-1], num_steps)
     )
   bag_arr, bag_mask = _pad(np.asarray(bag_ids, np.int32), config.bag_bucket)
-  width = prompt_arr.shape[-1] + beam_cfg.length
-  prior = np.zeros((max(1, config.repetitions), width), np.int32)
+  width = prompt_arr.shape[-1] + num_steps  # the searched sentences' length
+  buffer = prompt_arr.shape[-1] + beam_cfg.length
+  prior = np.zeros((max(1, config.repetitions), buffer), np.int32)
   prior_len = np.zeros((max(1, config.repetitions),), np.int32)
   recoveries = []
   for rep in range(config.repetitions):
@@ -326,6 +349,7 @@ def recover(
       bag_mask=jnp.asarray(bag_mask),
       prior=jnp.asarray(prior) if use_prior else None,
       prior_lengths=jnp.asarray(prior_len) if use_prior else None,
+      num_steps=jnp.asarray(num_steps, jnp.int32),
       config=beam_cfg,
       mesh=mesh,
     )
@@ -336,6 +360,7 @@ def recover(
         'the bag is too small for the requested length',
       )
     score, tokens = best[0]
+    tokens = tokens[:width]  # the buffer's unused tail is padding
     prior[rep, : len(tokens)] = tokens
     prior_len[rep] = len(tokens)
     text = _decode(tok, tokens)
@@ -348,7 +373,14 @@ def recover(
     rcfg = dataclasses.replace(rcfg, fixed_prefix=max(1, fixed))
     is_end = jnp.asarray(ro.sentence_end_mask(tok, model.vocab_size))
     for i, rec in enumerate(recoveries[: config.reorder_top]):
-      toks, length = ro.pad_sequences([rec.tokens], width + 8)
+      # Insertions may add up to 8 tokens; the buffer is padded to a
+      # multiple of _REORDER_BUCKET so that batches of different lengths
+      # share one compilation (the result does not depend on the padding,
+      # see `ro.reorder`).
+      limit = width + 8
+      toks, length = ro.pad_sequences(
+        [rec.tokens], -(-limit // _REORDER_BUCKET) * _REORDER_BUCKET
+      )
       state = _reorder(
         model,
         params,
@@ -358,6 +390,7 @@ def recover(
         key=jax.random.fold_in(key, i),
         is_end=is_end,
         bag_mask=jnp.asarray(bag_mask),
+        max_length=jnp.asarray(limit, jnp.int32),
         config=rcfg,
         grad_paths=config.grad_paths,
         mesh=mesh,

@@ -289,9 +289,19 @@ def permute_phrases(
 
 
 def edit_tokens(
-  key, tokens: Int[Array, 'T'], length, bag_ids, bag_mask, *, fixed: int
+  key,
+  tokens: Int[Array, 'T'],
+  length,
+  bag_ids,
+  bag_mask,
+  *,
+  fixed: int,
+  max_length=None,
 ) -> tuple[Int[Array, 'T'], Int[Array, '']]:
   """One random token-wise move (FILM Sec. 4.4): swap, delete or insert.
+
+  `max_length` (a traced int, default T) bounds the length an insertion
+  may reach, so T can be a padded buffer wider than the limit.
 
   Returns:
     `(tokens, length)` of the candidate. Moves that do not fit (delete of
@@ -314,7 +324,8 @@ def edit_tokens(
   inserted = jnp.where(pos < i, tokens, jnp.take(tokens, pos - 1, mode='clip'))
   inserted = inserted.at[i].set(new_token)
   can_delete = length > fixed + 1
-  can_insert = (length < width) & bag_mask.any()
+  limit = width if max_length is None else jnp.minimum(max_length, width)
+  can_insert = (length < limit) & bag_mask.any()
   out = jnp.select(
     [op == 0, (op == 1) & can_delete, (op == 2) & can_insert],
     [swapped, deleted, inserted],
@@ -353,6 +364,7 @@ def reorder(
   bag_mask: Bool[Array, 'M'] | None = None,
   grad_paths: Sequence[ParamPath] | None = None,
   mesh: Mesh | None = None,
+  max_length: Int[Array, ''] | None = None,
 ) -> ReorderState:
   """Reorders one sentence under S(x) (FILM Sec. 4.4). Jit-able.
 
@@ -364,7 +376,7 @@ def reorder(
     model: the attacked model.
     params: θ^t.
     tokens: int32 `[T]`, the beam-search sentence (with BOS), zero padded;
-      T bounds the length that insertions can reach.
+      T bounds the length that insertions can reach (see `max_length`).
     length: its number of tokens.
     bag_ids: int32 `[M]`, the recovered bag (insertions draw from it).
     key: a `jax.random.key`.
@@ -375,6 +387,12 @@ def reorder(
     grad_paths: parameter subset of the gradient norm.
     mesh: optional mesh with a `'data'` axis over which each step's C
       candidates are split (:func:`candidate_scores`; any C works).
+    max_length: int32 `[]`, the length insertions may reach when it is
+      below T (default T). Padding T past it changes no result: padded
+      positions are masked out of every score, and the random draws of
+      a `[T]` shape agree on their common prefix (JAX's partitionable
+      threefry, the default since JAX 0.5), so callers pad T to a few
+      bucket sizes and compile once per bucket.
 
   Returns:
     The final :class:`ReorderState` (`initial_score` is S of the input).
@@ -406,7 +424,13 @@ def reorder(
       max_cuts=config.max_cuts,
     )
     edited, edited_len = edit_tokens(
-      k_token, s.tokens, s.length, bag_ids, bag_mask, fixed=fixed
+      k_token,
+      s.tokens,
+      s.length,
+      bag_ids,
+      bag_mask,
+      fixed=fixed,
+      max_length=max_length,
     )
     is_phrase = s.step < phrase_end
     new = jnp.where(s.step == 0, cut, jnp.where(is_phrase, phrase, edited))
