@@ -98,6 +98,52 @@ def frozen_gradient(model, params, sentence):
   return ids, grads
 
 
+def test_client_batches_are_padded_to_a_token_bucket():
+  """The runner pads a client batch to a multiple of 8 tokens (one compiled
+  gradient for many batches), within the model's longest sequence; the
+  padding is masked and the gradient is the unpadded one to rounding."""
+  model, params = memorising_model()  # n_positions = 32
+  defense = fl.Defense()
+  key = jax.random.key(0)
+  grads, ids, mask = runner.client_gradient(
+    model, params, SECRETS[:2], defense, key
+  )
+  plain_ids, plain_mask = model.tokenizer.encode_batch(
+    list(SECRETS[:2]), add_bos=True
+  )
+  assert plain_ids.shape[1] % 8 and ids.shape[1] % 8 == 0
+  assert ids.shape[1] > plain_ids.shape[1]
+  np.testing.assert_array_equal(ids[:, : plain_ids.shape[1]], plain_ids)
+  np.testing.assert_array_equal(mask[:, : plain_ids.shape[1]], plain_mask)
+  assert not mask[:, plain_ids.shape[1] :].any()
+  assert runner.true_tokens(ids, mask) == runner.true_tokens(
+    plain_ids, plain_mask
+  )
+  plain = fl.client_gradient(
+    model,
+    params,
+    jnp.asarray(plain_ids),
+    jnp.asarray(plain_mask),
+    defense=defense,
+    key=key,
+  )
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+    grads,
+    plain,
+  )
+  # Never past the model's positions: 27 tokens on a 30-position model
+  # pad to 30, not 32.
+  short, short_params = gpt2.init_model(
+    gpt2.GPT2Config.tiny(vocab_size=50257, n_positions=30),
+    key=jax.random.key(1),
+    tokenizer=model.tokenizer,
+  )
+  text = ' '.join(['word'] * 26)
+  _, ids, _ = runner.client_gradient(short, short_params, [text], defense, key)
+  assert ids.shape[1] == 30
+
+
 def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
   """FILM Sec. 5's defense empties ∇W, yet layer 0's gradient still spans
   the inputs (test 1 of the tied bag method), so the bag survives."""

@@ -235,7 +235,7 @@ def test_sentence_end_mask():
 def test_a_padded_buffer_changes_no_result():
   """A buffer padded past `max_length` reorders exactly as the unpadded one.
 
-  The FILM pipeline pads every sentence to a bucket of 16 tokens to compile
+  The FILM pipeline pads every sentence to a multiple of 8 tokens to compile
   the reordering once per bucket; the insertion limit stays `max_length`.
   """
   model, params = tiny()

@@ -364,11 +364,30 @@ _CLIENT_GRADIENT = jax.jit(
 )
 
 
+# Client batches are padded to a multiple of this many tokens, so that
+# batches of different lengths share one compiled gradient.
+_TOKEN_BUCKET = 8
+
+
 def client_gradient(
   model, params, texts: Sequence[str], defense, key, microbatch=None
 ):
-  """The client's FedSGD gradient of `texts`, `microbatch` rows at a time."""
+  """The client's FedSGD gradient of `texts`, `microbatch` rows at a time.
+
+  The batch is right-padded (mask 0) to a multiple of _TOKEN_BUCKET tokens
+  within the model's longest sequence. Padding is invisible to the loss:
+  masked positions carry no loss and, the models being causal, feed no
+  valid position, so the gradient equals the unpadded one up to float32
+  rounding of the longer sums over positions.
+  """
   ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
+  width = -(-ids.shape[1] // _TOKEN_BUCKET) * _TOKEN_BUCKET
+  if model.max_length is not None:
+    width = min(width, max(ids.shape[1], model.max_length))
+  if width > ids.shape[1]:
+    extra = ((0, 0), (0, width - ids.shape[1]))
+    ids = np.pad(ids, extra, constant_values=model.tokenizer.pad_id)
+    mask = np.pad(mask, extra)
   return (
     _CLIENT_GRADIENT(
       model,
