@@ -89,39 +89,28 @@ def test_edit_tokens_swap_delete_insert():
 def test_edit_tokens_respects_full_rows():
   full = jnp.arange(1, 9, dtype=jnp.int32)
   padded = jnp.zeros((16,), jnp.int32).at[:8].set(full)
+
+  def edit(seed, tokens, **limit):
+    return ro.edit_tokens(
+      jax.random.key(seed),
+      tokens,
+      jnp.int32(8),
+      jnp.asarray([50]),
+      jnp.ones(1, bool),
+      fixed=1,
+      **limit,
+    )
+
   grew = 0
   for s in range(20):
-    out, n = ro.edit_tokens(
-      jax.random.key(s),
-      full,
-      jnp.int32(8),
-      jnp.asarray([50]),
-      jnp.ones(1, bool),
-      fixed=1,
-    )
+    out, n = edit(s, full)
     assert int(n) <= 8
     # A wider buffer with the same limit: the same move, the same row.
-    wide, m = ro.edit_tokens(
-      jax.random.key(s),
-      padded,
-      jnp.int32(8),
-      jnp.asarray([50]),
-      jnp.ones(1, bool),
-      fixed=1,
-      max_length=jnp.int32(8),
-    )
+    wide, m = edit(s, padded, max_length=jnp.int32(8))
     assert int(m) == int(n)
     assert np.array_equal(np.asarray(wide)[:8], out)
     # Without the limit the same buffer takes the insertions.
-    _, free = ro.edit_tokens(
-      jax.random.key(s),
-      padded,
-      jnp.int32(8),
-      jnp.asarray([50]),
-      jnp.ones(1, bool),
-      fixed=1,
-    )
-    grew += int(free) == 9
+    grew += int(edit(s, padded)[1]) == 9
   assert grew >= 3
 
 
