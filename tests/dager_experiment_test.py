@@ -139,6 +139,24 @@ def test_hybrid_attack_runs_through_the_experiment(tmp_path):
   assert 0 < summary['rouge1@attack=hybrid,b=1'] <= 1
 
 
+def test_hybrid_explaining_away_runs_through_the_experiment(tmp_path):
+  # Two searches: the second reads head rows with the first sentence's
+  # share subtracted (dager_hybrid_test.py checks the shares).
+  cfg = runner.DagerExperimentConfig(
+    model='gpt2-tiny',
+    max_tokens=20,
+    batch_sizes=(2,),
+    num_batches=1,
+    attacks=('hybrid',),
+    hybrid_shortlist=8,
+    hybrid_head_explain=True,
+  )
+  summary = dager_exp.run_experiment(cfg, tmp_path, progress=False)
+  (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
+  assert row['num_recovered'] == len(row['recovered']) == 2
+  assert 0 < summary['rouge1@attack=hybrid,b=2'] <= 1
+
+
 def test_fedavg_view_of_one_full_batch_step_is_the_fedsgd_gradient():
   # One local epoch of one full-batch step: θ1 = θ0 − η g, so what the
   # attacker reconstructs, −Δ / (η · steps), is the FedSGD gradient g.

@@ -189,6 +189,8 @@ def test_config_and_recover_refuse_bad_input():
     hybrid.HybridConfig(head_norm_power=-1.0)
   with pytest.raises(LeakjaxError, match='end_head_quantile'):
     hybrid.HybridConfig(end_head_quantile=1.5)
+  with pytest.raises(LeakjaxError, match='head_explain'):
+    hybrid.HybridConfig(head_explain=True, head_norm_power=0.5)
   model, params = tiny('gpt2')
   with pytest.raises(LeakjaxError, match='num_sentences'):
     hybrid.recover(model, params, gradient('gpt2'), 0)
@@ -362,3 +364,65 @@ def test_head_term_alone_recovers_a_sentence(family):
   )
   got = np.asarray(row)[: int(length)].tolist()
   assert got in ROWS
+
+
+def test_sentence_shares_sum_to_the_head_gradient_and_explain_it_away():
+  # Untied head (the tiny Llama): the head matrix's gradient is the head
+  # part alone, so the two sentences' shares sum to N x its negated rows
+  # (N = 14 targets of the mean loss).
+  model, params = tiny('llama')
+  assert model.paths.lm_head is not None
+  grads = gradient('llama')
+  cands = jnp.arange(V - 1, dtype=jnp.int32)
+  readout = hybrid.head_readout(model, params)
+  width = CONFIG.max_length
+  shares = []
+  for row in ROWS:
+    tokens = np.zeros(width, np.int32)
+    tokens[: len(row)] = row
+    shares.append(
+      np.asarray(
+        hybrid.sentence_head_rows(
+          model, params, jnp.asarray(tokens), len(row), cands, readout
+        ),
+        np.float64,
+      )
+    )
+  n = sum(len(r) - 1 for r in ROWS)
+  raw = np.asarray(hybrid.raw_head_rows(model, grads, cands), np.float64)
+  np.testing.assert_allclose(raw, -head_matrix(model, grads)[: V - 1])
+  np.testing.assert_allclose(shares[0] + shares[1], n * raw, atol=2e-5)
+  # Each sentence's targets are in its own share and not the other's.
+  for row, share in zip(ROWS, shares):
+    held = np.linalg.norm(share, axis=1) > 1e-3 * np.abs(share).max()
+    assert set(row[1:]) <= set(np.flatnonzero(held).tolist())
+  # Unexplained, the rows are HeadScore's (power 0); with both sentences
+  # explained every row falls to ~0; with the first, its own tokens'.
+  head = hybrid.head_score(
+    model,
+    params,
+    grads,
+    cands,
+    jnp.asarray(BOS, jnp.int32),
+    key=jax.random.key(0),
+    config=CONFIG,
+  )
+  ones = jnp.ones((V - 1, 1), jnp.float32)
+  raw32 = jnp.asarray(raw, jnp.float32)
+  _, ref = hybrid.explained_rows(raw32, ones, head.mean, head.whiten)
+  rows, _ = hybrid.explained_rows(raw32, ref, head.mean, head.whiten)
+  np.testing.assert_allclose(rows, head.rows, rtol=1e-4, atol=1e-5)
+  rows, _ = hybrid.explained_rows(
+    jnp.asarray(raw - (shares[0] + shares[1]) / n, jnp.float32),
+    ref,
+    head.mean,
+    head.whiten,
+  )
+  assert float(jnp.abs(rows).max()) < 1e-2
+  rows, _ = hybrid.explained_rows(
+    jnp.asarray(raw - shares[0] / n, jnp.float32), ref, head.mean, head.whiten
+  )
+  norms = np.linalg.norm(np.asarray(rows), axis=1)
+  only_first = sorted(set(ROWS[0][1:]) - set(ROWS[1][1:]))
+  only_second = sorted(set(ROWS[1][1:]) - set(ROWS[0][1:]))
+  assert norms[only_first].max() < 0.1 < norms[only_second].min()

@@ -168,7 +168,7 @@ def test_dager_report_hybrid_variants():
   assert f"against the hybrid's {base['rougeL']:.3f} on that batch" in text
   got = summary('dager/hybrid_beams16')['rougeL@attack=hybrid,b=64']
   assert f'16 beams instead of 8 give ROUGE-L {got:.3f}' in text
-  for name in ('hybrid_end', 'hybrid_end_power'):
+  for name in ('hybrid_end', 'hybrid_end_power', 'hybrid_explain'):
     got = summary(f'dager/{name}')['rougeL@attack=hybrid,b=64']
     assert f'ROUGE-L {got:.3f} (`{name}/`)' in text
   ranks = json.loads((ROOT / 'reports/dager/head_ranks.json').read_text())

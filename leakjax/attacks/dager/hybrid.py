@@ -138,6 +138,17 @@ class HybridConfig:
       (`head_ranks.json`). End to end it changes little: ROUGE-L 0.425 on
       that batch either way (`reports/dager/hybrid_end/`), so it stays
       off.
+    head_explain: after each search, the recovered sentence's own share
+      of the head gradient is subtracted from the candidates' rows
+      (`(1/N) Σ_t (1[y_t = v] − p_t[v]) h̃_t` over its positions, N
+      estimated as `num_sentences` x the mean number of targets of the
+      sentences recovered so far), and each row's cosine is scaled by
+      min(1, its whitened norm / the norm before any subtraction): the
+      contexts a sentence explains stop pulling the next searches to the
+      same tokens (explaining away; our construction). False (the
+      default): the rows stay those of the whole gradient. End to end
+      on SmolLM2, b = 64, Enron batch 0 it lowers ROUGE-L from 0.425 to
+      0.414 (`reports/dager/hybrid_explain/`).
     weight_span: weight of the span term `log(r̄ / r)`.
     weight_diverse: penalty per earlier sentence that holds the bigram.
     weight_start: penalty, on a sentence's first word, per earlier
@@ -177,6 +188,7 @@ class HybridConfig:
   head_shrinkage: float = 0.1
   head_norm_power: float = 0.0
   end_head_quantile: float | None = None
+  head_explain: bool = False
   weight_span: float = 1.0
   weight_diverse: float = 1.0
   weight_start: float = 3.0
@@ -206,6 +218,11 @@ class HybridConfig:
     if self.head_shrinkage < 0 or self.head_norm_power < 0:
       raise LeakjaxError(
         'HybridConfig.head_shrinkage and head_norm_power must be >= 0'
+      )
+    if self.head_explain and self.head_norm_power:
+      raise LeakjaxError(
+        'HybridConfig.head_explain needs head_norm_power 0',
+        'turn one of them off',
       )
     q = self.end_head_quantile
     if q is not None and not 0.0 <= q <= 1.0:
@@ -388,6 +405,57 @@ def _head_rows(model, grads, candidates, valid, readout, mean, whiten, power):
     median = jnp.nanmedian(jnp.where(valid[:, None], norm, jnp.nan))
     rows = rows * (norm / (median + 1e-30)) ** power
   return HeadScore(readout=readout, mean=mean, whiten=whiten, rows=rows)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def raw_head_rows(
+  model: Model, grads: PyTree, candidates: Int[Array, ' C']
+) -> Float[Array, 'C d']:
+  """The candidates' negated head-gradient rows `−∇W[v]`, unprocessed."""
+  g = get_path(grads, head_path(model)).astype(jnp.float32)
+  if model.paths.lm_head is not None:
+    g = g.T
+  return -g[candidates]
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def sentence_head_rows(
+  model: Model,
+  params: PyTree,
+  tokens: Int[Array, ' L'],
+  length: Int[Array, ''],
+  candidates: Int[Array, ' C'],
+  readout: Float[Array, 'V d'],
+) -> Float[Array, 'C d']:
+  """One sentence's share of the candidates' negated head rows, times N:
+  `Σ_t (1[y_t = v] − p_t[v]) h̃_t` over its `length − 1` targets (the
+  model's probabilities and head inputs at θ; `tokens` padded to any
+  fixed width)."""
+  positions = jnp.arange(tokens.shape[0])
+  mask = (positions < length).astype(jnp.int32)
+  z = model.logits(params, tokens[None], mask[None])[0].astype(jnp.float32)
+  h = z @ readout
+  p = jax.nn.softmax(z, axis=-1)[:, candidates]
+  targets = jnp.roll(tokens, -1)
+  real = (positions < length - 1)[:, None]
+  onehot = candidates[None, :] == targets[:, None]
+  return jnp.where(real, onehot.astype(jnp.float32) - p, 0.0).T @ h
+
+
+@jax.jit
+def explained_rows(
+  raw: Float[Array, 'C d'],
+  reference_norm: Float[Array, 'C 1'],
+  mean: Float[Array, ' d'],
+  whiten: Float[Array, 'd d'],
+) -> tuple[Float[Array, 'C d'], Float[Array, 'C 1']]:
+  """`HeadScore.rows` from raw rows (centred, whitened, unit norm) times
+  min(1, norm / `reference_norm`), and the norms (`head_explain`)."""
+  rows = raw - jnp.outer(raw @ mean / (mean @ mean), mean)
+  rows = rows @ whiten
+  norm = jnp.linalg.norm(rows, axis=-1, keepdims=True)
+  scale = jnp.minimum(1.0, norm / (reference_norm + 1e-30))
+  return rows / (norm + 1e-30) * scale, norm
 
 
 @flax.struct.dataclass
@@ -872,7 +940,24 @@ def recover(
   taken_len = np.zeros((num_sentences,), np.int32)
   args = [jnp.asarray(a) for a in (padded, valid, is_end)]
   sequences, scores = [], []
+  explain = head is not None and config.head_explain
+  if explain:
+    raw = raw_head_rows(model, grads, args[0])
+    _, reference_norm = explained_rows(
+      raw, jnp.ones((size, 1), jnp.float32), head.mean, head.whiten
+    )
+    shares = jnp.zeros_like(raw)
   for j in range(num_sentences):
+    if explain and j:
+      # N: the batch's targets, estimated from the sentences so far.
+      n_targets = num_sentences * float(np.mean(taken_len[:j] - 1))
+      rows, _ = explained_rows(
+        raw - shares / max(n_targets, 1.0),
+        reference_norm,
+        head.mean,
+        head.whiten,
+      )
+      head = head.replace(rows=rows)
     row, length, score = hybrid_search(
       model,
       params,
@@ -889,6 +974,10 @@ def recover(
     seq = np.asarray(row)[:n].tolist()
     taken[j, :n] = seq
     taken_len[j] = n
+    if explain:
+      shares = shares + sentence_head_rows(
+        model, params, jnp.asarray(taken[j]), n, args[0], head.readout
+      )
     sequences.append(seq)
     scores.append(float(score))
   seconds['search'] = time.perf_counter() - t0
@@ -913,11 +1002,14 @@ __all__ = [
   'head_readout',
   'head_score',
   'head_statistics',
+  'raw_head_rows',
+  'sentence_head_rows',
   'whitening',
   'span_candidates',
   'hybrid_search',
   'hybrid_step',
   'end_head_terms',
+  'explained_rows',
   'init_state',
   'recover',
   'top_span',

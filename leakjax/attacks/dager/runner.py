@@ -90,6 +90,9 @@ class DagerExperimentConfig:
       term is a cosine).
     hybrid_end_head_quantile: `HybridConfig.end_head_quantile`; negative
       (the default): None, a sentence end's head term from its own row.
+    hybrid_head_explain: `HybridConfig.head_explain` (subtract each
+      recovered sentence's share of the head gradient before the next
+      search).
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
@@ -123,6 +126,7 @@ class DagerExperimentConfig:
   hybrid_weight_start: float = hybrid.HybridConfig.weight_start
   hybrid_head_norm_power: float = hybrid.HybridConfig.head_norm_power
   hybrid_end_head_quantile: float = -1.0
+  hybrid_head_explain: bool = hybrid.HybridConfig.head_explain
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
@@ -358,6 +362,7 @@ def attack_batch(
       weight_head=cfg.hybrid_weight_head,
       weight_start=cfg.hybrid_weight_start,
       head_norm_power=cfg.hybrid_head_norm_power,
+      head_explain=cfg.hybrid_head_explain,
       end_head_quantile=(
         None
         if cfg.hybrid_end_head_quantile < 0
