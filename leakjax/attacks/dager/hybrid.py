@@ -393,10 +393,7 @@ def head_score(
 
 @functools.partial(jax.jit, static_argnames=('model', 'power'))
 def _head_rows(model, grads, candidates, valid, readout, mean, whiten, power):
-  g = get_path(grads, head_path(model)).astype(jnp.float32)
-  if model.paths.lm_head is not None:
-    g = g.T
-  rows = -g[candidates]
+  rows = raw_head_rows(model, grads, candidates)
   rows = rows - jnp.outer(rows @ mean / (mean @ mean), mean)
   rows = rows @ whiten
   norm = jnp.linalg.norm(rows, axis=-1, keepdims=True)
