@@ -146,6 +146,13 @@ def check_flagfiles(argv: Sequence[str]) -> None:
         pending.append(line.split('=', 1)[1])
 
 
+def _quiet_orbax(record) -> bool:
+  """A log filter: drops orbax's records below WARNING."""
+  return record.levelno >= 30 or '/orbax/' not in record.pathname.replace(
+    '\\', '/'
+  )
+
+
 def run(main) -> None:
   """`app.run(main)` with LeakjaxError -> one stderr line, exit code 2."""
   try:
@@ -155,14 +162,8 @@ def run(main) -> None:
     sys.exit(2)
 
   def wrapped(argv):
-    if 'workdir' in FLAGS and '://' in str(FLAGS.workdir):
-      print(  # before any work; io.ExperimentWriter says the same
-        f'leakjax: error: --workdir {FLAGS.workdir} is a URL; workdirs are'
-        ' local folders; write to a local folder (on a pod, process 0'
-        ' writes) and copy it off afterwards',
-        file=sys.stderr,
-      )
-      sys.exit(2)
+    # Orbax logs a dozen INFO lines per checkpoint; warnings still show.
+    logging.get_absl_handler().addFilter(_quiet_orbax)
     if 'distributed' in FLAGS and FLAGS.distributed:
       import jax  # pylint: disable=g-import-not-at-top
 
@@ -291,7 +292,6 @@ def config_from_flags(cls, **overrides):
 
 def print_summary(workdir, summary, start: float) -> None:
   """Prints `workdir/summary.md` and how many keys took how long."""
-  import pathlib  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
 
   import jax  # pylint: disable=g-import-not-at-top
@@ -299,7 +299,9 @@ def print_summary(workdir, summary, start: float) -> None:
   if jax.process_index() != 0:  # only process 0 wrote it
     print(f'process {jax.process_index()}: done')
     return
-  print((pathlib.Path(workdir) / 'summary.md').read_text())
+  from leakjax import io  # pylint: disable=g-import-not-at-top
+
+  print((io.as_path(workdir) / 'summary.md').read_text())
   print(
     f'Wrote {workdir}/summary.json ({len(summary)} keys) in'
     f' {time.perf_counter() - start:.0f} s'

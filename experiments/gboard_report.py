@@ -759,7 +759,7 @@ def _magnitude_plot(ax, cfg, model, datasets, workdir: Path):
   if ds is None or not files:
     return
   e = int(files[-1].stem.rsplit('_E', 1)[1])
-  delta = np.load(files[-1])
+  delta = io.load_npy(files[-1])
   tok = model.tokenizer
   cand = np.asarray(
     gboard.candidate_mask(tok.vocab_size, (tok.unk_id, tok.bos_id))

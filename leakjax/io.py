@@ -21,6 +21,13 @@ other file is written to a temp file in the same folder followed by
 `os.replace`. An interrupted run never leaves a truncated file, except
 possibly the last line of `results.jsonl`, which the next run drops; a
 re-run with the same workdir resumes from the rows already there.
+
+Workdirs are `etils.epath` paths: a local folder or an object-store URL
+(`gs://bucket/run`, with `pip install 'leakjax[gcs]'`; `s3://` and `az://`
+through their fsspec packages). Object stores publish an object only once
+its upload is complete, so a file there is written in one upload instead of
+temp file + rename, and, having no append, `results.jsonl` is uploaded again
+whole after each row (a few hundred rows of at most a few KB each).
 """
 
 from __future__ import annotations
@@ -35,14 +42,32 @@ from typing import Any, Iterable, Mapping
 
 import jax
 import numpy as np
+from etils import epath
 
 from leakjax.errors import LeakjaxError
 
 PyTree = Any
 
 
+def as_path(path: str | os.PathLike) -> epath.Path:
+  """`path` as an `etils.epath.Path`: local paths and URLs (`gs://...`)
+  alike, where `pathlib.Path` would turn `gs://b` into a local `gs:/b`."""
+  return epath.Path(path)
+
+
+def is_local(path: str | os.PathLike) -> bool:
+  """Whether `path` names a local file (not an object-store URL)."""
+  return '://' not in os.fspath(path)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-  """Writes `data` to `path` via a temp file + rename."""
+  """Writes `data` to `path` via a temp file + rename; to an object store
+  (`gs://...`) in one upload, which readers see only once complete."""
+  if not is_local(path):
+    path = as_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.')
@@ -60,6 +85,26 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     if os.path.exists(tmp):
       os.unlink(tmp)
     raise
+
+
+def save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
+  """`np.save` of one array, written atomically (local or URL)."""
+  import io as _io  # pylint: disable=g-import-not-at-top
+
+  buf = _io.BytesIO()
+  np.save(buf, np.asarray(array), allow_pickle=False)
+  atomic_write_bytes(path, buf.getvalue())
+
+
+def load_npy(path: str | os.PathLike) -> Any:
+  """`np.load` of a .npy array or a .npz archive (as a dict), local or URL."""
+  import io as _io  # pylint: disable=g-import-not-at-top
+
+  data = np.load(_io.BytesIO(as_path(path).read_bytes()), allow_pickle=False)
+  if isinstance(data, np.ndarray):
+    return data
+  with data:
+    return dict(data)
 
 
 def is_primary() -> bool:
@@ -90,8 +135,8 @@ def jsonable(x: Any) -> Any:
     return jsonable(x.tolist())
   if isinstance(x, float) and not math.isfinite(x):
     return None
-  if isinstance(x, Path):
-    return str(x)
+  if isinstance(x, os.PathLike):
+    return os.fspath(x)
   return x
 
 
@@ -141,7 +186,7 @@ def forget_unstarted_runs() -> None:
         pass
 
 
-def _read_workdir_json(path: Path) -> Any:
+def _read_workdir_json(path: epath.Path) -> Any:
   """A JSON file of an earlier run in the workdir, or one error line."""
   try:
     return json.loads(path.read_text())
@@ -154,7 +199,24 @@ def _read_workdir_json(path: Path) -> Any:
 def check_workdir(workdir: str | os.PathLike) -> None:
   """Raises LeakjaxError if `workdir` is a file, lies under a file or sits
   where nothing can be written, without creating anything (so a runner
-  can check it before slower checks of its inputs)."""
+  can check it before slower checks of its inputs). Of a URL it checks
+  only that it names no file: whether a bucket takes writes shows at the
+  first write."""
+  if not is_local(workdir):
+    workdir = as_path(workdir)
+    try:
+      is_file = workdir.exists() and not workdir.is_dir()
+    except ImportError as e:  # fsspec's message names the package
+      raise LeakjaxError(
+        f'--workdir {workdir}: {e}',
+        "for gs:// pip install 'leakjax[gcs]' (gcsfs)",
+      ) from None
+    if is_file:
+      raise LeakjaxError(
+        f'--workdir {workdir} is a file, not a folder',
+        'choose another --workdir',
+      )
+    return
   workdir = Path(workdir)
   if workdir.exists() and not workdir.is_dir():
     raise LeakjaxError(
@@ -177,9 +239,17 @@ def check_workdir(workdir: str | os.PathLike) -> None:
     )
 
 
-def _make_workdir(workdir: Path) -> None:
+def _make_workdir(workdir: epath.Path) -> None:
   """Creates `workdir` (and its parents) or says in one line why not."""
   check_workdir(workdir)
+  if not is_local(workdir):
+    try:
+      workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      raise LeakjaxError(
+        f'cannot create --workdir {workdir}: {e}', 'check the URL and access'
+      ) from None
+    return
   try:
     workdir.mkdir(parents=True, exist_ok=True)
   except (FileExistsError, NotADirectoryError):
@@ -212,7 +282,7 @@ class ExperimentWriter:
     """Opens (or resumes) `workdir`.
 
     Args:
-      workdir: the output folder.
+      workdir: the output folder, local or a URL such as `gs://b/run`.
       config: the run's config (a dataclass or dict), written once. A
         workdir whose config differs refuses to resume, except for fields
         the stored config lacks that are at their dataclass default: a run
@@ -226,16 +296,10 @@ class ExperimentWriter:
       enabled: whether this process writes; default: only JAX process 0, so
         on a multi-host pod every host runs the same code and one writes.
     """
-    if '://' in str(workdir):
-      raise LeakjaxError(
-        f'--workdir {workdir} is a URL; workdirs are local folders',
-        'write to a local folder (on a pod, process 0 writes) and copy it'
-        ' off afterwards, e.g. with gcloud storage cp -r',
-      )
     if enabled is None:
       enabled = is_primary()
     self.enabled = enabled
-    self.workdir = Path(workdir)
+    self.workdir = as_path(workdir)
     self.results: list[dict[str, Any]] = []
     self._results_path = self.workdir / 'results.jsonl'
     if not enabled:
@@ -329,7 +393,7 @@ class ExperimentWriter:
       record = {**record, 'inputs': {**record.get('inputs', {}), **added}}
     atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True))
 
-  def _write(self, path: Path, data: bytes) -> None:
+  def _write(self, path: epath.Path, data: bytes) -> None:
     if self in _FRESH:
       _FRESH.remove(self)
     try:
@@ -358,10 +422,18 @@ class ExperimentWriter:
       _FRESH.remove(self)
     line = json.dumps(row, sort_keys=True) + '\n'
     try:
-      with open(self._results_path, 'a', encoding='utf-8') as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+      if is_local(self._results_path):
+        with open(self._results_path, 'a', encoding='utf-8') as f:
+          f.write(line)
+          f.flush()
+          os.fsync(f.fileno())
+      else:  # object stores have no append (module docstring)
+        atomic_write_bytes(
+          self._results_path,
+          ''.join(
+            json.dumps(r, sort_keys=True) + '\n' for r in self.results
+          ).encode('utf-8'),
+        )
     except OSError as e:
       raise LeakjaxError(
         f'cannot write {self._results_path}: {e.strerror}', 'check --workdir'
@@ -558,9 +630,17 @@ def load_pytree(
 
   what = what or str(path)
   try:
-    with safe_open(str(path), framework='numpy') as f:
-      meta = f.metadata() or {}
-      flat = {name: f.get_tensor(name) for name in f.keys()}
+    if is_local(path):
+      with safe_open(str(path), framework='numpy') as f:
+        meta = f.metadata() or {}
+        flat = {name: f.get_tensor(name) for name in f.keys()}
+    else:  # safetensors reads local files: download to a temp file first
+      with tempfile.NamedTemporaryFile(suffix='.safetensors') as tmp:
+        tmp.write(as_path(path).read_bytes())
+        tmp.flush()
+        with safe_open(tmp.name, framework='numpy') as f:
+          meta = f.metadata() or {}
+          flat = {name: f.get_tensor(name) for name in f.keys()}
   except Exception as e:  # safetensors raises several types  # noqa: BLE001
     raise LeakjaxError(
       f'cannot read {what}: {type(e).__name__}: {e}',

@@ -89,11 +89,30 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
+def _put(x, sharding: NamedSharding) -> jax.Array:
+  """`x` placed with `sharding`, also when the mesh spans several hosts.
+
+  `jax.device_put` of a process's own array reaches only that process's
+  devices. On a multi-host mesh every process holds the whole array (each
+  computes the whole run), so each builds its devices' shards from it
+  (`jax.make_array_from_callback`), and the result is one global array.
+  """
+  if sharding.is_fully_addressable or (
+    isinstance(x, jax.Array) and not x.is_fully_addressable
+  ):
+    return jax.device_put(x, sharding)
+  host = np.asarray(jax.device_get(x))
+  return jax.make_array_from_callback(
+    host.shape, sharding, lambda index: host[index]
+  )
+
+
 def shard_batch(tree, mesh: Mesh | None):
   """Places every leaf's leading axis on the mesh's data axis.
 
   The leading axis must be divisible by the data-axis size; use
   :func:`pad_to_multiple` first. With `mesh=None` the tree is returned as is.
+  The mesh may span several processes (each passes the same `tree`).
   """
   if mesh is None:
     return tree
@@ -102,22 +121,42 @@ def shard_batch(tree, mesh: Mesh | None):
   def place(x):
     x = jax.numpy.asarray(x)
     if x.ndim == 0:
-      return jax.device_put(x, replicated(mesh))
+      return _put(x, replicated(mesh))
     if x.shape[0] % n:
       raise LeakjaxError(
         f'batch of {x.shape[0]} does not split over {n} devices',
         'pad the batch with pad_to_multiple',
       )
-    return jax.device_put(x, batch_sharding(mesh, x.ndim))
+    return _put(x, batch_sharding(mesh, x.ndim))
 
   return jax.tree.map(place, tree)
 
 
 def replicate(tree, mesh: Mesh | None):
-  """Copies every leaf to all devices of the mesh (model parameters)."""
+  """Copies every leaf to all devices of the mesh (model parameters),
+  across processes when the mesh spans several."""
   if mesh is None:
     return tree
-  return jax.device_put(tree, replicated(mesh))
+  sharding = replicated(mesh)
+  return jax.tree.map(lambda x: _put(x, sharding), tree)
+
+
+def to_host(tree):
+  """NumPy copies of a kernel's outputs (a runner's read-back).
+
+  A leaf split over a mesh that spans several processes is gathered from
+  all of them (`process_allgather`, a collective: every process calls it,
+  as every process runs the same loop); other leaves are copied from
+  their devices.
+  """
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+  return jax.tree.map(get, tree)
 
 
 def pad_to_multiple(x, multiple: int, axis: int = 0):

@@ -9,7 +9,7 @@ one loop for all of them:
 * :func:`fit` -- the loop: epochs of batches in an order fixed by the seed,
   one jitted step per loss function, optimizer settings and step count (new
   params never recompile), a tqdm bar and log lines, evaluation with early
-  stopping (keeping the best parameters), NaN checks, atomic checkpoints
+  stopping (keeping the best parameters), NaN checks, orbax checkpoints
   under `workdir/checkpoint/` and a resume with the same final parameters
   as an uninterrupted run;
 * :class:`LanguageModelLoss`, :func:`train_step`, :func:`evaluate` and
@@ -28,12 +28,17 @@ The defaults follow FILM (Gupta et al. 2022) Sec. 6.1: initial learning rate
 ...                config, workdir='/tmp/run')
 >>> result.params, result.best_eval['perplexity']  # doctest: +SKIP
 
-`workdir/checkpoint/` holds the parameters at the last checkpointed step,
-the optimizer state, `train_state.json` (step, key, history, best eval,
-config and data fingerprint) and, when the best evaluated parameters differ
-from the last ones, those too, all as :func:`leakjax.io.save_pytree` files.
-:func:`train` also writes `workdir/model/`, the model it returns, as a
-directory that :func:`leakjax.models.load` reads.
+`workdir/checkpoint/` is an orbax `CheckpointManager` folder holding the
+last checkpointed step: items `params`, `opt_state`, `state` (JSON: step,
+key, history, best eval, config and data fingerprint) and, when the best
+evaluated parameters differ from the last ones, `best`. Orbax writes each
+step asynchronously (training goes on while it is written) and commits it
+atomically, on local disks and object stores (`gs://`) alike, so a run
+killed at any moment resumes from its last committed step
+(:func:`checkpoint_state` reads it). :func:`train` also writes
+`workdir/model/`, the model it returns, in Hugging Face's safetensors
+layout (:func:`leakjax.models.save`), which :func:`leakjax.models.load`
+reads.
 """
 
 from __future__ import annotations
@@ -56,8 +61,8 @@ import numpy as np
 import optax
 
 from leakjax import data as data_lib
+from leakjax import io as io_lib
 from leakjax.errors import LeakjaxError, check_token_ids
-from leakjax.io import atomic_write_text, load_pytree, save_pytree
 from leakjax.models.protocol import Model, PyTree, lm_loss
 
 log = logging.getLogger(__name__)
@@ -67,7 +72,7 @@ SCHEDULES = ('linear', 'constant', 'cosine')
 # Fields that change nothing about the trained parameters: a resumed run may
 # use other values.
 _RESUME_FREE_FIELDS = ('log_every', 'checkpoint_every')
-_STATE_VERSION = 2
+_STATE_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -612,10 +617,9 @@ def fit(
     evaluate: `params -> {'loss': ..., ...}` (Python floats); called before
       the first step, every `config.eval_every` steps (default: every
       epoch) and after the last; drives early stopping and `restore_best`.
-    workdir: checkpoint folder; `workdir/checkpoint/` holds
-      `params.safetensors`, `optimizer.safetensors`, `best.safetensors`
-      (when the best evaluated parameters differ from the last) and
-      `train_state.json`. If it holds a checkpoint of the same config and
+    workdir: checkpoint folder, local or a URL (`gs://...`);
+      `workdir/checkpoint/` holds orbax checkpoints (module docstring). If
+      it holds a checkpoint of the same config and
       fingerprint, training resumes from it and ends with the same
       parameters as an uninterrupted run; a finished run returns at once.
       In a multi-process run only JAX process 0 reads and writes it: the
@@ -650,15 +654,20 @@ def fit(
 
   if jax.process_index() != 0:
     workdir = None  # only process 0 checkpoints (see the docstring)
-  workdir = Path(workdir) if workdir is not None else None
-  checkpoint = _find_checkpoint(workdir) if workdir is not None else None
+  workdir = io_lib.as_path(workdir) if workdir is not None else None
+  manager = _checkpoint_manager(workdir) if workdir is not None else None
+  restored = (
+    _read_checkpoint(manager, params, optimizer, config, fingerprint)
+    if manager is not None
+    else None
+  )
   key = jax.random.key(config.seed)
-  if checkpoint is not None:
-    params, opt_state, best_params, state = _read_checkpoint(
-      checkpoint, params, optimizer, config, fingerprint
-    )
+  if restored is not None:
+    params, opt_state, best_params, state = restored
     key = jax.random.wrap_key_data(np.asarray(state['rng'], np.uint32))
-    log.info('%s: resuming from %s at step %d', desc, checkpoint, state['step'])
+    log.info(
+      '%s: resuming from %s at step %d', desc, manager.directory, state['step']
+    )
   else:
     # Copies: the step donates its buffers, the caller keeps `params`.
     params = jax.tree.map(jnp.array, params)
@@ -708,7 +717,7 @@ def fit(
     patience = config.early_stopping_patience
     return bool(patience) and state['evals_without_improvement'] >= patience
 
-  if evaluate is not None and checkpoint is None:
+  if evaluate is not None and restored is None:
     run_eval()  # the starting point, which early stopping may keep
 
   window = _Window(schedule, desc)
@@ -780,16 +789,20 @@ def fit(
           loss=f'{window.last_loss:.4f}', eval_loss=f'{loss:.4g}', refresh=False
         )
       if do_checkpoint and not state['finished']:
-        _write_checkpoint(workdir, params, opt_state, best_params, state)
+        _write_checkpoint(manager, params, opt_state, best_params, state)
   finally:
     bar.close()
+    if manager is not None:
+      manager.wait_until_finished()  # a step being written is committed
   if pending is not None:
     window.add(*pending)
 
   ran = state['step'] > start_step
   state['finished'] = True
-  if workdir is not None and ran:
-    _write_checkpoint(workdir, params, opt_state, best_params, state)
+  if manager is not None:
+    if ran:
+      _write_checkpoint(manager, params, opt_state, best_params, state)
+    manager.close()
   final = best_params if keep_best and best_params is not None else params
   return FitResult(
     params=final,
@@ -902,8 +915,8 @@ def train(
   if jax.process_index() != 0:
     workdir = None
   if workdir is not None:
-    target = Path(workdir) / 'model'
-    if result.step > result.start_step or not target.is_dir():
+    target = io_lib.as_path(workdir) / 'model'
+    if result.step > result.start_step or not _is_complete(target):
       _save_directory(model, trained, target)
   return TrainResult(
     model=model,
@@ -1076,29 +1089,150 @@ def _config_dict(config: TrainConfig) -> dict[str, Any]:
 
 # -------------------------------------------------------------- checkpoints
 _CHECKPOINT = 'checkpoint'
-_STATE_FILE, _PARAMS_FILE, _OPT_FILE, _BEST_FILE = (
-  'train_state.json',
-  'params.safetensors',
-  'optimizer.safetensors',
-  'best.safetensors',
-)
+# The marker written last into a directory on an object store, where
+# directories cannot be renamed atomically (see _replace_directory).
+_COMPLETE = '.complete'
 
 
-def _find_checkpoint(workdir: Path) -> Path | None:
-  """The newest complete checkpoint folder (train_state.json comes last)."""
-  for name in (_CHECKPOINT, _CHECKPOINT + '.new', _CHECKPOINT + '.old'):
-    if (workdir / name / _STATE_FILE).is_file():  # see _replace_directory
-      return workdir / name
-  return None
+def _checkpoint_manager(workdir):
+  """The orbax manager of `workdir/checkpoint/`. Only JAX process 0 gets
+  here (see :func:`fit`), so it is the manager's one active process."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  directory = workdir / _CHECKPOINT
+  if (directory / 'train_state.json').exists():
+    raise LeakjaxError(
+      f'{directory} holds a checkpoint of an earlier leakjax version',
+      'use a new workdir or delete the old checkpoint folder',
+    )
+  # orbax refuses to create the folder when only some processes take part.
+  directory.mkdir(parents=True, exist_ok=True)
+  return ocp.CheckpointManager(
+    directory,
+    options=ocp.CheckpointManagerOptions(
+      max_to_keep=1,
+      enable_async_checkpointing=True,
+      create=False,
+      multiprocessing_options=ocp.options.MultiprocessingOptions(
+        primary_host=0,
+        active_processes={0} if jax.process_count() > 1 else None,
+      ),
+    ),
+  )
 
 
-def _replace_directory(directory: Path, write: Callable[[Path], None]) -> None:
+def _host_tree(tree: PyTree) -> PyTree:
+  """NumPy copies of `tree`'s leaves: what orbax writes in the background
+  while the step donates the device buffers."""
+  return jax.tree.map(lambda x: np.array(jax.device_get(x)), tree)
+
+
+def _write_checkpoint(
+  manager, params, opt_state, best_params, state: dict[str, Any]
+) -> None:
+  """Saves step `state['step']` (asynchronously; one step is kept)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  items = {
+    'params': ocp.args.PyTreeSave(_host_tree(params)),
+    'opt_state': ocp.args.PyTreeSave(_host_tree(opt_state)),
+    'state': ocp.args.JsonSave(json.loads(json.dumps(state))),
+  }
+  best = state['best']
+  if best_params is not None and best is not None:
+    if best['step'] != state['step']:
+      items['best'] = ocp.args.PyTreeSave(_host_tree(best_params))
+  manager.save(state['step'], args=ocp.args.Composite(**items), force=True)
+
+
+def _restore_tree(manager, step: int, name: str, template: PyTree) -> PyTree:
+  """Item `name` of checkpoint `step`, in the structure and dtypes of
+  `template` (`jax.ShapeDtypeStruct`s), as `jax.Array`s."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  flat, treedef = jax.tree.flatten(template)
+  like = jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), template)
+  try:
+    restored = manager.restore(
+      step, args=ocp.args.Composite(**{name: ocp.args.PyTreeRestore(like)})
+    )[name]
+    leaves = jax.tree.leaves(restored)
+    if len(leaves) != len(flat):
+      raise ValueError(f'{len(leaves)} arrays, expected {len(flat)}')
+    for leaf, t in zip(leaves, flat):
+      if tuple(np.shape(leaf)) != tuple(t.shape):
+        raise ValueError(f'shape {np.shape(leaf)}, expected {t.shape}')
+  except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
+    raise LeakjaxError(
+      f'cannot read {name} of checkpoint {manager.directory} step {step}: {e}',
+      'it was written for another model; use a new workdir',
+    ) from None
+  return jax.tree.unflatten(
+    treedef, [jnp.asarray(v, dtype=t.dtype) for v, t in zip(leaves, flat)]
+  )
+
+
+def checkpoint_state(workdir: str | os.PathLike) -> dict[str, Any] | None:
+  """The training state (step, history, best eval, config, fingerprint,
+  finished) of the last checkpoint under `workdir`, or None."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  workdir = io_lib.as_path(workdir)
+  if not (workdir / _CHECKPOINT).exists():
+    return None
+  manager = _checkpoint_manager(workdir)
+  try:
+    step = manager.latest_step()
+    if step is None:
+      return None
+    return manager.restore(
+      step, args=ocp.args.Composite(state=ocp.args.JsonRestore())
+    )['state']
+  finally:
+    manager.close()
+
+
+def checkpoint_params(workdir: str | os.PathLike, like: PyTree) -> PyTree:
+  """The parameters of the last checkpoint under `workdir`, in the
+  structure and dtypes of `like` (arrays or `jax.ShapeDtypeStruct`s)."""
+  workdir = io_lib.as_path(workdir)
+  if not (workdir / _CHECKPOINT).exists():
+    raise LeakjaxError(f'{workdir} holds no checkpoint')
+  manager = _checkpoint_manager(workdir)
+  try:
+    step = manager.latest_step()
+    if step is None:
+      raise LeakjaxError(f'{manager.directory} holds no checkpoint')
+    return _restore_tree(
+      manager, step, 'params', jax.eval_shape(lambda p: p, like)
+    )
+  finally:
+    manager.close()
+
+
+def _is_complete(directory) -> bool:
+  """Whether `_replace_directory` finished writing `directory`."""
+  if io_lib.is_local(directory):
+    return directory.is_dir()
+  return (directory / _COMPLETE).exists()
+
+
+def _replace_directory(directory, write: Callable[[Any], None]) -> None:
   """Fills a new `directory` with `write(folder)`, replacing it atomically.
 
-  Writes a sibling `<name>.new` folder, then swaps it in with two renames;
-  a crash between them leaves `<name>.new` or `<name>.old` complete (read by
-  `_find_checkpoint`).
+  Locally: writes a sibling `<name>.new` folder, then swaps it in with two
+  renames. Object stores rename a folder by copying each file, so there the
+  old folder is deleted, `write` fills `directory` itself and a `.complete`
+  marker is written last (:func:`_is_complete`).
   """
+  if not io_lib.is_local(directory):
+    if directory.exists():
+      directory.rmtree()
+    directory.mkdir(parents=True, exist_ok=True)
+    write(directory)
+    io_lib.atomic_write_text(directory / _COMPLETE, '')
+    return
+  directory = Path(directory)
   new = directory.with_name(directory.name + '.new')
   old = directory.with_name(directory.name + '.old')
   shutil.rmtree(new, ignore_errors=True)
@@ -1111,7 +1245,7 @@ def _replace_directory(directory: Path, write: Callable[[Path], None]) -> None:
   shutil.rmtree(old, ignore_errors=True)
 
 
-def _save_directory(model: Model, params: PyTree, directory: Path) -> None:
+def _save_directory(model: Model, params: PyTree, directory) -> None:
   """`leakjax.models.save` into `directory`, replacing it atomically."""
   from leakjax import models  # pylint: disable=g-import-not-at-top
 
@@ -1120,39 +1254,32 @@ def _save_directory(model: Model, params: PyTree, directory: Path) -> None:
   )
 
 
-def _write_checkpoint(
-  workdir: Path, params, opt_state, best_params, state: dict[str, Any]
-) -> None:
-  def write(folder: Path) -> None:
-    save_pytree(folder / _PARAMS_FILE, params)
-    best = state['best']
-    if best_params is not None and best is not None:
-      if best['step'] != state['step']:
-        save_pytree(folder / _BEST_FILE, best_params)
-    save_pytree(folder / _OPT_FILE, opt_state)
-    # Last: its presence marks the folder complete.
-    atomic_write_text(folder / _STATE_FILE, json.dumps(state, indent=1))
-
-  _replace_directory(workdir / _CHECKPOINT, write)
-
-
 def _read_checkpoint(
-  folder: Path,
+  manager,
   template: PyTree,
   optimizer,
   config: TrainConfig,
   fingerprint: str,
 ):
-  """(params, opt_state, best_params, state) of a checkpoint folder; params
-  take the structure and dtypes of `template`."""
+  """(params, opt_state, best_params, state) of the manager's last step,
+  or None without one; params take the structure and dtypes of
+  `template`."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  step = manager.latest_step()
+  if step is None:
+    return None
+  folder = manager.directory
   try:
-    state = json.loads((folder / _STATE_FILE).read_text())
-  except (OSError, json.JSONDecodeError) as e:
+    state = manager.restore(
+      step, args=ocp.args.Composite(state=ocp.args.JsonRestore())
+    )['state']
+  except (OSError, ValueError, KeyError) as e:
     raise LeakjaxError(
-      f'cannot read {folder / _STATE_FILE}: {e}',
+      f'cannot read the state of {folder} step {step}: {e}',
       'delete the checkpoint folder to start over',
     ) from None
-  if state.get('version') != _STATE_VERSION:
+  if not isinstance(state, dict) or state.get('version') != _STATE_VERSION:
     raise LeakjaxError(
       f'{folder} was written by another leakjax version', 'use a new workdir'
     )
@@ -1175,13 +1302,9 @@ def _read_checkpoint(
       'use a new workdir or delete the old one',
     )
   template = jax.eval_shape(lambda p: p, template)
-  params = load_pytree(
-    folder / _PARAMS_FILE, template, what=f'checkpoint {folder}'
-  )
-  opt_state = load_pytree(
-    folder / _OPT_FILE,
-    jax.eval_shape(optimizer.init, template),
-    what=f'optimizer state {folder / _OPT_FILE}',
+  params = _restore_tree(manager, step, 'params', template)
+  opt_state = _restore_tree(
+    manager, step, 'opt_state', jax.eval_shape(optimizer.init, template)
   )
   best_params = None
   best = state['best']
@@ -1189,14 +1312,14 @@ def _read_checkpoint(
     if best['step'] == state['step']:
       best_params = jax.tree.map(jnp.copy, params)
     else:
-      best_params = load_pytree(
-        folder / _BEST_FILE, template, what=f'checkpoint {folder / _BEST_FILE}'
-      )
+      best_params = _restore_tree(manager, step, 'best', template)
   return params, opt_state, best_params, state
 
 
 __all__ = [
   'FitResult',
+  'checkpoint_params',
+  'checkpoint_state',
   'LanguageModelLoss',
   'LossFn',
   'TrainConfig',

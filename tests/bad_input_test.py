@@ -190,11 +190,22 @@ def test_read_only_workdir(tmp_path):
     ro.chmod(0o700)
 
 
-def test_url_workdir_is_refused(tmp_path, monkeypatch):
-  # pathlib would make a local folder named 'gs:' instead.
+def test_url_workdir_without_its_fsspec_package(tmp_path, monkeypatch):
+  # A gs:// workdir goes through etils.epath and gcsfs; without gcsfs it is
+  # one error naming the extra, and pathlib makes no local 'gs:' folder.
+  from etils.epath import backend  # pylint: disable=g-import-not-at-top
+  from fsspec.registry import _registry  # pylint: disable=g-import-not-at-top
+
   monkeypatch.chdir(tmp_path)
-  with pytest.raises(LeakjaxError, match='is a URL'):
-    io.ExperimentWriter('gs://bucket/run', {'a': 1}, enabled=True)
+  monkeypatch.setitem(sys.modules, 'gcsfs', None)  # as if not installed
+  for name in ('gs', 'gcs'):
+    monkeypatch.delitem(_registry, name, raising=False)
+  backend._FileSystemSpecBackend._get_filesystem.cache_clear()
+  try:
+    with pytest.raises(LeakjaxError, match=r'gcsfs.*leakjax\[gcs\]'):
+      io.ExperimentWriter('gs://bucket/run', {'a': 1}, enabled=True)
+  finally:
+    backend._FileSystemSpecBackend._get_filesystem.cache_clear()
   assert not (tmp_path / 'gs:').exists()
 
 

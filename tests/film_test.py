@@ -15,6 +15,7 @@ from absl import flags
 from experiments import common, film_report
 from experiments import film as film_exp
 from leakjax import fl, metrics, models
+from leakjax import train as train_lib
 from leakjax.attacks import film
 from leakjax.attacks.film import bag as bow
 from leakjax.attacks.film import beam_search as bs
@@ -281,9 +282,7 @@ def test_experiment_early_stopping(tmp_path):
     repetitions=3,
   )
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
-  state = json.loads(
-    (tmp_path / 'train' / 'checkpoint' / 'train_state.json').read_text()
-  )
+  state = train_lib.checkpoint_state(tmp_path / 'train')
   assert state['stopped_early'] and state['step'] < 8
   md = (tmp_path / 'summary.md').read_text()
   assert f't = {state["step"]} steps (early stopping)' in md

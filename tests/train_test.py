@@ -2,7 +2,6 @@
 
 import dataclasses
 import functools
-import json
 
 import chex
 import jax
@@ -15,7 +14,7 @@ from tokenizers import models as hf_models
 from tokenizers import pre_tokenizers
 
 from leakjax import data as data_lib
-from leakjax import io, models
+from leakjax import models
 from leakjax import train as train_lib
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2
@@ -316,9 +315,7 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
       progress=False,
     )
   monkeypatch.setattr(data_lib, 'take_batch', real_take)
-  state = json.loads(
-    (tmp_path / 'b' / 'checkpoint' / 'train_state.json').read_text()
-  )
+  state = train_lib.checkpoint_state(tmp_path / 'b')
   assert state['step'] == 3 and not state['finished']
 
   resumed = train_lib.train(
@@ -357,9 +354,7 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
   assert loaded.family == 'gpt2'
   assert loaded.tokenizer.encode('the cat') == [3, 4]
   assert_trees_equal(loaded_params, whole.params)
-  last = io.load_pytree(
-    tmp_path / 'a' / 'checkpoint' / 'params.safetensors', params
-  )
+  last = train_lib.checkpoint_params(tmp_path / 'a', params)
   assert_trees_equal(last, whole.params)
 
   # Another config or other data is refused.
@@ -382,6 +377,24 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
       config,
       workdir=tmp_path / 'b',
       progress=False,
+    )
+
+
+def test_checkpoint_readers_and_an_old_layout(tmp_path):
+  # Workdirs of the safetensors checkpoint layout (train_state.json in
+  # checkpoint/) are refused with one clear error, not misread by orbax.
+  model, params = tiny_model()
+  config = train_lib.TrainConfig(batch_size=8, num_steps=2)
+  assert train_lib.checkpoint_state(tmp_path / 'none') is None
+  with pytest.raises(LeakjaxError, match='holds no checkpoint'):
+    train_lib.checkpoint_params(tmp_path / 'none', params)
+  assert not (tmp_path / 'none').exists()
+  old = tmp_path / 'old' / 'checkpoint'
+  old.mkdir(parents=True)
+  (old / 'train_state.json').write_text('{}')
+  with pytest.raises(LeakjaxError, match='earlier leakjax version'):
+    train_lib.train(
+      model, params, CORPUS, None, config, workdir=old.parent, progress=False
     )
 
 

@@ -40,7 +40,7 @@ from flax import struct
 from jax import lax
 
 from leakjax.errors import LeakjaxError, check_length
-from leakjax.io import atomic_write_text
+from leakjax.io import as_path, atomic_write_text
 from leakjax.models import hf_checkpoint
 from leakjax.models.hf_checkpoint import TensorSpec
 from leakjax.models.protocol import (
@@ -842,7 +842,7 @@ def to_hf_directory(
       'use leakjax.models.save',
     )
   config: GPT2Config = model.config
-  directory = Path(directory)
+  directory = as_path(directory)
   tensors = hf_checkpoint.params_to_hf(params, hf_name_map(config))
   hf_checkpoint.write_checkpoint(directory, tensors, config.to_hf_dict())
   tokenizer = model.tokenizer

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from leakjax.errors import LeakjaxError
-from leakjax.io import atomic_write_bytes, atomic_write_text
+from leakjax.io import as_path, atomic_write_bytes, atomic_write_text
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
@@ -267,7 +267,7 @@ def write_checkpoint(
   """Writes `config.json` + `model.safetensors` atomically."""
   from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
 
-  directory = Path(directory)
+  directory = as_path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   atomic_write_bytes(
     directory / 'model.safetensors',

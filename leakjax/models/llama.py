@@ -1018,10 +1018,10 @@ def to_hf_directory(
   Writes `config.json`, `model.safetensors` and, when the model has a
   subword tokenizer, `tokenizer.json` + `tokenizer_config.json`.
   """
-  from leakjax.io import atomic_write_text  # pylint: disable=g-import-not-at-top
+  from leakjax.io import as_path, atomic_write_text  # pylint: disable=g-import-not-at-top
 
   require_family(model, FAMILY)
-  directory = Path(directory)
+  directory = as_path(directory)
   config: LlamaConfig = model.config
   tensors = hf_checkpoint.params_to_hf(params, hf_name_map(config))
   hf_config = config.to_hf_dict()

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from leakjax import io as io_lib
 from leakjax.errors import LeakjaxError
 from leakjax.models import hf_checkpoint
 from leakjax.models.protocol import Bound, Model, ParamPaths, PyTree
@@ -713,7 +714,7 @@ def to_directory(
   """Writes config.json, model.safetensors and words.json (if a tokenizer)."""
   if model.family not in MODEL_TYPES:
     raise LeakjaxError(f'lstm.to_directory got a {model.family} model')
-  directory = Path(directory)
+  directory = io_lib.as_path(directory)
   if model.tokenizer is not None:
     if not isinstance(model.tokenizer, WordTokenizer):
       raise LeakjaxError(

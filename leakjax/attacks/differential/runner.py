@@ -454,7 +454,7 @@ class Attack:
       sharding.shard_batch(jnp.asarray(ids), self.mesh),
       num_context=num_context,
     )
-    return jax.tree.map(lambda x: x[:num], jax.device_get(s))
+    return jax.tree.map(lambda x: x[:num], sharding.to_host(s))
 
   def search_options(self, length: int) -> dict[str, Any]:
     """The static arguments of :func:`search_sequences` for `length`."""
@@ -475,7 +475,7 @@ class Attack:
       jnp.asarray(context, jnp.int32),
       **self.search_options(length),
     )
-    return jax.device_get(ranked(result, self.cfg.score))
+    return sharding.to_host(ranked(result, self.cfg.score))
 
 
 def dr_bounds(
@@ -632,7 +632,7 @@ def run(
   :func:`leakjax.sharding.data_mesh`) shards DS scoring and the DR search;
   it does not change the results, so it is not part of `cfg`.
   """
-  workdir = Path(workdir)
+  workdir = io.as_path(workdir)
   io.check_workdir(workdir)
   # The corpus is read and checked before the workdir is touched.
   sentences = read_sentences(

@@ -221,7 +221,7 @@ def parse_dpsgd_runs(values: Sequence[str]) -> tuple[tuple[int, str, int], ...]:
 
 def load_config(workdir: str | Path) -> GboardConfig:
   """The :class:`GboardConfig` of a run, from `<workdir>/config.json`."""
-  stored = json.loads((Path(workdir) / 'config.json').read_text())
+  stored = json.loads((io.as_path(workdir) / 'config.json').read_text())
 
   def tupled(value):
     return tuple(map(tupled, value)) if isinstance(value, list) else value
@@ -661,8 +661,7 @@ def attack(
   )
   delta = update.bias_update(model, params0, params1)
   if save_delta is not None and io.is_primary():
-    save_delta.parent.mkdir(parents=True, exist_ok=True)
-    np.save(save_delta, np.asarray(delta))
+    io.save_npy(save_delta, np.asarray(delta))
   center, scale = thresholds.robust_noise_scale(delta, candidates)
   row: dict[str, Any] = {
     'noise_center': float(center),
@@ -776,7 +775,7 @@ def attack(
       )
     )
     seconds = time.perf_counter() - t0  # includes a compile per new M
-    tokens, scores = np.asarray(out.tokens), np.asarray(out.scores)
+    tokens, scores = sharding.to_host((out.tokens, out.scores))
     as_words = lambda idx, tokens=tokens: [
       tuple(vocab[t] for t in tokens[i, 1:]) for i in idx
     ]
@@ -868,7 +867,7 @@ def run_gboard_experiment(
   its data axis; it does not change any result, so it is not part of the
   config.
   """
-  workdir = Path(workdir)
+  workdir = io.as_path(workdir)
   writer = io.ExperimentWriter(
     workdir,
     cfg,

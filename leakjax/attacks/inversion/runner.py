@@ -376,10 +376,11 @@ def run_target(
       sharding.shard_batch(split.mask[rows, :width], mesh),
     )
     r = rows[:real]
+    bei, hei, keep = sharding.to_host((bei, hei, keep))
     if decode_layers:
-      out_bei[:, r, :width] = np.asarray(bei)[:, :real]
-      out_hei[:, r, :width] = np.asarray(hei)[:, :real]
-    out_keep[:, r, :width] = np.asarray(keep)[:, :real]
+      out_bei[:, r, :width] = bei[:, :real]
+      out_hei[:, r, :width] = hei[:, :real]
+    out_keep[:, r, :width] = keep[:, :real]
     done += real
     rate = done / (time.time() - started)
     logging.info(
@@ -400,8 +401,7 @@ def _cache_key(*parts: Any) -> str:
 def cached(path: Path, compute) -> dict[str, np.ndarray]:
   """Loads `path` (.npz) or computes, saves atomically and returns it."""
   if path.exists():
-    with np.load(path) as f:
-      return dict(f)
+    return io.load_npy(path)
   arrays = compute()
   if io.is_primary():
     buf = _io.BytesIO()
@@ -567,7 +567,7 @@ def run_experiment(
       'model': source,
     },
   )
-  cache_dir = Path(cache_dir)
+  cache_dir = io.as_path(cache_dir)
   mesh = sharding.data_mesh(cfg.mesh)
   key = jax.random.key(cfg.seed)
   t_start = time.time()
@@ -758,7 +758,7 @@ def run_experiment(
       progress=True,
     )
     if io.is_primary():
-      history_path = Path(workdir) / f'{variant}_history.json'
+      history_path = io.as_path(workdir) / f'{variant}_history.json'
       io.atomic_write_text(history_path, json.dumps(history, indent=1))
     variants[variant] = (ep_config, variables)
     histories[variant] = history
@@ -951,7 +951,7 @@ def run_experiment(
   }
   if writer.enabled:
     io.atomic_write_text(
-      Path(workdir) / 'timings.json', json.dumps(timings, indent=2)
+      io.as_path(workdir) / 'timings.json', json.dumps(timings, indent=2)
     )
   for variant, history in histories.items():
     if history:
