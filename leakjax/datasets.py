@@ -10,18 +10,21 @@ is filled on first use from
 2. the data set's URL (pinned to a commit where the source is a git
    repository),
 
-and is verified against the pinned sha256 every time it is resolved (once
-per process and file). Without a mirror or network, the error says which
+and is verified against its pinned hash every time it is resolved (once
+per process and file): its sha256 or, for a file only known by its place
+in a git repository, its git blob id (`git hash-object`, the SHA-1 of
+`blob <size>\\0` and the bytes; `wikitext-2-train`). Without a mirror or network, the error says which
 file to put where.
 
   python -m leakjax.data list            # names, sources, licences, status
   python -m leakjax.data fetch NAME...   # into the cache (all by default)
-  python -m leakjax.data verify          # sha256 of every cached file
+  python -m leakjax.data verify          # hash of every cached file
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import sys
@@ -40,24 +43,38 @@ class Dataset:
   Attributes:
     name: what `--data` takes.
     filename: the file's name in the cache.
-    sha256: of the file's bytes.
+    sha256: of the file's bytes; None when only `git_blob` is known.
     url: where to download it; None: no stable URL (see `how`).
     mirror_path: its path inside a mirror folder.
     source: where it comes from, in words.
     licence: its licence.
     citation: what to cite.
     how: how to get the file by hand, when `url` cannot serve it.
+    git_blob: the file's git blob id in the repository `url` points into
+      (at the pinned commit), checked when `sha256` is None.
   """
 
   name: str
   filename: str
-  sha256: str
+  sha256: str | None
   url: str | None
   mirror_path: str
   source: str
   licence: str
   citation: str
   how: str = ''
+  git_blob: str | None = None
+
+  def __post_init__(self):
+    if not self.sha256 and not self.git_blob:
+      raise ValueError(f'data set {self.name!r} needs a sha256 or git_blob')
+
+  @property
+  def pin(self) -> str:
+    """The pinned hash, as error messages name it."""
+    if self.sha256:
+      return f'sha256 {self.sha256}'
+    return f'git blob {self.git_blob}'
 
 
 REGISTRY: dict[str, Dataset] = {
@@ -112,6 +129,28 @@ REGISTRY: dict[str, Dataset] = {
       mirror_path='wikitext-2/test.txt',
       source=(
         'WikiText-2 test split (tokenized, <unk>), as copied in'
+        ' github.com/pytorch/examples word_language_model/data/wikitext-2'
+      ),
+      licence='CC BY-SA 3.0',
+      citation='Merity et al., Pointer Sentinel Mixture Models, 2016',
+    ),
+    Dataset(
+      name='wikitext-2-train',
+      filename='train.txt',
+      sha256=None,
+      # The git blob of train.txt at that commit of pytorch/examples (the
+      # file itself, 10.8 MB, was not reachable where this entry was made;
+      # valid.txt and test.txt, at blobs eec944eb and 6f3fc88e of the same
+      # tree, have the sha256 pinned above).
+      git_blob='2d84b35af79e411d73ea7cae83c73964c6ac83b4',
+      url=(
+        'https://raw.githubusercontent.com/pytorch/examples/'
+        '37ce9402ff0cae48d764d7788810fd2ed8238b25/word_language_model/data/'
+        'wikitext-2/train.txt'
+      ),
+      mirror_path='wikitext-2/train.txt',
+      source=(
+        'WikiText-2 training split (tokenized, <unk>), as copied in'
         ' github.com/pytorch/examples word_language_model/data/wikitext-2'
       ),
       licence='CC BY-SA 3.0',
@@ -173,6 +212,15 @@ def get(name: str) -> Dataset:
   return REGISTRY[name]
 
 
+def git_blob_id(path: str | os.PathLike) -> str:
+  """`git hash-object PATH`: the SHA-1 of `blob <size>\\0` and the bytes."""
+  digest = hashlib.sha1(f'blob {os.path.getsize(path)}\0'.encode())
+  with open(path, 'rb') as f:
+    for chunk in iter(lambda: f.read(1 << 20), b''):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
 def _matches(path: Path, dataset: Dataset) -> bool:
   from leakjax import provenance  # pylint: disable=g-import-not-at-top
 
@@ -180,7 +228,10 @@ def _matches(path: Path, dataset: Dataset) -> bool:
   key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
   if key in _VERIFIED:
     return True
-  if provenance.file_sha256(path) != dataset.sha256:
+  if dataset.sha256:
+    if provenance.file_sha256(path) != dataset.sha256:
+      return False
+  elif git_blob_id(path) != dataset.git_blob:
     return False
   _VERIFIED.add(key)
   return True
@@ -224,8 +275,8 @@ def path(name: str, *, download: bool = True) -> Path:
     if _matches(target, dataset):
       return target
     raise LeakjaxError(
-      f'{target} does not have the sha256 of data set {name!r}'
-      f' ({dataset.sha256[:12]}…): damaged or replaced',
+      f'{target} does not have the pinned hash of data set {name!r}'
+      f' ({dataset.pin[:20]}…): damaged or replaced',
       f'delete it and run: python -m leakjax.data fetch {name}',
     )
   for mirror in mirrors():
@@ -233,8 +284,8 @@ def path(name: str, *, download: bool = True) -> Path:
     if candidate.is_file():
       if not _matches(candidate, dataset):
         raise LeakjaxError(
-          f'mirror file {candidate} does not have the sha256 of data set'
-          f' {name!r} ({dataset.sha256[:12]}…)',
+          f'mirror file {candidate} does not have the pinned hash of data'
+          f' set {name!r} ({dataset.pin[:20]}…)',
           'fix the mirror or drop it from $LEAKJAX_DATA_MIRROR',
         )
       _install(candidate, target)
@@ -250,7 +301,7 @@ def path(name: str, *, download: bool = True) -> Path:
         tmp.unlink()
         raise LeakjaxError(
           f'{dataset.url} did not serve the pinned file of {name!r}'
-          f' (sha256 {dataset.sha256[:12]}…)',
+          f' ({dataset.pin[:20]}…)',
           'report it; meanwhile put a verified copy in the cache',
         )
       os.replace(tmp, target)
@@ -259,7 +310,7 @@ def path(name: str, *, download: bool = True) -> Path:
   raise LeakjaxError(
     f'data set {name!r} is not at {target} ({reason}; no mirror in'
     ' $LEAKJAX_DATA_MIRROR holds it)',
-    f'{how}, and put it at {target} (sha256 {dataset.sha256}), or set'
+    f'{how}, and put it at {target} ({dataset.pin}), or set'
     f' $LEAKJAX_DATA_MIRROR to a folder holding {dataset.mirror_path}',
   )
 

@@ -115,8 +115,29 @@ def test_cli(toy, capsys):
 
 def test_registry_pins_every_entry():
   for d in datasets.REGISTRY.values():
-    assert len(d.sha256) == 64 and d.licence and d.citation
+    if d.sha256 is not None:
+      assert len(d.sha256) == 64
+    else:
+      assert len(d.git_blob) == 40 and d.url  # a git blob needs its repo
+    assert d.licence and d.citation
     assert d.url or d.how  # some way to get the file
+  with pytest.raises(ValueError, match='needs a sha256 or git_blob'):
+    datasets.Dataset('x', 'x', None, None, 'x', 'x', 'x', 'x')
+
+
+def test_git_blob_pin_is_git_hash_object(toy, monkeypatch):
+  # `git hash-object` of TEXT, computed by git: the id a pinned blob has.
+  entry, _, tmp = toy
+  want = '253cf60d833651e7ef5f833617f26ffd18748fdb'
+  assert datasets.git_blob_id(toy[1]) == want
+  by_blob = datasets.Dataset(
+    **{**vars(entry), 'sha256': None, 'git_blob': want}
+  )
+  monkeypatch.setattr(datasets, 'REGISTRY', {'toy': by_blob})
+  assert datasets.path('toy').read_text() == TEXT
+  datasets.path('toy').write_text('damaged')
+  with pytest.raises(LeakjaxError, match='damaged or replaced'):
+    datasets.path('toy')
 
 
 def test_nothing_in_the_repository_points_at_a_local_mirror():
