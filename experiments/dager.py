@@ -19,16 +19,25 @@ from absl import flags
 
 from experiments import common, dager_report, film_data
 from leakjax import data as data_lib
-from leakjax import io, models
+from leakjax import io, models, sharding
 from leakjax.attacks.dager import runner
 
 DagerExperimentConfig = runner.DagerExperimentConfig
 
 
 def run_experiment(
-  cfg: DagerExperimentConfig, workdir: str | Path, *, progress: bool = True
+  cfg: DagerExperimentConfig,
+  workdir: str | Path,
+  *,
+  progress: bool = True,
+  mesh=None,
 ) -> dict[str, float]:
-  """Runs (or resumes) the experiment into `workdir`; returns the summary."""
+  """Runs (or resumes) the experiment into `workdir`; returns the summary.
+
+  `mesh` (from `--mesh`, :func:`leakjax.sharding.data_mesh`) splits the
+  attacks' candidate batches over its devices; it changes no result, so it
+  is not part of the config.
+  """
   texts = (
     data_lib.load_corpus(cfg.data, column=cfg.data_column, label=cfg.data_label)
     if cfg.data
@@ -43,7 +52,7 @@ def run_experiment(
       'model': models.source_path(cfg.model),
     },
   )
-  dager_run = runner.run(cfg, texts, writer, progress=progress)
+  dager_run = runner.run(cfg, texts, writer, progress=progress, mesh=mesh)
   return dager_report.write(writer, cfg, dager_run)
 
 
@@ -58,8 +67,9 @@ def main(argv):
   del argv
   f = flags.FLAGS
   cfg = common.config_from_flags(DagerExperimentConfig)
+  mesh = sharding.data_mesh(f.mesh)
   start = time.perf_counter()
-  summary = run_experiment(cfg, f.workdir)
+  summary = run_experiment(cfg, f.workdir, mesh=mesh)
   common.print_summary(f.workdir, summary, start)
 
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from leakjax import fl, models
+from leakjax import fl, models, sharding
 from leakjax.attacks import dager
 from leakjax.attacks.dager import search as sr
 from leakjax.errors import LeakjaxError
@@ -315,6 +315,24 @@ def test_recover_finds_the_batch_exactly(family, batch):
   result = dager.recover(model, params, gradient(family, batch), config=CONFIG)
   assert_recovered(family, BATCHES[batch], result)
   assert result.texts is None  # no tokenizer
+
+
+def test_search_split_over_a_mesh_decides_the_same():
+  # conftest fakes 8 CPU devices: the decode batches (8 live rows x chunk
+  # 8) are split over 4 of them; the recovered sentences, their residuals
+  # and what was dropped equal the one-device search's.
+  model, params = tiny('llama')
+  grads = gradient('llama', 'equal')
+  one = dager.recover(model, params, grads, config=CONFIG)
+  mesh = sharding.make_mesh('data:4')
+  split = dager.recover(model, params, grads, config=CONFIG, mesh=mesh)
+  assert split.sequences == one.sequences and split.dropped == one.dropped
+  np.testing.assert_allclose(split.residuals, one.residuals, rtol=1e-5)
+  assert_recovered('llama', BATCHES['equal'], split)
+  with pytest.raises(LeakjaxError, match='do not split over 3 devices'):
+    dager.recover(
+      model, params, grads, config=CONFIG, mesh=sharding.make_mesh('data:3')
+    )
 
 
 def test_recover_compiles_the_search_once():

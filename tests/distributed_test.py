@@ -38,10 +38,11 @@ RUNS = {
 }
 
 
-# Flags of the two-process runs only. FILM's places its beams and reorder
-# candidates on a mesh over both processes' devices (one each): the mesh
-# spans two hosts, and the outputs must still equal the one-process run's.
-TWO_PROCESS_FLAGS = {'dager': [], 'film': ['--mesh=data:2']}
+# Flags of the two-process runs only: DAGER's sequence search and FILM's
+# beams and reorder candidates run on a mesh over both processes' devices
+# (one each), so the mesh spans two hosts, and the outputs must still equal
+# the one-process run's.
+TWO_PROCESS_FLAGS = {'dager': ['--mesh=data:2'], 'film': ['--mesh=data:2']}
 
 
 def _env():

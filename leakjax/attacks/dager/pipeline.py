@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from leakjax import sharding
 from leakjax.attacks.dager import search as sr
 from leakjax.attacks.dager.span import span_of
 from leakjax.errors import LeakjaxError, check_gradient
@@ -268,6 +269,7 @@ def recover(
   grads: PyTree,
   *,
   config: DagerConfig = DagerConfig(),
+  mesh=None,
 ) -> DagerResult:
   """DAGER on one observed gradient (module docstring).
 
@@ -278,6 +280,10 @@ def recover(
     params: θ at which the gradient was taken.
     grads: the observed gradient, a pytree like `params`.
     config: settings.
+    mesh: a `jax.sharding.Mesh` with a `'data'` axis
+      (:func:`leakjax.sharding.make_mesh`): the sequence search splits its
+      decode batches (`max_live · chunk` extensions) over it; the result
+      is the same as on one device.
 
   Returns:
     A :class:`DagerResult`.
@@ -320,7 +326,10 @@ def recover(
       max_length=config.max_length,
       tolerance=config.span.layer2_tolerance,
       chunk=config.chunk,
+      mesh=mesh,
     )
+    # Read back (gathered from every process when the mesh spans several).
+    state = sharding.to_host(state.replace(cache=None))
     dropped = int(state.dropped)
     rows = [
       (state.done, state.done_length, state.done_residual),

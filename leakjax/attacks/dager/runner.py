@@ -302,10 +302,13 @@ def attack_batch(
   attack,
   cfg: DagerExperimentConfig,
   film_config: film_pipeline.FilmConfig | None = None,
+  mesh=None,
 ) -> dict[str, Any]:
   """One row: the attack `attack` on batch `index` under defense `spec`.
 
-  `film_config` is FILM's settings (for `attack='film'`).
+  `film_config` is FILM's settings (for `attack='film'`). `mesh` (from
+  `--mesh`) splits DAGER's sequence search and FILM's beams over its
+  `'data'` axis; the hybrid runs on one device. No result depends on it.
   """
   ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
   # One width for every batch (padding changes no gradient): one compile.
@@ -339,7 +342,7 @@ def attack_batch(
       chunk=cfg.chunk,
       complete_last_token=cfg.complete_last_token,
     )
-    result = pipeline.recover(model, params, grads, config=config)
+    result = pipeline.recover(model, params, grads, config=config, mesh=mesh)
     predictions = result.texts or []
     row.update(
       batch_scores(
@@ -389,6 +392,7 @@ def attack_batch(
       grads,
       config=film_config,
       key=key,
+      mesh=mesh,
     )
     predictions = list(result.sentences)
     pred_ids = [model.tokenizer.encode(s) for s in predictions]
@@ -445,8 +449,10 @@ def run(
   writer: io.ExperimentWriter,
   *,
   progress: bool = True,
+  mesh=None,
 ) -> DagerRun:
-  """Runs (or resumes) the experiment on the private corpus `texts`."""
+  """Runs (or resumes) the experiment on the private corpus `texts`
+  (`mesh`: see :func:`attack_batch`)."""
   start = time.perf_counter()
   fcfg = film_experiment_config(cfg)
   film_config = film_runner.film_config(fcfg, cfg.film_beams, 2, 1.0)
@@ -484,7 +490,7 @@ def run(
         counter.skipped()
         continue
       row = attack_batch(
-        model, params, batch, b, index, spec, attack, cfg, film_config
+        model, params, batch, b, index, spec, attack, cfg, film_config, mesh
       )
       writer.add_result(row)
       counter.computed()

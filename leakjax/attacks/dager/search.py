@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from leakjax import sharding
 from leakjax.attacks.dager.span import Span, residuals, span_of
 from leakjax.attacks.film import bag as bow
 from leakjax.errors import LeakjaxError
@@ -219,20 +220,30 @@ def extension_residuals(
   candidates: Int[Array, ' C'],
   *,
   chunk: int,
+  mesh: sharding.Mesh | None = None,
 ) -> Float[Array, 'A C']:
   """Layer-2 residual of every live prefix extended by every candidate.
 
   The live rows' block-1 caches are replicated `chunk` times per pass, so
-  the work runs as `C / chunk` batches of `A · chunk` one-token decodes.
+  the work runs as `C / chunk` batches of `A · chunk` one-token decodes;
+  with a `mesh`, each batch is split over its `'data'` axis (`A · chunk`
+  must divide evenly).
   """
   a = state.live.shape[0]
   c = candidates.shape[0]
   if c % chunk:
     raise LeakjaxError(f'{c} candidates are not a multiple of chunk {chunk}')
+  if (a * chunk) % sharding.data_size(mesh):
+    raise LeakjaxError(
+      f'{a} live rows x chunk {chunk} do not split over'
+      f' {sharding.data_size(mesh)} devices',
+      'choose max_live and chunk whose product the data axis divides',
+    )
 
   def one(cands):  # [chunk] -> [A, chunk]
     cache = jax.tree.map(lambda x: jnp.repeat(x, chunk, axis=0), state.cache)
     ids = jnp.tile(cands, a)[:, None]  # row p * chunk + j extends prefix p
+    cache, ids = sharding.constrain_batch((cache, ids), mesh)
     x, _ = model.block_decode(params, cache, ids, layer=1)
     return residuals(span2, x[:, 0]).reshape(a, chunk)
 
@@ -250,6 +261,7 @@ def search_step(
   *,
   tolerance: float,
   chunk: int,
+  mesh: sharding.Mesh | None = None,
 ) -> SearchState:
   """One position of the sequence search (pure; `model` static).
 
@@ -263,7 +275,7 @@ def search_step(
   c = candidates.shape[0]
   i = state.step
   res = extension_residuals(
-    model, params, span2, state, candidates, chunk=chunk
+    model, params, span2, state, candidates, chunk=chunk, mesh=mesh
   )
   passing = (res < tolerance) & state.live_ok[:, None] & valid[None, :]
   if model.paths.position_embeddings is None:  # a static fact
@@ -325,6 +337,7 @@ def search_step(
     'max_length',
     'tolerance',
     'chunk',
+    'mesh',
   ),
 )
 def sequence_search(
@@ -340,6 +353,7 @@ def sequence_search(
   max_length: int,
   tolerance: float,
   chunk: int,
+  mesh: sharding.Mesh | None = None,
 ) -> SearchState:
   """The whole layer-2 search in one `lax.while_loop` (DAGER, layer 2).
 
@@ -360,12 +374,17 @@ def sequence_search(
     tolerance: the layer-2 residual threshold.
     chunk: candidates per decode batch (memory: `max_live · chunk` copies
       of a one-block cache).
+    mesh: a mesh with a `'data'` axis (static): each decode batch of
+      `max_live · chunk` extensions is split over it and the parameters
+      replicated; None runs on one device. The decisions are the same.
 
   Returns:
     The final :class:`SearchState`: the recovered sequences (each sentence
     without its last token) are the rows of `done` with a non-zero length,
     then the live rows if the search stopped at `max_length`.
   """
+  sharding.check_data_axis(mesh)
+  params = sharding.constrain_replicated(params, mesh)
   state = init_state(model, params, max_live, max_done, max_length, start)
 
   def cond(st):
@@ -381,6 +400,7 @@ def sequence_search(
       st,
       tolerance=tolerance,
       chunk=chunk,
+      mesh=mesh,
     )
 
   return jax.lax.while_loop(cond, body, state)
