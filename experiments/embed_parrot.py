@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 from absl import flags
 
 from experiments import common
@@ -74,6 +75,9 @@ def run(
 def main(argv):
   del argv
   summary = run(config_from_flags(), FLAGS.workdir, FLAGS.cache_dir)
+  if jax.process_index() != 0:  # only process 0 wrote the workdir
+    print(f'process {jax.process_index()}: done')
+    return
   keys = [k for k in summary if 'method=ep,' in k or k.endswith('method=ep')]
   for k in sorted(keys)[:12]:
     print(f'{k}: {summary[k]:.3f}')

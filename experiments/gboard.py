@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 from absl import flags
 
 from experiments import common
@@ -103,6 +104,9 @@ def main(argv):
   workdir = flags.FLAGS.workdir
   mesh = sharding.data_mesh(flags.FLAGS.mesh)
   summary = run_experiment(config_from_flags(), workdir, mesh=mesh)
+  if jax.process_index() != 0:  # only process 0 wrote the workdir
+    print(f'process {jax.process_index()}: done')
+    return
   for k in sorted(summary):
     if k.startswith(('f1@', 'levenshtein@')) and 'noise=none' in k:
       print(f'{k}: {summary[k]:.3f}')

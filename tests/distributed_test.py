@@ -35,6 +35,36 @@ RUNS = {
     '--max_sentences=12',
     '--train_steps=2',
   ],
+  # gboard_test.py's smoke run (corpora written per test, see _data_flags):
+  # pre-training θ0 (checkpointed), FedSGD/FedAvg and DPSGD-like updates,
+  # snapshots and deltas in the workdir, attacks and plots.
+  'gboard': [
+    '--public_limit=100',
+    '--vocab_size=200',
+    '--embed_dim=8',
+    '--units=12',
+    '--pretrain_steps=4',
+    '--pretrain_batch_size=16',
+    '--pretrain_max_length=8',
+    '--pretrain_eval=40',
+    '--client_pool=24',
+    '--num_sentences=16',
+    '--epochs=1,2',
+    '--batch_sizes=full,16',
+    '--max_sentence_epochs=10000',
+    '--dpsgd_sigmas=0.1',
+    '--dpsgd_runs=16:8:1000',
+    '--single_sigmas=1e-3',
+    '--scales=0,10',
+    '--pretrain_lr=3e-3',
+    '--sentence_length=4',
+    '--num_datasets=1',
+    '--learning_rate=1e-3',
+    '--loss=sentence_sum',
+    '--threshold_rule=auto',
+    '--fdr_q=0.05',
+    '--keep_rule=cover',
+  ],
 }
 
 
@@ -42,7 +72,21 @@ RUNS = {
 # beams and reorder candidates run on a mesh over both processes' devices
 # (one each), so the mesh spans two hosts, and the outputs must still equal
 # the one-process run's.
-TWO_PROCESS_FLAGS = {'dager': ['--mesh=data:2'], 'film': ['--mesh=data:2']}
+TWO_PROCESS_FLAGS = {
+  'dager': ['--mesh=data:2'],
+  'film': ['--mesh=data:2'],
+  'gboard': ['--mesh=data:2'],
+}
+
+
+def _data_flags(experiment, tmp_path):
+  """gboard's corpora: gboard_test.py's synthetic SMS and public text."""
+  if experiment != 'gboard':
+    return []
+  from tests.gboard_test import _write_corpora  # pylint: disable=g-import-not-at-top
+
+  sms, public = _write_corpora(tmp_path)
+  return [f'--sms={sms}', f'--public=extra={public}']
 
 
 def _env():
@@ -96,7 +140,8 @@ def _rows(workdir):
 
 @pytest.mark.parametrize('experiment', sorted(RUNS))
 def test_two_processes_write_one_run_equal_to_one_process(tmp_path, experiment):
-  _finish(_launch(experiment, tmp_path / 'one'))
+  data = _data_flags(experiment, tmp_path)
+  _finish(_launch(experiment, tmp_path / 'one', *data))
   port = _free_port()
   procs = [
     _launch(
@@ -106,6 +151,7 @@ def test_two_processes_write_one_run_equal_to_one_process(tmp_path, experiment):
       f'--coordinator_address=localhost:{port}',
       '--num_processes=2',
       f'--process_id={i}',
+      *data,
       *TWO_PROCESS_FLAGS[experiment],
     )
     for i in (0, 1)
