@@ -647,3 +647,53 @@ def test_row_summary_ignores_nan():
     'rougeL': 0.5,
     'sbert': pytest.approx(0.8),
   }
+
+
+@pytest.mark.parametrize('pretrained', [False, True])
+def test_batch_width_is_trimmed_except_for_a_pretrained_decoder(
+  monkeypatch, pretrained
+):
+  # Sequences of at most 5 real tokens in a 40-wide cache: a small decoder
+  # trains on them trimmed to 16 columns (one compiled shape per multiple of
+  # 16); a pretrained decoder, whose deep step compiles slowly, on all 40.
+  rng = np.random.default_rng(0)
+  n, t = 12, 40
+  deep = rng.normal(size=(n, t, 32)).astype(np.float32)
+  h0 = rng.normal(size=(n, t, 32)).astype(np.float32)
+  mask = np.zeros((n, t), np.int32)
+  mask[:, :5] = 1
+  if pretrained:
+    model, params = tiny_llama()
+    config = ep.EmbedParrotConfig(
+      input_dim=32, output_dim=32, decoder=model, ridge_input_adapter=True
+    )
+  else:
+    config, params = CONFIG, None
+  seen = {}
+
+  class Stop(Exception):
+    pass
+
+  def fake_fit(loss, start, make_batch, num, train_config, **kwargs):
+    del loss, start, num, train_config, kwargs
+    seen['batch'] = make_batch(np.array([0, 1, 2, -1]))
+    raise Stop
+
+  monkeypatch.setattr(ep.train_lib, 'fit', fake_fit)
+  with pytest.raises(Stop):
+    ep.train(
+      config,
+      deep,
+      h0,
+      mask,
+      ep.train_config(1, 4),
+      key=jax.random.key(0),
+      decoder_params=params,
+    )
+  batch = seen['batch']
+  width = t if pretrained else 16
+  assert batch.inputs.shape == (4, width, 32)
+  assert batch.targets.shape == (4, width, 32)
+  # The filler row (-1) is masked out; the real rows keep their 5 tokens.
+  np.testing.assert_array_equal(batch.mask.sum(1), [5, 5, 5, 0])
+  np.testing.assert_array_equal(batch.inputs[:3], deep[:3, :width])

@@ -603,9 +603,16 @@ def train(
   def make_batch(rows: np.ndarray) -> Batch:
     real = rows >= 0  # -1: a filler row of a partial batch
     rows = np.where(real, rows, 0)
-    # Trim padding to a multiple of 16 (at most T/16 compiled shapes).
+    # Trim padding to a multiple of 16 (at most T/16 compiled shapes). A
+    # pretrained Decode Model keeps the full length instead: its deep
+    # training step compiles for about 35 s on a GPU, far longer than the
+    # padding costs, so one shape is cheaper than four.
     longest = lengths[rows][real].max() if real.any() else 1
-    width = min(t, 16 * max(1, math.ceil(longest / 16)))
+    width = (
+      t
+      if config.decoder is not None
+      else min(t, 16 * max(1, math.ceil(longest / 16)))
+    )
     return Batch(
       inputs=jnp.asarray(inputs[rows, :width], jnp.float32),
       targets=jnp.asarray(targets[rows, :width], jnp.float32),

@@ -776,7 +776,10 @@ def run_experiment(
       warmup_steps=1,
       batch_size=min(8, train_cfg.batch_size),
       log_every=max(cfg.ep_ppl_steps // 10, 1),
-      checkpoint_every=max(cfg.ep_ppl_steps // 4, 1),
+      # A pretrained decoder's checkpoint is 1.6 GB: two, not four.
+      checkpoint_every=max(
+        cfg.ep_ppl_steps // (2 if base == 'ep_pretrained' else 4), 1
+      ),
     )
     ppl_vars, _ = ep.train(
       ep_config,
