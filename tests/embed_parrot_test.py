@@ -537,6 +537,13 @@ def test_experiment_with_a_pretrained_decoder(tmp_path):
     assert summary[key] == pytest.approx(row['rouge1'])
   history = json.loads((workdir / 'ep_pretrained_history.json').read_text())
   assert history and history[-1]['step'] == 3
+  # EP+PPL's curve, with both of its terms.
+  ppl = json.loads((workdir / 'ep_pretrained_ppl_history.json').read_text())
+  assert ppl[-1]['step'] == 2 and {'cos_loss', 'log_ppl'} <= set(ppl[-1])
+  last = ppl[-1]
+  assert last['loss'] == pytest.approx(
+    last['cos_loss'] + cfg.ep_ppl_weight * last['log_ppl'], rel=1e-5
+  )
   with pytest.raises(LeakjaxError, match='ep_decoder'):
     dataclasses.replace(cfg, ep_decoder='')
 

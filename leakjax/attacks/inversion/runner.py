@@ -541,8 +541,8 @@ def run_experiment(
 ) -> InversionRun:
   """Runs the whole experiment (resumable); returns what the report needs.
 
-  Writes `config.json`, `results.jsonl`, `<variant>_history.json` and
-  `timings.json` to `workdir` (not the summary: see :class:`InversionRun`),
+  Writes `config.json`, `results.jsonl`, `<variant>_history.json` (and
+  `<variant>_ppl_history.json` for EP+PPL) and `timings.json` to `workdir` (not the summary: see :class:`InversionRun`),
   hidden-state caches and Embed Parrot checkpoints to `cache_dir`.
 
   Args:
@@ -781,7 +781,7 @@ def run_experiment(
         cfg.ep_ppl_steps // (2 if base == 'ep_pretrained' else 4), 1
       ),
     )
-    ppl_vars, _ = ep.train(
+    ppl_vars, ppl_history = ep.train(
       ep_config,
       train_pass['keep'][1],
       train_pass['keep'][0],
@@ -796,6 +796,11 @@ def run_experiment(
       init=variables,
     )
     variants[f'{base}_ppl'] = (ep_config, ppl_vars)
+    if io.is_primary():
+      io.atomic_write_text(
+        io.as_path(workdir) / f'{base}_ppl_history.json',
+        json.dumps(ppl_history, indent=1),
+      )
 
   def invert_np(hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(BEI, HEI) ids of host states `[N, T, D]`, in fixed-shape chunks."""
