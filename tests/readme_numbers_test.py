@@ -109,6 +109,53 @@ def test_gboard_rows():
     for e in (50, 100)
   ]
   assert f'batch-summed loss {joined(cells)} at n_k = 256' in line
+  key = 'f1@B=32,E=1000,n_k={},noise=dpsgd,sigma=0.1'
+  e1000 = [
+    joined(
+      _ratio(summary(f'gboard/dpsgd_e1000/{loss}'), key.format(n_k))
+      for n_k in (64, 256)
+    )
+    for loss in ('sentence_sum', 'batch_sum')
+  ]
+  assert (
+    f'at E = 1000 (`reports/gboard/dpsgd_e1000/`): {e1000[0]} at n_k = 64 /'
+    f' 256, batch-summed {e1000[1]}' in line
+  )
+
+
+def test_gboard_dpsgd_e1000_report():
+  # reports/gboard/dpsgd_e1000/README.md's table and the E=1000 cells of
+  # reports/gboard/README.md against the committed summaries.
+  here = ROOT / 'reports/gboard/dpsgd_e1000'
+  text = (here / 'README.md').read_text('utf-8')
+  main = (ROOT / 'reports/gboard/README.md').read_text('utf-8')
+
+  def cell(s, n_k, e, noise='dpsgd', sigma='0.1'):
+    k = f'B=32,E={e},n_k={n_k},noise={noise},sigma={sigma}'
+    return (
+      f'{_ratio(s, "f1@" + k):.3f} ({s["precision@" + k]:.2f} /'
+      f' {s["recall@" + k]:.2f})'
+    )
+
+  for loss, ref, label in (
+    ('sentence_sum', 'gboard', 'sentence-summed loss (main run)'),
+    ('batch_sum', 'gboard/batch_sum', 'batch-summed loss'),
+  ):
+    new, old = summary(f'gboard/dpsgd_e1000/{loss}'), summary(ref)
+    for n_k in (64, 256):
+      line = (
+        f'| {label}, n_k = {n_k} | {cell(old, n_k, 50)} |'
+        f' {cell(old, n_k, 100)} | **{cell(new, n_k, 1000)}** |'
+        f' {cell(new, n_k, 1000, "none", "0.0")} |'
+      )
+      assert line in text, line
+      # The main report's E=1000 cells are these runs' values.
+      k = f'B=32,E=1000,n_k={n_k},noise=dpsgd,sigma=0.1'
+      assert f'{_ratio(new, "f1@" + k):.3f}' in main
+      # Same θ0 recipe and client sentences: the noise-free E=1000 draw
+      # gives the main runs' word F1 within 0.002.
+      k = f'f1@B=32,E=1000,n_k={n_k},noise=none,sigma=0.0'
+      assert abs(new[k] - old[k]) < 2e-3
 
 
 def test_dager_rows():
@@ -186,7 +233,7 @@ def test_dager_report_hybrid_variants():
 
 def test_embed_parrot_row():
   s = summary('embed_parrot')
-  line = row('| Embed Parrot')
+  line = row('| Embed Parrot, SmolLM2 layer 25')
   ep, skip = (
     s[f'rouge1@data=enron,layer=25,method={m}'] for m in ('ep', 'ep_skip')
   )
@@ -203,6 +250,17 @@ def test_embed_parrot_row():
     for m in ('bei', 'hei')
   ]
   assert f'BEI/HEI ≤ {max(base):.2f}' in line
+
+
+def test_embed_parrot_pretrained_row():
+  s = summary('embed_parrot/pretrained/layer_25')
+  line = row('| Embed Parrot with the pretrained SmolLM2-135M')
+  r = lambda d, m: s[f'rouge1@data={d},layer=25,method={m}']  # noqa: E731
+  assert f'ROUGE-1 {r("enron", "ep_pretrained"):.2f} in-domain' in line
+  off = joined(r(d, 'ep_pretrained') for d in ('wikitext', 'sms'))
+  assert f'{off} off-domain (WikiText-2 / SMS)' in line
+  ppl = joined(r(d, 'ep_pretrained_ppl') for d in ('enron', 'wikitext', 'sms'))
+  assert f'EP+PPL {ppl}' in line
 
 
 def test_gboard_heldout_report():
