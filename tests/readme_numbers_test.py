@@ -261,6 +261,39 @@ def test_embed_parrot_pretrained_row():
   assert f'{off} off-domain (WikiText-2 / SMS)' in line
   ppl = joined(r(d, 'ep_pretrained_ppl') for d in ('enron', 'wikitext', 'sms'))
   assert f'EP+PPL {ppl}' in line
+  c = summary('embed_parrot/pretrained/scratch_layer_25')
+  scratch = joined(
+    c[f'rouge1@data={d},layer=25,method=ep']
+    for d in ('enron', 'wikitext', 'sms')
+  )
+  assert f'from scratch on the same 6,000 texts: {scratch}' in line
+
+
+def test_embed_parrot_pretrained_report():
+  # reports/embed_parrot/README.md's by-layer table against the committed
+  # per-layer summaries and the scratch run beside them.
+  text = (ROOT / 'reports/embed_parrot/README.md').read_text('utf-8')
+  corpora = ('enron', 'wikitext', 'sms')
+
+  def cells(s, layer, method):
+    return ' / '.join(
+      f'{s[f"rouge1@data={d},layer={layer},method={method}"]:.3f}'
+      for d in corpora
+    )
+
+  for layer in (10, 20, 25, 30):
+    s = summary(f'embed_parrot/pretrained/layer_{layer}')
+    line = (
+      f'| {layer} | {cells(s, layer, "ep_pretrained")} |'
+      f' {cells(s, layer, "ep_pretrained_ppl")} | {cells(s, layer, "hei")} |'
+      f' {s["final_cos_loss@method=ep_pretrained"]:.3f} |'
+    )
+    assert line in text, line
+  c = summary('embed_parrot/pretrained/scratch_layer_25')
+  assert (
+    f'| {cells(c, 25, "ep")} | {cells(c, 25, "ep_ppl")} |'
+    f' {cells(c, 25, "hei")} | {c["final_cos_loss@method=ep"]:.3f} |' in text
+  )
 
 
 def test_gboard_heldout_report():

@@ -1,0 +1,96 @@
+"""Embed Parrot with the pretrained Decode Model, by attacked layer.
+
+Reads the committed runs `layer_L/summary.json` (L = 10, 20, 25, 30; one
+`experiments.embed_parrot` run per layer with
+`experiments/configs/embed_parrot_pretrained.flags`) and, where present,
+`scratch_layer_25/summary.json` (the same data and steps with the small
+decoder trained from scratch), and draws `by_layer.png`: held-out ROUGE-1
+per test corpus against the layer, for EP, EP+PPL and HEI. One run per
+point: there is no spread to draw.
+
+Usage (repository root):
+  python -m reports.embed_parrot.pretrained.by_layer
+"""
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+LAYERS = (10, 20, 25, 30)
+CORPORA = ('enron', 'wikitext', 'sms')
+TITLES = {
+  'enron': 'Enron (held out; EP trained on Enron)',
+  'wikitext': 'WikiText-2 valid',
+  'sms': 'UCI SMS',
+}
+# Wan et al. 2024, Table 1: EP on Llama2-7B, ROUGE-1 on its training
+# distribution (fingpt-sentiment).
+PAPER_EP = 0.673
+
+
+def _summary(folder: str) -> dict[str, float] | None:
+  path = HERE / folder / 'summary.json'
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def rows() -> dict[str, dict[str, list[float]]]:
+  """{corpus: {method: ROUGE-1 per layer of LAYERS}}."""
+  out = {c: {} for c in CORPORA}
+  for layer in LAYERS:
+    s = _summary(f'layer_{layer}')
+    for c in CORPORA:
+      for m in ('ep_pretrained', 'ep_pretrained_ppl', 'hei'):
+        key = f'rouge1@data={c},layer={layer},method={m}'
+        out[c].setdefault(m, []).append(s[key])
+  return out
+
+
+def main() -> None:
+  data = rows()
+  scratch = _summary('scratch_layer_25')
+  fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
+  styles = {
+    'ep_pretrained': ('EP, pretrained SmolLM2-135M decoder', 'o-', 'C0'),
+    'ep_pretrained_ppl': ('EP+PPL, same decoder', 's--', 'C1'),
+    'hei': ('HEI (no training)', '^:', 'C7'),
+  }
+  for ax, c in zip(axes, CORPORA):
+    for m, (label, fmt, color) in styles.items():
+      ax.plot(LAYERS, data[c][m], fmt, color=color, label=label)
+    if scratch is not None:
+      ax.plot(
+        [25],
+        [scratch[f'rouge1@data={c},layer=25,method=ep']],
+        'D',
+        color='C2',
+        markersize=8,
+        label='EP, 2-layer decoder from scratch (same data)',
+      )
+    ax.axhline(
+      PAPER_EP,
+      color='k',
+      lw=0.8,
+      ls='-.',
+      label='paper: EP on Llama2-7B, its training distribution',
+    )
+    ax.set_title(TITLES[c], fontsize=10)
+    ax.set_xlabel('attacked layer of SmolLM2-135M (of 30)')
+    ax.set_xticks(LAYERS)
+    ax.set_ylim(0, 0.8)
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel('ROUGE-1, 100 held-out texts')
+  handles, labels = axes[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc='lower center', ncol=3, fontsize=8.5)
+  fig.tight_layout(rect=(0, 0.14, 1, 1))
+  out = HERE / 'by_layer.png'
+  fig.savefig(out, dpi=120)
+  print(f'Wrote {out}')
+
+
+if __name__ == '__main__':
+  main()
