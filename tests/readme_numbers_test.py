@@ -266,7 +266,15 @@ def test_embed_parrot_pretrained_row():
     c[f'rouge1@data={d},layer=25,method=ep']
     for d in ('enron', 'wikitext', 'sms')
   )
-  assert f'from scratch on the same 6,000 texts: {scratch}' in line
+  k = summary('embed_parrot/pretrained/scratch_skip_layer_25')
+  skip = joined(
+    k[f'rouge1@data={d},layer=25,method=ep_skip']
+    for d in ('enron', 'wikitext', 'sms')
+  )
+  assert (
+    f'from scratch on the same 6,000 texts: {scratch}, with a linear skip {skip}'
+    in line
+  )
 
 
 def test_embed_parrot_pretrained_report():
@@ -293,6 +301,11 @@ def test_embed_parrot_pretrained_report():
   assert (
     f'| {cells(c, 25, "ep")} | {cells(c, 25, "ep_ppl")} |'
     f' {cells(c, 25, "hei")} | {c["final_cos_loss@method=ep"]:.3f} |' in text
+  )
+  k = summary('embed_parrot/pretrained/scratch_skip_layer_25')
+  assert (
+    f'| {cells(k, 25, "ep_skip")} | not run | {cells(k, 25, "hei")} |'
+    f' {k["final_cos_loss@method=ep_skip"]:.3f} |' in text
   )
 
 

@@ -3,8 +3,9 @@
 Reads the committed runs `layer_L/summary.json` (L = 10, 20, 25, 30; one
 `experiments.embed_parrot` run per layer with
 `experiments/configs/embed_parrot_pretrained.flags`) and, where present,
-`scratch_layer_25/summary.json` (the same data and steps with the small
-decoder trained from scratch), and draws `by_layer.png`: held-out ROUGE-1
+`scratch_layer_25/summary.json` and `scratch_skip_layer_25/summary.json` (the
+same data and steps with the small decoder trained from scratch, without
+and with the linear skip), and draws `by_layer.png`: held-out ROUGE-1
 per test corpus against the layer, for EP, EP+PPL and HEI. One run per
 point: there is no spread to draw.
 
@@ -53,6 +54,7 @@ def rows() -> dict[str, dict[str, list[float]]]:
 def main() -> None:
   data = rows()
   scratch = _summary('scratch_layer_25')
+  skip = _summary('scratch_skip_layer_25')
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
   styles = {
     'ep_pretrained': ('EP, pretrained SmolLM2-135M decoder', 'o-', 'C0'),
@@ -71,6 +73,15 @@ def main() -> None:
         markersize=8,
         label='EP, 2-layer decoder from scratch (same data)',
       )
+    if skip is not None:
+      ax.plot(
+        [25],
+        [skip[f'rouge1@data={c},layer=25,method=ep_skip']],
+        'P',
+        color='C3',
+        markersize=9,
+        label='the same plus a ridge-initialised linear skip (ours)',
+      )
     ax.axhline(
       PAPER_EP,
       color='k',
@@ -81,7 +92,7 @@ def main() -> None:
     ax.set_title(TITLES[c], fontsize=10)
     ax.set_xlabel('attacked layer of SmolLM2-135M (of 30)')
     ax.set_xticks(LAYERS)
-    ax.set_ylim(0, 0.8)
+    ax.set_ylim(0, 0.9)
     ax.grid(alpha=0.3)
   axes[0].set_ylabel('ROUGE-1, 100 held-out texts')
   handles, labels = axes[0].get_legend_handles_labels()
