@@ -64,24 +64,26 @@ def main() -> None:
   for ax, c in zip(axes, CORPORA):
     for m, (label, fmt, color) in styles.items():
       ax.plot(LAYERS, data[c][m], fmt, color=color, label=label)
-    if scratch is not None:
-      ax.plot(
-        [25],
-        [scratch[f'rouge1@data={c},layer=25,method=ep']],
+    points = (
+      (
+        scratch,
+        'ep',
         'D',
-        color='C2',
-        markersize=8,
-        label='EP, 2-layer decoder from scratch (same data)',
-      )
-    if skip is not None:
-      ax.plot(
-        [25],
-        [skip[f'rouge1@data={c},layer=25,method=ep_skip']],
+        'C2',
+        'EP, 2-layer decoder from scratch (same data)',
+      ),
+      (
+        skip,
+        'ep_skip',
         'P',
-        color='C3',
-        markersize=9,
-        label='the same plus a ridge-initialised linear skip (ours)',
-      )
+        'C3',
+        'the same plus a ridge-initialised linear skip (ours)',
+      ),
+    )
+    for s, method, marker, color, label in points:
+      if s is not None:
+        key = f'rouge1@data={c},layer=25,method={method}'
+        ax.plot([25], [s[key]], marker, color=color, markersize=8, label=label)
     ax.axhline(
       PAPER_EP,
       color='k',
