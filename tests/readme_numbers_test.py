@@ -225,6 +225,17 @@ def test_dager_report_hybrid_variants():
     f' its own row, {pct("lm+head,end=0.9,p=0.0,w=12.0,at_end")} with the'
     f' quantile, {pct("lm,at_end")} under the LM alone' in text
   )
+  norm = lambda part: f'{ranks[f"norm_median,{part}"]:.3f}'  # noqa: E731
+  assert (
+    f'(median row norm {norm("embedding")}, against {norm("targets")} for'
+    f" the targets' head inputs and {norm('expected')} for the LM's" in text
+  )
+  own, only = 'lm+head,own_part,w=12.0', 'lm+head,targets_only,w=12.0'
+  top32 = f'{round(100 * ranks[own]["top32"])} %'
+  assert (
+    f"rank the true token first at {pct(own)} under the hybrid's sum"
+    f" (top 32: {top32}), and the targets' part alone at {pct(only)}" in text
+  )
   assert (
     f'first at {pct("lm+head,end=0.9,p=0.25,w=12.0")} of all positions'
     f' against {pct("lm+head,end=0.9,p=0.0,w=12.0")}' in text

@@ -18,6 +18,17 @@ every sentence, the true prefix is given and the batch's distinct tokens
   (`lm+head,end=q,p=P,w=W`, q = 0.9; the hybrid's default is the first:
   the end's own row, p = 0, w = 12).
 
+SmolLM2's head is tied to its input embeddings, so the observed rows hold
+three parts: the targets' head inputs (the evidence), the LM's expected
+head inputs (`Σ_t p_t[v] h̃_t`) and the input embeddings' gradient at the
+positions holding v. Computed from the batch (which the attacker does not
+have, so these are ceilings, not attacks), the same score with the
+embedding part removed (`head,own_part`, `lm+head,own_part,w=12.0`: what
+an untied head's gradient would give at the same weights) and with the
+targets' part alone (`head,targets_only`, `lm+head,targets_only,w=12.0`)
+says how much each part costs; `norm_median,PART` are the median row norms
+of the three parts over the batch's tokens.
+
 Writes `head_ranks.json` beside this file: per score the fraction of
 positions where the true token ranks first, in the top 5 and in the top 32
 (the hybrid's shortlist), and for the default prior (s = 0.1) and the
@@ -41,8 +52,10 @@ from absl import app, flags
 
 from leakjax import data as data_lib
 from leakjax.attacks.dager import hybrid, runner
+from leakjax.attacks.dager.pipeline import head_path
 from leakjax.attacks.film import reorder as ro
 from leakjax.attacks.film import runner as film_runner
+from leakjax.models.protocol import get_path, set_path
 
 _B = flags.DEFINE_integer('b', 64, 'Batch size.')
 _BATCH = flags.DEFINE_integer('batch', 0, 'Which consecutive batch.')
@@ -114,13 +127,19 @@ def main(argv):
   at_end = cols + 2 == mask.sum(1)[rows]
   base = hybrid.HybridConfig(head_norm_power=0.0, end_head_quantile=None)
 
-  def head_terms(**changes):
-    """The head term of every candidate at every position, `[P, C]`."""
+  def head_terms(rows=None, **changes):
+    """The head term of every candidate at every position, `[P, C]`
+    (`rows`: the candidates' head-gradient rows in place of the
+    observed ones)."""
     config = dataclasses.replace(base, **changes)
+    g = grads
+    if rows is not None:
+      full = get_path(grads, head_path(model))
+      g = set_path(grads, head_path(model), full.at[cands].set(rows))
     head = hybrid.head_score(
       model,
       params,
-      grads,
+      g,
       jnp.asarray(cands),
       jnp.asarray(bos, jnp.int32),
       key=jax.random.key(0),
@@ -152,6 +171,33 @@ def main(argv):
       out[name + ',at_end'] = fractions(r[at_end])
       out[name + ',not_end'] = fractions(r[~at_end])
   out['lm,at_end'] = fractions(ranks_of(lm, true)[at_end])
+  # The tied gradient's parts (ceilings: computed from the batch).
+  assert model.paths.lm_head is None, 'the decomposition assumes a tied head'
+  readout = jax.jit(hybrid.head_readout, static_argnums=0)(model, params)
+  zj = jnp.asarray(z)
+  h_in = zj @ readout  # [P, d] head inputs
+  n = zj.shape[0]
+  expected = jax.nn.softmax(zj, axis=-1)[:, jnp.asarray(cands)].T @ h_in / n
+  targets = -jax.ops.segment_sum(h_in, jnp.asarray(true), len(cands)) / n
+  observed = get_path(grads, head_path(model))[jnp.asarray(cands)]
+  parts = {
+    'targets': targets,
+    'expected': expected,
+    'embedding': observed - expected - targets,
+  }
+  for name, part in parts.items():
+    out[f'norm_median,{name}'] = float(
+      jnp.median(jnp.linalg.norm(part, axis=-1))
+    )
+  for name, rows in (
+    ('own_part', targets + expected),
+    ('targets_only', targets),
+  ):
+    h = np.asarray(head_terms(rows=rows))
+    out[f'head,{name}'] = fractions(ranks_of(h, true))
+    out[f'lm+head,{name},w=12.0'] = fractions(
+      ranks_of(base.weight_lm * lm + 12.0 * h, true)
+    )
   out['num_end_positions'] = int(at_end.sum())
   Path(_OUT.value).write_text(json.dumps(out, indent=2) + '\n')
   print(json.dumps(out, indent=2))
