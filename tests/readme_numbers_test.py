@@ -9,6 +9,8 @@ follows.
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / 'README.md').read_text(encoding='utf-8')
 # The prose with its line breaks as spaces (sentences wrap across lines).
@@ -546,4 +548,26 @@ def test_embed_parrot_lora_report():
   assert (
     f'{s["texts"]:,} Embed Parrot training texts, {s["epochs"]} epochs'
     f' ({s["steps"]} steps of {s["batch_size"]})' in text
+  )
+
+
+def test_dager_truncation_bound():
+  # The reports/dager README's ceiling for better sentence ends, against
+  # truncation_bound.json, whose committed ROUGE-L must be the hybrid's.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  bound = json.loads((ROOT / 'reports/dager/truncation_bound.json').read_text())
+  hyb = summary('dager/hybrid')
+  for b in (32, 64):
+    mean = bound[f'b={b}']['mean']
+    assert mean['rougeL'] == pytest.approx(hyb[f'rougeL@attack=hybrid,b={b}'])
+    assert mean['rougeL_recomputed'] == pytest.approx(mean['rougeL'])
+  m64, m32 = bound['b=64']['mean'], bound['b=32']['mean']
+  assert (
+    f"average {m64['words_recovered']:.1f} words against the originals'"
+    f' {m64["words_original"]:.1f}' in text
+  )
+  assert (
+    f'would lift ROUGE-L from {m64["rougeL"]:.3f} to'
+    f' {m64["rougeL_ideal_cuts"]:.3f} (b = 32: from {m32["rougeL"]:.3f} to'
+    f' {m32["rougeL_ideal_cuts"]:.3f})' in text
   )
