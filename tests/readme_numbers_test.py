@@ -315,7 +315,11 @@ def test_embed_parrot_pretrained_report():
     f'| {cells(c, 25, "ep")} | {cells(c, 25, "ep_ppl")} |'
     f' {cells(c, 25, "hei")} | {c["final_cos_loss@method=ep"]:.3f} |' in text
   )
-  for run in ('scratch_skip_layer_25', 'scratch_skip_4000_layer_25'):
+  for run in (
+    'scratch_skip_layer_25',
+    'scratch_skip_4000_layer_25',
+    'scratch_skip_8000_layer_25',
+  ):
     k = summary(f'embed_parrot/pretrained/{run}')
     assert (
       f'(`{run}/`, CPU) | {cells(k, 25, "ep_skip")} | not run |'
