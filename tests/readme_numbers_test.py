@@ -310,11 +310,12 @@ def test_embed_parrot_pretrained_report():
       f' {s["final_cos_loss@method=ep_pretrained"]:.3f} |'
     )
     assert line in text, line
-  c = summary('embed_parrot/pretrained/scratch_layer_25')
-  assert (
-    f'| {cells(c, 25, "ep")} | {cells(c, 25, "ep_ppl")} |'
-    f' {cells(c, 25, "hei")} | {c["final_cos_loss@method=ep"]:.3f} |' in text
-  )
+  for run in ('scratch_layer_25', 'scratch_ppl_0.01_layer_25'):
+    c = summary(f'embed_parrot/pretrained/{run}')
+    assert (
+      f'(`{run}/`, CPU) | {cells(c, 25, "ep")} | {cells(c, 25, "ep_ppl")} |'
+      f' {cells(c, 25, "hei")} | {c["final_cos_loss@method=ep"]:.3f} |' in text
+    )
   for run in (
     'scratch_skip_layer_25',
     'scratch_skip_4000_layer_25',
