@@ -704,3 +704,118 @@ def test_batch_width_is_trimmed_except_for_a_pretrained_decoder(
   # The filler row (-1) is masked out; the real rows keep their 5 tokens.
   np.testing.assert_array_equal(batch.mask.sum(1), [5, 5, 5, 0])
   np.testing.assert_array_equal(batch.inputs[:3], deep[:3, :width])
+
+
+def _chain_model(tok, sentences):
+  """A "model" that writes `sentences` in random order, one after another.
+
+  Its logits allow exactly the next token of the current sentence; after
+  a sentence's final '.', the first token of any of them (equal odds).
+  """
+  succ = np.zeros((tok.vocab_size, len(sentences)), np.int32)
+  firsts = [tok.encode(s)[0] for s in sentences]
+  for s in sentences:
+    ids = tok.encode(s)
+    for a, b in zip(ids[:-1], ids[1:]):
+      succ[a] = b
+  succ[tok.encode('.')[0]] = firsts
+  succ = jnp.asarray(succ)
+
+  def logits(params, ids, mask=None):
+    del mask
+    allowed = (jnp.arange(tok.vocab_size) == succ[ids][..., None]).any(-2)
+    return jnp.where(allowed, 0.0, -30.0) + 0.0 * params['w'][0, 0]
+
+  model = models.from_functions(
+    logits,
+    vocab_size=tok.vocab_size,
+    word_embeddings='w',
+    max_length=64,
+    tokenizer=tok,
+  )
+  return model, {'w': jnp.zeros((tok.vocab_size, 2))}
+
+
+def test_model_samples_are_whole_distinct_sentences():
+  tok = gpt2_tokenizer()
+  sentences = [
+    ' The red fox runs fast.',
+    ' A blue bird sings well.',
+    ' Go now.',
+  ]
+  model, params = _chain_model(tok, sentences)
+  cfg = runner.InversionExperimentConfig(
+    max_length=24, train_samples=2, sample_start_id=tok.encode('.')[0]
+  )
+  got = runner.model_samples(
+    model, params, cfg, key=jax.random.key(0), batch_size=4
+  )
+  # 'Go now.' has < 4 words; every row's unfinished last piece is dropped.
+  assert sorted(got) == ['A blue bird sings well.', 'The red fox runs fast.']
+  with pytest.raises(LeakjaxError, match='no new sentence'):
+    runner.model_samples(
+      model,
+      params,
+      dataclasses.replace(cfg, train_samples=3),
+      key=jax.random.key(0),
+      batch_size=4,
+    )
+  with pytest.raises(LeakjaxError, match='sample_top_p'):
+    dataclasses.replace(cfg, sample_top_p=0.0)
+  with pytest.raises(LeakjaxError, match='sample_temperature'):
+    dataclasses.replace(cfg, sample_temperature=0.0)
+
+
+def test_experiment_adds_model_samples_to_the_training_texts(
+  tmp_path, monkeypatch
+):
+  tok = gpt2_tokenizer()
+  model, params = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok, layers=2)
+  samples = [f'Sample number {i} is a sentence.' for i in range(5)]
+  calls = []
+
+  def fake_samples(model, params, cfg, *, key):
+    calls.append(cfg.train_samples)
+    return samples[: cfg.train_samples]
+
+  monkeypatch.setattr(runner, 'model_samples', fake_samples)
+  cfg = experiment.Config(
+    model='tiny',
+    corpora=tuple(_write_corpora(tmp_path).split(',')),
+    train_corpus='a',
+    sentence_split=('b',),
+    layers=('2',),
+    deep_layer=2,
+    num_test=4,
+    num_train=12,
+    max_length=16,
+    batch_size=4,
+    ep_width=16,
+    ep_layers=1,
+    ep_heads=2,
+    ep_steps=2,
+    ep_batch_size=8,
+    defense_layers=(),
+    ppl_texts=2,
+    sbert=False,
+    train_samples=5,
+  )
+  cache = tmp_path / 'cache'
+  summary = experiment.run(
+    cfg, tmp_path / 'out', cache, model=model, params=params
+  )
+  assert summary['num_train_samples'] == 5
+  assert summary['num_train_texts'] == 12 + 5
+  written = json.loads((tmp_path / 'out' / 'train_samples.json').read_text())
+  assert written == samples
+  base = experiment.run(
+    dataclasses.replace(cfg, train_samples=0),
+    tmp_path / 'base',
+    cache,
+    model=model,
+    params=params,
+  )
+  assert base['num_train_texts'] == 12 and 'num_train_samples' not in base
+  # The samples are cached: a second run draws none.
+  experiment.run(cfg, tmp_path / 'again', cache, model=model, params=params)
+  assert calls == [5]

@@ -49,7 +49,7 @@ from leakjax import io, metrics, models, provenance, sharding
 from leakjax.attacks.inversion import bei_hei, dct
 from leakjax.attacks.inversion import embed_parrot as ep
 from leakjax.errors import LeakjaxError, check_positive
-from leakjax.models import Model
+from leakjax.models import Model, sampling
 
 METRICS = ('f1', 'rouge1', 'rougeL', 'sbert')
 # Table 5 / Table 8 token-length buckets, [lo, hi).
@@ -78,6 +78,16 @@ class InversionExperimentConfig:
     deep_layer: Layer attacked by Embed Parrot.
     num_test: Held-out texts per corpus.
     num_train: Training texts for Embed Parrot.
+    train_samples: Sentences sampled from the target itself and added to
+      Embed Parrot's training texts (0: none). Data-free augmentation (ours;
+      the paper trains on one corpus, Sec. 5.1.1): the attacker holds the
+      model, so its samples cost no data. :func:`model_samples` says how
+      they are drawn and cut.
+    sample_start_id: Token every sample starts from; -1: the tokenizer's
+      BOS (an instruct model's BOS may open a chat turn: SmolLM2-Instruct's
+      `<|endoftext|>`, id 0, starts a document).
+    sample_temperature: Sampling temperature (> 0).
+    sample_top_p: Nucleus mass of the samples, in (0, 1].
     test_fraction: Held-out share of every corpus (Sec. 5.1.1: 20%).
     max_length: Tokens kept per text.
     add_bos: Prefix the BOS token (not scored).
@@ -119,6 +129,10 @@ class InversionExperimentConfig:
   deep_layer: int = 25
   num_test: int = 100
   num_train: int = 2000
+  train_samples: int = 0
+  sample_start_id: int = -1
+  sample_temperature: float = 1.0
+  sample_top_p: float = 0.95
   test_fraction: float = 0.2
   max_length: int = 64
   add_bos: bool = False
@@ -155,8 +169,23 @@ class InversionExperimentConfig:
       'ep_batch_size',
     )
     check_positive(
-      self, 'ep_steps', 'ep_ppl_steps', 'sbert_limit', 'ppl_texts', minimum=0
+      self,
+      'ep_steps',
+      'ep_ppl_steps',
+      'sbert_limit',
+      'ppl_texts',
+      'train_samples',
+      minimum=0,
     )
+    if not self.sample_temperature > 0:
+      raise LeakjaxError(
+        f'--sample_temperature={self.sample_temperature} must be positive'
+      )
+    if not 0 < self.sample_top_p <= 1:
+      raise LeakjaxError(
+        f'--sample_top_p={self.sample_top_p} must be in (0, 1]',
+        'pass e.g. --sample_top_p=0.95 (1: no truncation)',
+      )
     if self.defense_subsets:
       check_positive(self, 'defense_subsets')
     check_positive(self, 'deep_layer', 'seed', minimum=0)
@@ -289,6 +318,89 @@ def _sample(items: list[str], n: int, rng: np.random.Generator) -> list[str]:
   if n >= len(items):
     return list(items)
   return [items[i] for i in sorted(rng.choice(len(items), n, replace=False))]
+
+
+def model_samples(
+  model: Model,
+  params,
+  cfg: InversionExperimentConfig,
+  *,
+  key: jax.Array,
+  batch_size: int = 64,
+) -> list[str]:
+  """`cfg.train_samples` distinct sentences sampled from the target.
+
+  Rows of `cfg.max_length` tokens are drawn from `cfg.sample_start_id`
+  (:func:`leakjax.models.sampling.sample`, temperature and top-p from the
+  config), `batch_size` at a time, decoded and cut into sentences
+  (:func:`leakjax.data.split_sentences`). A row's last piece is dropped
+  (the row's length, not the model, ended it), and so are pieces of fewer
+  than 4 words (the rule the sentence-split corpora follow) and repeats.
+  Rows are drawn until enough sentences are kept; the first
+  `cfg.train_samples` are returned, in order of drawing.
+  """
+  tok = model.tokenizer
+  start = cfg.sample_start_id if cfg.sample_start_id >= 0 else tok.bos_id
+  if start is None or not 0 <= start < model.vocab_size:
+    raise LeakjaxError(
+      f'no valid token to start the samples from (got {start})',
+      'pass --sample_start_id=ID, e.g. the end-of-text id',
+    )
+  prompt = jnp.full((batch_size, 1), start, jnp.int32)
+  kept: dict[str, None] = {}
+  started, rows = time.time(), 0
+  while len(kept) < cfg.train_samples:
+    ids = sampling.sample(
+      model,
+      params,
+      jax.random.fold_in(key, rows),
+      prompt,
+      num_tokens=cfg.max_length,
+      temperature=cfg.sample_temperature,
+      top_p=cfg.sample_top_p,
+    )
+    before = len(kept)
+    for row in np.asarray(ids)[:, 1:]:
+      text = tok.decode([int(t) for t in row])
+      for sentence in data_lib.split_sentences(text)[:-1]:
+        sentence = sentence.strip()
+        if len(sentence.split()) >= 4:
+          kept.setdefault(sentence)
+    rows += batch_size
+    if len(kept) == before:
+      raise LeakjaxError(
+        f'{batch_size} samples gave no new sentence of >= 4 words',
+        'raise --max_length or --sample_temperature',
+      )
+    logging.info(
+      'model samples: %d/%d sentences from %d rows (%.0f s)',
+      min(len(kept), cfg.train_samples),
+      cfg.train_samples,
+      rows,
+      time.time() - started,
+    )
+  return list(kept)[: cfg.train_samples]
+
+
+def _pad_to(x: np.ndarray, width: int, axis: int) -> np.ndarray:
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, width - x.shape[axis])
+  return np.pad(x, pad)
+
+
+def concat_splits(a: Split, b: Split) -> Split:
+  """The texts of `a`, then those of `b`, right-padded to the wider one."""
+  width = max(a.ids.shape[1], b.ids.shape[1])
+  cat = lambda x, y: np.concatenate(
+    [_pad_to(x, width, 1), _pad_to(y, width, 1)]
+  )
+  return Split(
+    a.texts + b.texts,
+    cat(a.ids, b.ids),
+    cat(a.mask, b.mask),
+    cat(a.score_mask, b.score_mask),
+    a.references + b.references,
+  )
 
 
 # --------------------------------------------------------- target passes
@@ -641,6 +753,57 @@ def run_experiment(
       mesh=mesh,
     ),
   )
+  if cfg.train_samples:
+    # The target's own samples join the training texts (cached: drawing
+    # them takes minutes on a CPU); the corpus' cached states are reused.
+    sample_key = _cache_key(
+      model_key,
+      cfg.train_samples,
+      cfg.sample_start_id,
+      cfg.sample_temperature,
+      cfg.sample_top_p,
+      cfg.seed,
+    )
+    texts_path = cache_dir / f'samples_{sample_key}.json'
+    if texts_path.exists():
+      sample_texts = json.loads(texts_path.read_text())
+    else:
+      sample_texts = model_samples(
+        model, params, cfg, key=jax.random.fold_in(key, 3)
+      )
+      if io.is_primary():
+        io.atomic_write_text(texts_path, json.dumps(sample_texts, indent=0))
+    sample_split = make_split(tok, sample_texts, cfg)
+    sample_pass = cached(
+      cache_dir
+      / f'train_samples_{_cache_key(model_key, sample_split.texts, deep)}.npz',
+      lambda: run_target(
+        model,
+        params,
+        sample_split,
+        cfg,
+        decode_layers=[],
+        keep_layers=[0, deep],
+        mesh=mesh,
+      ),
+    )
+    train_split = concat_splits(train_split, sample_split)
+    width = train_split.ids.shape[1]
+    train_pass = {
+      'keep': np.concatenate(
+        [
+          _pad_to(train_pass['keep'], width, 2),
+          _pad_to(sample_pass['keep'], width, 2),
+        ],
+        1,
+      )
+    }
+    k = _cache_key(k, sample_key)
+    if io.is_primary():
+      io.atomic_write_text(
+        io.as_path(workdir) / 'train_samples.json',
+        json.dumps(sample_split.texts, indent=0),
+      )
   t_states = time.time() - t_start
   scorer = Scorer(cfg)
   summary: dict[str, float] = {}
@@ -967,6 +1130,8 @@ def run_experiment(
         'cos_loss'
       ]
   summary['num_train_texts'] = len(train_split.texts)
+  if cfg.train_samples:
+    summary['num_train_samples'] = len(sample_split.texts)
   for name, split in tests.items():
     summary[io.summary_key('num_test_texts', data=name)] = len(split.texts)
   return InversionRun(
