@@ -157,6 +157,28 @@ def test_hybrid_explaining_away_runs_through_the_experiment(tmp_path):
   assert 0 < summary['rouge1@attack=hybrid,b=2'] <= 1
 
 
+def test_hybrid_oversampling_runs_through_the_experiment(tmp_path):
+  # Four searches for a 2-sentence batch, two kept by gradient matching
+  # (dager_hybrid_test.py checks the selection and the pool's gradients).
+  cfg = runner.DagerExperimentConfig(
+    model='gpt2-tiny',
+    max_tokens=20,
+    batch_sizes=(2,),
+    num_batches=1,
+    attacks=('hybrid',),
+    hybrid_shortlist=8,
+    hybrid_oversample=2.0,
+  )
+  summary = dager_exp.run_experiment(cfg, tmp_path, progress=False)
+  (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
+  assert row['num_searched'] == 4
+  assert row['num_recovered'] == len(row['recovered']) == 2
+  assert 'select' in row['stage_seconds']
+  assert 0 < summary['rouge1@attack=hybrid,b=2'] <= 1
+  with pytest.raises(LeakjaxError, match='hybrid_oversample'):
+    runner.DagerExperimentConfig(hybrid_oversample=0.5)
+
+
 def test_fedavg_view_of_one_full_batch_step_is_the_fedsgd_gradient():
   # One local epoch of one full-batch step: θ1 = θ0 − η g, so what the
   # attacker reconstructs, −Δ / (η · steps), is the FedSGD gradient g.

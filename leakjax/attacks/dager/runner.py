@@ -93,6 +93,8 @@ class DagerExperimentConfig:
     hybrid_head_explain: `HybridConfig.head_explain` (subtract each
       recovered sentence's share of the head gradient before the next
       search).
+    hybrid_oversample: `HybridConfig.oversample` (search this many times
+      b sentences, keep the b that best match the head gradient).
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
@@ -127,6 +129,7 @@ class DagerExperimentConfig:
   hybrid_head_norm_power: float = hybrid.HybridConfig.head_norm_power
   hybrid_end_head_quantile: float = -1.0
   hybrid_head_explain: bool = hybrid.HybridConfig.head_explain
+  hybrid_oversample: float = hybrid.HybridConfig.oversample
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
@@ -169,6 +172,10 @@ class DagerExperimentConfig:
     ):
       if getattr(self, name) < 0:
         raise LeakjaxError(f'{name} must be >= 0, got {getattr(self, name)}')
+    if not self.hybrid_oversample >= 1:
+      raise LeakjaxError(
+        f'hybrid_oversample must be >= 1, got {self.hybrid_oversample}'
+      )
     if self.first_batch < 0 or self.max_length < 0 or self.extra_live < 0:
       raise LeakjaxError('first_batch, max_length and extra_live must be >= 0')
     check_positive(self, 'train_batch_size')
@@ -366,6 +373,7 @@ def attack_batch(
       weight_start=cfg.hybrid_weight_start,
       head_norm_power=cfg.hybrid_head_norm_power,
       head_explain=cfg.hybrid_head_explain,
+      oversample=cfg.hybrid_oversample,
       end_head_quantile=(
         None
         if cfg.hybrid_end_head_quantile < 0
@@ -383,6 +391,7 @@ def attack_batch(
     row.update(
       num_candidates=int(len(result.candidates)),
       num_recovered=len(predictions),
+      num_searched=result.searched,
       stage_seconds=result.seconds,
     )
   else:
