@@ -288,6 +288,15 @@ def test_embed_parrot_pretrained_row():
     f'from scratch on the same 6,000 texts: {scratch}, with a linear skip {skip}'
     in line
   )
+  m = summary('embed_parrot/pretrained/scratch_skip_samples_layer_25')
+  assert m['num_train_samples'] == 3000
+  samples = joined(
+    m[f'rouge1@data={d},layer=25,method=ep_skip']
+    for d in ('enron', 'wikitext', 'sms')
+  )
+  assert (
+    f"plus 3,000 of the target's own samples, 4,000 steps: {samples}" in line
+  )
 
 
 def test_embed_parrot_pretrained_report():
@@ -320,6 +329,7 @@ def test_embed_parrot_pretrained_report():
     'scratch_skip_layer_25',
     'scratch_skip_4000_layer_25',
     'scratch_skip_8000_layer_25',
+    'scratch_skip_samples_layer_25',
   ):
     k = summary(f'embed_parrot/pretrained/{run}')
     assert (
