@@ -9,6 +9,7 @@ follows.
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,9 +218,27 @@ def test_dager_report_hybrid_variants():
   assert f"against the hybrid's {base['rougeL']:.3f} on that batch" in text
   got = summary('dager/hybrid_beams16')['rougeL@attack=hybrid,b=64']
   assert f'16 beams instead of 8 give ROUGE-L {got:.3f}' in text
-  for name in ('hybrid_end', 'hybrid_end_power', 'hybrid_explain'):
+  for name in (
+    'hybrid_end',
+    'hybrid_end_power',
+    'hybrid_explain',
+    'hybrid_oversample',
+  ):
     got = summary(f'dager/{name}')['rougeL@attack=hybrid,b=64']
     assert f'ROUGE-L {got:.3f} (`{name}/`)' in text
+  (over,) = [
+    json.loads(line)
+    for line in (ROOT / 'reports/dager/hybrid_oversample/results.jsonl').open()
+  ]
+  assert over['num_searched'] == 128 and over['num_recovered'] == 64
+  kept = sum(s in base['recovered'] for s in over['recovered'])
+  words = lambda r: np.mean([len(s.split()) for s in r['recovered']])  # noqa: E731
+  assert (
+    f"{kept} of the 64 kept sentences are among the default's 64; the kept"
+    f' ones are shorter ({words(over):.1f} words against {words(base):.1f})'
+    in text
+  )
+  assert f'at {over["seconds"]:.0f} s against {base["seconds"]:.0f} s' in text
   ranks = json.loads((ROOT / 'reports/dager/head_ranks.json').read_text())
   pct = lambda key: f'{round(100 * ranks[key]["top1"])} %'  # noqa: E731
   assert (

@@ -46,7 +46,9 @@ combines the three (our construction; no paper describes it):
 * the runner (:func:`recover`) runs `num_sentences` searches one after the
   other, each penalising the bigrams of those before (FILM Sec. 4.5's
   repetitions) and the first words they started with, and returns one
-  sentence per search.
+  sentence per search; with `oversample > 1` it runs more searches and
+  keeps the `num_sentences` whose own head-matrix gradients best explain
+  the observed one (:func:`select_by_gradient`).
 
 The weights were chosen by hand on two batches (SmolLM2, b = 64, Enron
 batches 0 and 1), not tuned: see :class:`HybridConfig`.
@@ -523,21 +525,44 @@ def select_by_gradient(
   The objective is `cos(target, Σ_chosen features)` (the least-squares fit
   with a free scale: the batch's number of targets is unknown), so a
   near-copy of a chosen sentence, which would count its contexts twice,
-  loses to a sentence that explains new ones. Greedy forward selection,
-  then single swaps (one chosen row for one other) while the best swap
-  improves the objective, at most `max_swaps` (default `k`) times: greedy
-  alone can take a near-copy first and then never the original. All from
-  the Gram matrix: `O(P^2 F)` once, then `O(k P)` per greedy step and
-  `O(P^2)` per swap.
+  loses to a sentence that explains new ones. See :func:`select_from_gram`
+  (this computes its Gram matrix and projections).
 
   Returns:
     int32 `[k]`, the chosen rows in increasing order.
   """
   features = features.astype(jnp.float32)
-  gram = features @ features.T  # [P, P]
-  along = features @ target.astype(jnp.float32)  # [P]
+  return select_from_gram(
+    features @ features.T,
+    features @ target.astype(jnp.float32),
+    k,
+    max_swaps=max_swaps,
+  )
+
+
+@functools.partial(jax.jit, static_argnames=('k', 'max_swaps'))
+def select_from_gram(
+  gram: Float[Array, 'P P'],
+  along: Float[Array, ' P'],
+  k: int,
+  *,
+  max_swaps: int | None = None,
+) -> Int[Array, ' k']:
+  """:func:`select_by_gradient` from `gram = F Fᵀ` and `along = F t`.
+
+  Greedy forward selection, then single swaps (one chosen row for one
+  other) while the best swap improves the objective, at most `max_swaps`
+  (default `k`) times: greedy alone can take a near-copy first and then
+  never the original. `O(k P)` per greedy step, `O(P^2)` per swap; the
+  caller may build `gram` in blocks when the features do not fit.
+
+  Returns:
+    int32 `[k]`, the chosen rows in increasing order.
+  """
+  gram = gram.astype(jnp.float32)
+  along = along.astype(jnp.float32)
   diag = jnp.diag(gram)
-  p = features.shape[0]
+  p = gram.shape[0]
 
   def add(_, carry):
     taken, a_t, a_a, a_x = carry
