@@ -235,7 +235,7 @@ def test_dager_report_hybrid_variants():
   words = lambda r: np.mean([len(s.split()) for s in r['recovered']])  # noqa: E731
   assert (
     f"{kept} of the 64 kept sentences are among the default's 64; the kept"
-    f' ones are shorter ({words(over):.1f} words against {words(base):.1f})'
+    f' ones are shorter ({words(over):.1f} words against {words(base):.1f};'
     in text
   )
   assert f'at {over["seconds"]:.0f} s against {base["seconds"]:.0f} s' in text
