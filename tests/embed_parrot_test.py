@@ -808,14 +808,6 @@ def test_experiment_adds_model_samples_to_the_training_texts(
   assert summary['num_train_texts'] == 12 + 5
   written = json.loads((tmp_path / 'out' / 'train_samples.json').read_text())
   assert written == samples
-  base = experiment.run(
-    dataclasses.replace(cfg, train_samples=0),
-    tmp_path / 'base',
-    cache,
-    model=model,
-    params=params,
-  )
-  assert base['num_train_texts'] == 12 and 'num_train_samples' not in base
   # The samples are cached: a second run draws none.
   experiment.run(cfg, tmp_path / 'again', cache, model=model, params=params)
   assert calls == [5]
