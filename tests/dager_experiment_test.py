@@ -158,8 +158,9 @@ def test_hybrid_explaining_away_runs_through_the_experiment(tmp_path):
 
 
 def test_hybrid_oversampling_runs_through_the_experiment(tmp_path):
-  # Four searches for a 2-sentence batch, two kept by gradient matching
-  # (dager_hybrid_test.py checks the selection and the pool's gradients).
+  # Four searches for a 2-sentence batch and their cuts, two kept by
+  # weighted gradient matching, one per search at most (dager_hybrid_test.py
+  # checks the selection, the cuts and the pool's gradients).
   cfg = runner.DagerExperimentConfig(
     model='gpt2-tiny',
     max_tokens=20,
@@ -168,15 +169,33 @@ def test_hybrid_oversampling_runs_through_the_experiment(tmp_path):
     attacks=('hybrid',),
     hybrid_shortlist=8,
     hybrid_oversample=2.0,
+    hybrid_cuts=True,
+    hybrid_select_weight=1.0,
   )
   summary = dager_exp.run_experiment(cfg, tmp_path, progress=False)
   (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
-  assert row['num_searched'] == 4
+  assert row['num_searched'] == len(row['searched_ids']) == 4
   assert row['num_recovered'] == len(row['recovered']) == 2
   assert 'select' in row['stage_seconds']
   assert 0 < summary['rouge1@attack=hybrid,b=2'] <= 1
+  # The selection study recomputes the run's own choice from its pool.
+  from leakjax.attacks.film import runner as film_runner
+  from reports.dager import selection
+
+  model, params = film_runner.load_model(runner.film_experiment_config(cfg))
+  out = selection.study(model, params, cfg, row)
+  assert out['q=1']['cuts_oversample']['matches_run'] is True
+  assert out['q=1']['cuts_oversample']['rougeL'] == pytest.approx(row['rougeL'])
+  cells = [
+    c['rougeL'] for q in ('0', '0.5', '1') for c in out[f'q={q}'].values()
+  ]
+  assert max(cells) <= out['ceiling_variants_rougeL'] + 1e-9
+  assert out['ceiling_searched_rougeL'] <= out['ceiling_variants_rougeL']
+  assert out['searched'] == 4 and out['variants'] >= 4
   with pytest.raises(LeakjaxError, match='hybrid_oversample'):
     runner.DagerExperimentConfig(hybrid_oversample=0.5)
+  with pytest.raises(LeakjaxError, match='hybrid_select_weight'):
+    runner.DagerExperimentConfig(hybrid_select_weight=-1.0)
 
 
 def test_fedavg_view_of_one_full_batch_step_is_the_fedsgd_gradient():

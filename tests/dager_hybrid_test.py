@@ -496,3 +496,104 @@ def test_pool_gradients_sum_to_the_batch_gradient(family):
   np.testing.assert_allclose(pool.sum(0) / n, raw, atol=2e-6)
   # One sentence alone does not explain the whole gradient.
   assert np.abs(pool[0] / n - raw).max() > 1e-3
+
+
+def test_select_with_groups_takes_one_row_per_group_and_is_swap_optimal():
+  # Rows 2k and 2k+1 form group k (a sentence and its cut). The target is
+  # the sum of rows 0, 1 and 6: unconstrained, both rows of group 0 are
+  # chosen; with the groups, one of them and row 6.
+  rng = np.random.default_rng(3)
+  features = rng.normal(size=(12, 30))
+  groups = np.arange(12) // 2
+  target = features[[0, 1, 6]].sum(0)
+  free = np.asarray(
+    hybrid.select_by_gradient(jnp.asarray(features), jnp.asarray(target), 3)
+  ).tolist()
+  assert free == [0, 1, 6]
+  got = np.asarray(
+    hybrid.select_by_gradient(
+      jnp.asarray(features),
+      jnp.asarray(target),
+      3,
+      groups=jnp.asarray(groups, jnp.int32),
+    )
+  ).tolist()
+  assert len({groups[j] for j in got}) == 3 and 6 in got
+  assert got[0] in (0, 1)
+  # No swap that keeps one row per group improves the result.
+  best = match(features, target, got)
+  for i in got:
+    for j in set(range(12)) - set(got):
+      swapped = [x for x in got if x != i] + [j]
+      if len({groups[x] for x in swapped}) == 3:
+        assert match(features, target, swapped) <= best + 1e-5
+  # Groups of single rows are the unconstrained selection.
+  same = hybrid.select_by_gradient(
+    jnp.asarray(features),
+    jnp.asarray(target),
+    3,
+    groups=jnp.arange(12, dtype=jnp.int32),
+  )
+  assert np.asarray(same).tolist() == free
+
+
+def test_cut_variants_cut_at_word_boundaries_and_close_with_an_end():
+  is_end = np.zeros(20, bool)
+  is_end[[15, 16]] = True
+  cuttable = np.ones(20, bool)
+  cuttable[11] = False  # a word piece: no cut before it
+  seq = [0, 10, 11, 12, 13, 16]
+  got = hybrid.cut_variants(
+    seq, is_end=is_end, cuttable=cuttable, end_id=15, min_length=3
+  )
+  assert got == [[0, 10, 11, 16], [0, 10, 11, 12, 16], seq]
+  # A sentence that ran to the length limit: cuts end with `end_id`, the
+  # sentence itself stays as searched; min_length drops the shortest cut.
+  got = hybrid.cut_variants(
+    seq[:-1], is_end=is_end, cuttable=cuttable, end_id=15, min_length=5
+  )
+  assert got == [[0, 10, 11, 12, 15], [0, 10, 11, 12, 13]]
+
+
+@pytest.mark.parametrize('chunk', (2, 4))
+def test_pool_gram_is_the_weighted_features_gram(chunk):
+  # Three sentences in chunks of 2 (the last one padded) or 4: the Gram
+  # and projections of the weighted, flattened head rows, from NumPy.
+  model, params = tiny('gpt2')
+  rows = [ROWS[0], ROWS[1], ROWS[0][:5] + [END]]
+  width = CONFIG.max_length
+  tokens = np.zeros((3, width), np.int32)
+  for i, row in enumerate(rows):
+    tokens[i, : len(row)] = row
+  lengths = np.asarray([len(r) for r in rows], np.int32)
+  cands = jnp.arange(V, dtype=jnp.int32)
+  rng = np.random.default_rng(0)
+  weights = rng.uniform(0.5, 2.0, size=(2, V)).astype(np.float32)
+  target = rng.normal(size=(V, D)).astype(np.float32)
+  gram, along = hybrid.pool_gram(
+    model,
+    params,
+    tokens,
+    lengths,
+    cands,
+    jnp.asarray(target),
+    jnp.asarray(weights),
+    chunk=chunk,
+  )
+  feats = np.asarray(
+    hybrid.pool_head_gradients(
+      model, params, jnp.asarray(tokens), jnp.asarray(lengths), cands
+    ),
+    np.float64,
+  )
+  assert gram.shape == (2, 3, 3) and along.shape == (2, 3)
+  for w in range(2):
+    flat = (feats * weights[w][None, :, None]).reshape(3, -1)
+    want = flat @ flat.T
+    np.testing.assert_allclose(gram[w], want, rtol=1e-4, atol=1e-6 * want.max())
+    np.testing.assert_allclose(
+      along[w],
+      flat @ (target * weights[w][:, None]).ravel(),
+      rtol=1e-4,
+      atol=1e-7,
+    )

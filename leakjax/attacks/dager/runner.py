@@ -95,6 +95,10 @@ class DagerExperimentConfig:
       search).
     hybrid_oversample: `HybridConfig.oversample` (search this many times
       b sentences, keep the b that best match the head gradient).
+    hybrid_cuts: `HybridConfig.cuts` (the selection also weighs each
+      searched sentence cut at every word boundary, one per search).
+    hybrid_select_weight: `HybridConfig.select_weight` (the selection
+      scales each head row by its norm to this negative power).
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
@@ -130,6 +134,8 @@ class DagerExperimentConfig:
   hybrid_end_head_quantile: float = -1.0
   hybrid_head_explain: bool = hybrid.HybridConfig.head_explain
   hybrid_oversample: float = hybrid.HybridConfig.oversample
+  hybrid_cuts: bool = hybrid.HybridConfig.cuts
+  hybrid_select_weight: float = hybrid.HybridConfig.select_weight
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
@@ -169,6 +175,7 @@ class DagerExperimentConfig:
       'hybrid_weight_head',
       'hybrid_weight_start',
       'hybrid_head_norm_power',
+      'hybrid_select_weight',
     ):
       if getattr(self, name) < 0:
         raise LeakjaxError(f'{name} must be >= 0, got {getattr(self, name)}')
@@ -299,6 +306,46 @@ def batch_scores(
   return out
 
 
+def batch_gradient(model, params, texts, b, index, spec, cfg):
+  """What the client of batch `index` (`texts`, size b) sends under
+  defense `spec`, with the batch's token ids and mask (padded to one
+  width for every batch: padding changes no gradient, and one width is
+  one compile)."""
+  ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
+  width = max(ids.shape[1], cfg.max_length or cfg.max_tokens + 1)
+  ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
+  mask = np.pad(mask, ((0, 0), (0, width - mask.shape[1])))
+  key = jax.random.key(cfg.seed * 1_000_003 + b * 1009 + index)
+  grads = client_view(
+    model, params, jnp.asarray(ids), jnp.asarray(mask), spec, cfg, key=key
+  )
+  jax.block_until_ready(grads)
+  return grads, ids, mask
+
+
+def hybrid_config(cfg: DagerExperimentConfig) -> hybrid.HybridConfig:
+  """The hybrid's settings from the experiment's flags."""
+  return hybrid.HybridConfig(
+    beams=cfg.hybrid_beams,
+    shortlist=cfg.hybrid_shortlist,
+    weight_head=cfg.hybrid_weight_head,
+    weight_start=cfg.hybrid_weight_start,
+    head_norm_power=cfg.hybrid_head_norm_power,
+    head_explain=cfg.hybrid_head_explain,
+    oversample=cfg.hybrid_oversample,
+    cuts=cfg.hybrid_cuts,
+    select_weight=cfg.hybrid_select_weight,
+    end_head_quantile=(
+      None if cfg.hybrid_end_head_quantile < 0 else cfg.hybrid_end_head_quantile
+    ),
+    max_length=cfg.max_length or cfg.max_tokens + 1,
+    span=search.SpanConfig(
+      layer1_tolerance=cfg.layer1_tolerance,
+      layer2_tolerance=cfg.layer2_tolerance,
+    ),
+  )
+
+
 def attack_batch(
   model,
   params,
@@ -317,16 +364,7 @@ def attack_batch(
   `--mesh`) splits DAGER's sequence search and FILM's beams over its
   `'data'` axis; the hybrid runs on one device. No result depends on it.
   """
-  ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
-  # One width for every batch (padding changes no gradient): one compile.
-  width = max(ids.shape[1], cfg.max_length or cfg.max_tokens + 1)
-  ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
-  mask = np.pad(mask, ((0, 0), (0, width - mask.shape[1])))
-  key = jax.random.key(cfg.seed * 1_000_003 + b * 1009 + index)
-  grads = client_view(
-    model, params, jnp.asarray(ids), jnp.asarray(mask), spec, cfg, key=key
-  )
-  jax.block_until_ready(grads)
+  grads, ids, mask = batch_gradient(model, params, texts, b, index, spec, cfg)
   lengths = mask.sum(1)
   true_ids = [ids[r, : lengths[r]].tolist() for r in range(len(texts))]
   row: dict[str, Any] = {
@@ -366,27 +404,12 @@ def attack_batch(
       stage_seconds=result.seconds,
     )
   elif attack == 'hybrid':
-    config = hybrid.HybridConfig(
-      beams=cfg.hybrid_beams,
-      shortlist=cfg.hybrid_shortlist,
-      weight_head=cfg.hybrid_weight_head,
-      weight_start=cfg.hybrid_weight_start,
-      head_norm_power=cfg.hybrid_head_norm_power,
-      head_explain=cfg.hybrid_head_explain,
-      oversample=cfg.hybrid_oversample,
-      end_head_quantile=(
-        None
-        if cfg.hybrid_end_head_quantile < 0
-        else cfg.hybrid_end_head_quantile
-      ),
-      max_length=cfg.max_length or cfg.max_tokens + 1,
-      span=search.SpanConfig(
-        layer1_tolerance=cfg.layer1_tolerance,
-        layer2_tolerance=cfg.layer2_tolerance,
-      ),
-    )
+    config = hybrid_config(cfg)
     result = hybrid.recover(model, params, grads, b, config=config)
     predictions = result.texts
+    if config.oversample > 1 or config.cuts:
+      # What the selection chose from (reports/dager/selection.py).
+      row['searched_ids'] = result.pool
     row.update(batch_scores(texts, predictions, true_ids, result.sequences))
     row.update(
       num_candidates=int(len(result.candidates)),
@@ -522,7 +545,9 @@ __all__ = [
   'DagerExperimentConfig',
   'DagerRun',
   'attack_batch',
+  'batch_gradient',
   'batch_scores',
+  'hybrid_config',
   'client_view',
   'film_experiment_config',
   'consecutive_batches',

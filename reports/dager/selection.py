@@ -1,0 +1,143 @@
+"""What the hybrid's selection keeps, against what it could keep.
+
+For each b = 64 batch of a hybrid run that searched more sentences than b
+(`results.jsonl` rows with `searched_ids`: `--hybrid_oversample > 1`), this
+recomputes the batch's gradient, the candidates and every searched
+sentence's cuts at word boundaries (`hybrid.pool_variants`), their own
+head-matrix gradients once, and compares:
+
+* `first_b`: the first b searches as searched. A search sees only the
+  searches before it, so this is the default hybrid on that batch;
+* `oversample`: b of all the searched sentences, by gradient matching;
+* `cuts_first_b`: one cut (or the whole sentence) of each of the first b
+  searches, by gradient matching: the cuts without extra searches;
+* `cuts_oversample`: at most one variant per search, of all searches;
+
+each with the head rows weighted by `|row|^(−q)` for q in 0, 0.5, 1
+(`HybridConfig.select_weight`), and the ceilings: each original against
+its best searched sentence, and against its best variant (chosen with the
+original in hand). ROUGE as the experiment scores it (full batch, Porter
+stemming). `matches_run` says whether the run's own selection is the
+cell of its settings.
+
+Writes `selection.json` beside the results (per batch, and the means over
+batches). Usage (repository root):
+  python -m reports.dager.selection --results=reports/dager/hybrid_cuts/results.jsonl
+"""
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from leakjax import metrics
+from leakjax.attacks.dager import hybrid, runner
+from leakjax.attacks.film import bag as bow
+from leakjax.attacks.film import runner as film_runner
+
+POWERS = (0.0, 0.5, 1.0)
+POOLS = ('first_b', 'oversample', 'cuts_first_b', 'cuts_oversample')
+
+
+def scores(originals, texts):
+  m = metrics.rouge_matrix(originals, texts, stemmer=True)
+  return {k: float(v.max(1).mean()) for k, v in m.items()}
+
+
+def study(model, params, cfg, row) -> dict:
+  b, pool = row['b'], row['searched_ids']
+  config = runner.hybrid_config(cfg)
+  grads, _, _ = runner.batch_gradient(
+    model, params, row['originals'], b, row['batch'], row['defense'], cfg
+  )
+  bag = bow.extract_bag(model, params, grads)
+  _, padded, valid = hybrid.candidate_tokens(model, params, grads, bag, config)
+  cut = dataclasses.replace(config, cuts=True)
+  variants, owner = hybrid.pool_variants(model, pool, cut)
+  owner = np.asarray(owner)
+  whole = np.array([v == list(pool[o]) for v, o in zip(variants, owner)])
+  gram, along = hybrid.pool_grams(
+    model, params, grads, variants, padded, valid, POWERS, config.max_length
+  )
+  tok = model.tokenizer
+  texts = [tok.decode(v, skip_special=True).strip() for v in variants]
+  rows = {
+    'oversample': np.flatnonzero(whole),
+    'cuts_first_b': np.flatnonzero(owner < b),
+    'cuts_oversample': np.arange(len(variants)),
+  }
+  first = [int(np.flatnonzero(whole & (owner == j))[0]) for j in range(b)]
+  out = {
+    'batch': row['batch'],
+    'searched': len(pool),
+    'variants': len(variants),
+    'first_b': scores(row['originals'], [texts[i] for i in first]),
+  }
+  run_texts = sorted(row['recovered'])
+  for q, (g, a) in zip(POWERS, zip(gram, along)):
+    cell = {}
+    for name, idx in rows.items():
+      chosen = hybrid.select_from_gram(
+        jnp.asarray(g[np.ix_(idx, idx)]),
+        jnp.asarray(a[idx]),
+        b,
+        groups=jnp.asarray(owner[idx], jnp.int32),
+      )
+      keep = idx[np.asarray(chosen)]
+      picked = [texts[i] for i in keep]
+      cell[name] = scores(row['originals'], picked)
+      cell[name]['words'] = float(np.mean([len(t.split()) for t in picked]))
+      setting = (config.cuts, config.select_weight) == (
+        name.startswith('cuts_oversample'),
+        q,
+      )
+      if setting and name in ('oversample', 'cuts_oversample'):
+        cell[name]['matches_run'] = sorted(picked) == run_texts
+    out[f'q={q:g}'] = cell
+  full = metrics.rouge_matrix(
+    row['originals'], texts, stemmer=True, types=('rougeL',)
+  )['rougeL']
+  out['ceiling_searched_rougeL'] = float(full[:, whole].max(1).mean())
+  out['ceiling_variants_rougeL'] = float(full.max(1).mean())
+  return out
+
+
+def mean(per: list[dict]) -> dict:
+  def walk(items):
+    first = items[0]
+    if isinstance(first, dict):
+      return {k: walk([i[k] for i in items]) for k in first if k != 'batch'}
+    if isinstance(first, bool):
+      return all(items)
+    return float(np.mean(items))
+
+  return walk(per)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--results', required=True)
+  parser.add_argument('--out', default=None)
+  args = parser.parse_args()
+  path = Path(args.results)
+  cfg = runner.DagerExperimentConfig(
+    **json.loads((path.parent / 'config.json').read_text())
+  )
+  model, params = film_runner.load_model(runner.film_experiment_config(cfg))
+  rows = [json.loads(line) for line in path.open()]
+  rows = [r for r in rows if r['attack'] == 'hybrid' and 'searched_ids' in r]
+  per = []
+  for row in sorted(rows, key=lambda r: (r['b'], r['batch'])):
+    per.append(study(model, params, cfg, row))
+    print(json.dumps(per[-1]), flush=True)
+  out = {'batches': per, 'mean': mean(per)}
+  target = Path(args.out) if args.out else path.parent / 'selection.json'
+  target.write_text(json.dumps(out, indent=2) + '\n')
+  print(json.dumps(out['mean'], indent=2))
+
+
+if __name__ == '__main__':
+  main()
