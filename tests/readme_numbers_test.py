@@ -338,6 +338,18 @@ def test_embed_parrot_pretrained_report():
       f' {s["final_cos_loss@method=ep_pretrained"]:.3f} |'
     )
     assert line in text, line
+  g = summary('embed_parrot/pretrained/ppl_0.01_layer_25')
+  assert (
+    f'(`ppl_0.01_layer_25/`, H200, a re-run of EP beside it) |'
+    f' {cells(g, 25, "ep_pretrained")} | {cells(g, 25, "ep_pretrained_ppl")} |'
+    f' {cells(g, 25, "hei")} | {g["final_cos_loss@method=ep_pretrained"]:.3f} |'
+    in text
+  )
+  flat = ' '.join(text.split())
+  assert (
+    f'EP+PPL {cells(g, 25, "ep_pretrained_ppl")} against EP'
+    f' {cells(g, 25, "ep_pretrained")} in the same run' in flat
+  )
   for run in ('scratch_layer_25', 'scratch_ppl_0.01_layer_25'):
     c = summary(f'embed_parrot/pretrained/{run}')
     assert (
