@@ -21,7 +21,8 @@ stemming). `matches_run` says whether the run's own selection is the
 cell of its settings.
 
 Writes `selection.json` beside the results (per batch, and the means over
-batches). Usage (repository root):
+batches), after each batch; a re-run computes only the batches it lacks.
+Usage (repository root):
   python -m reports.dager.selection --results=reports/dager/hybrid_cuts/results.jsonl
 """
 
@@ -71,6 +72,7 @@ def study(model, params, cfg, row) -> dict:
   }
   first = [int(np.flatnonzero(whole & (owner == j))[0]) for j in range(b)]
   out = {
+    'b': b,
     'batch': row['batch'],
     'searched': len(pool),
     'variants': len(variants),
@@ -109,7 +111,9 @@ def mean(per: list[dict]) -> dict:
   def walk(items):
     first = items[0]
     if isinstance(first, dict):
-      return {k: walk([i[k] for i in items]) for k in first if k != 'batch'}
+      return {
+        k: walk([i[k] for i in items]) for k in first if k not in ('b', 'batch')
+      }
     if isinstance(first, bool):
       return all(items)
     return float(np.mean(items))
@@ -129,14 +133,19 @@ def main():
   model, params = film_runner.load_model(runner.film_experiment_config(cfg))
   rows = [json.loads(line) for line in path.open()]
   rows = [r for r in rows if r['attack'] == 'hybrid' and 'searched_ids' in r]
-  per = []
-  for row in sorted(rows, key=lambda r: (r['b'], r['batch'])):
-    per.append(study(model, params, cfg, row))
-    print(json.dumps(per[-1]), flush=True)
-  out = {'batches': per, 'mean': mean(per)}
   target = Path(args.out) if args.out else path.parent / 'selection.json'
-  target.write_text(json.dumps(out, indent=2) + '\n')
-  print(json.dumps(out['mean'], indent=2))
+  # Resumes: batches already in the output are kept.
+  per = json.loads(target.read_text())['batches'] if target.exists() else []
+  done = {(p['b'], p['batch']) for p in per}
+  for row in sorted(rows, key=lambda r: (r['b'], r['batch'])):
+    if (row['b'], row['batch']) in done:
+      continue
+    per.append(study(model, params, cfg, row))
+    per.sort(key=lambda p: (p['b'], p['batch']))
+    out = {'batches': per, 'mean': mean(per)}
+    target.write_text(json.dumps(out, indent=2) + '\n')
+    print(json.dumps(per[-1]), flush=True)
+  print(json.dumps(mean(per), indent=2))
 
 
 if __name__ == '__main__':

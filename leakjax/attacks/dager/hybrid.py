@@ -1395,7 +1395,7 @@ def recover(
   if explain:
     raw = raw_head_rows(model, grads, args[0])
     _, reference_norm = explained_rows(
-      raw, jnp.ones((size, 1), jnp.float32), head.mean, head.whiten
+      raw, jnp.ones((len(padded), 1), jnp.float32), head.mean, head.whiten
     )
     shares = jnp.zeros_like(raw)
   for j in range(searches):
