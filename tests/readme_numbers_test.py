@@ -617,3 +617,60 @@ def test_dager_truncation_bound():
     f' {m64["rougeL_ideal_cuts"]:.3f} (b = 32: from {m32["rougeL"]:.3f} to'
     f' {m32["rougeL_ideal_cuts"]:.3f})' in text
   )
+
+
+def test_dager_hybrid_cuts_report():
+  # The reports/dager README's paragraph on choosing sentence ends, against
+  # hybrid_cuts/ (its rows and summary), the default hybrid's rows and the
+  # selection study, which must reproduce both from the run's searches.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+
+  def rows(name):
+    path = ROOT / f'reports/dager/{name}/results.jsonl'
+    out = [json.loads(line) for line in path.open()]
+    return sorted((r for r in out if r['b'] == 64), key=lambda r: r['batch'])
+
+  cuts, base = rows('hybrid_cuts'), rows('hybrid')
+  per = lambda rs: ' / '.join(f'{r["rougeL"]:.3f}' for r in rs)  # noqa: E731
+  key = 'rougeL@attack=hybrid,b=64'
+  assert (
+    f'ROUGE-L {per(cuts)} on the three b = 64 batches against the'
+    f" default's {per(base)}, mean {summary('dager/hybrid_cuts')[key]:.3f}"
+    f' against {summary("dager/hybrid")[key]:.3f} (`hybrid_cuts/`)' in text
+  )
+  sel = json.loads(
+    (ROOT / 'reports/dager/hybrid_cuts/selection.json').read_text()
+  )
+  assert [p['batch'] for p in sel['batches']] == [r['batch'] for r in cuts]
+  same = 0
+  for p, c, b in zip(sel['batches'], cuts, base):
+    # The first b searches are the default hybrid; one batch's searches
+    # part from the committed default's at a near-tie (README).
+    same += p['first_b']['rougeL'] == pytest.approx(b['rougeL'])
+    assert abs(p['first_b']['rougeL'] - b['rougeL']) < 0.01
+    run = p['q=1']['cuts_oversample']
+    assert run['matches_run'] is True
+    assert run['rougeL'] == pytest.approx(c['rougeL'])
+  m = sel['mean']
+  q = [
+    f'{m[f"q={k}"]["cuts_first_b"]["rougeL"]:.3f}' for k in ('0', '0.5', '1')
+  ]
+  assert f'the cuts give ROUGE-L {" / ".join(q)} with the rows weighted' in text
+  assert f'against {m["first_b"]["rougeL"]:.3f} without them' in text
+  assert f'is {m["ceiling_variants_rougeL"]:.3f}:' in text
+  # The flagfile's header.
+  head = ' '.join(
+    line.lstrip('#').strip()
+    for line in (ROOT / 'experiments/configs/dager_hybrid_cuts.flags')
+    .read_text()
+    .splitlines()
+    if line.startswith('#')
+  )
+  secs = ' / '.join(f'{r["seconds"]:,.0f}' for r in cuts)
+  assert f'(measured: {secs} s for the three batches' in head
+  assert (
+    f'(ROUGE-L {summary("dager/hybrid_cuts")[key]:.3f} over the three'
+    f' batches, {sum(round(64 * r["exact"]) for r in cuts)} of 192 sentences'
+    f' exact; the default hybrid on them: {summary("dager/hybrid")[key]:.3f},'
+    in head
+  )
