@@ -255,3 +255,26 @@ def test_hybrid_settings_are_checked():
     runner.DagerExperimentConfig(hybrid_head_norm_power=-0.5)
   with pytest.raises(LeakjaxError, match='hybrid_weight_start'):
     runner.DagerExperimentConfig(hybrid_weight_start=-1.0)
+
+
+def test_film_attack_runs_through_the_experiment(tmp_path):
+  # FILM on the same client gradient as DAGER: it draws with the batch's
+  # own key (runner.batch_key), so two runs recover the same sentences.
+  cfg = runner.DagerExperimentConfig(
+    model='gpt2-tiny',
+    max_tokens=12,
+    batch_sizes=(1,),
+    num_batches=1,
+    attacks=('film',),
+    film_beams=2,
+    film_steps=1,
+  )
+  recovered = []
+  for run in ('a', 'b'):
+    summary = dager_exp.run_experiment(cfg, tmp_path / run, progress=False)
+    (row,) = [json.loads(x) for x in (tmp_path / run / 'results.jsonl').open()]
+    assert row['attack'] == 'film' and row['num_recovered'] >= 1
+    assert 0 <= summary['rougeL@attack=film,b=1'] <= 1
+    recovered.append(row['recovered'])
+  assert recovered[0] == recovered[1]
+  assert runner.batch_key(cfg, 4, 2) == runner.batch_key(cfg, 4, 2)

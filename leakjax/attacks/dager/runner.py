@@ -306,6 +306,12 @@ def batch_scores(
   return out
 
 
+def batch_key(cfg, b: int, index: int) -> jax.Array:
+  """The key of batch `index` of size b: the client's noise and FILM's
+  draws."""
+  return jax.random.key(cfg.seed * 1_000_003 + b * 1009 + index)
+
+
 def batch_gradient(model, params, texts, b, index, spec, cfg):
   """What the client of batch `index` (`texts`, size b) sends under
   defense `spec`, with the batch's token ids and mask (padded to one
@@ -315,7 +321,7 @@ def batch_gradient(model, params, texts, b, index, spec, cfg):
   width = max(ids.shape[1], cfg.max_length or cfg.max_tokens + 1)
   ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
   mask = np.pad(mask, ((0, 0), (0, width - mask.shape[1])))
-  key = jax.random.key(cfg.seed * 1_000_003 + b * 1009 + index)
+  key = batch_key(cfg, b, index)
   grads = client_view(
     model, params, jnp.asarray(ids), jnp.asarray(mask), spec, cfg, key=key
   )
@@ -423,7 +429,7 @@ def attack_batch(
       params,
       grads,
       config=film_config,
-      key=key,
+      key=batch_key(cfg, b, index),
       mesh=mesh,
     )
     predictions = list(result.sentences)

@@ -130,10 +130,10 @@ def differential_score(
 def differential_rank_lower_bound(
   result: SearchResult,
   sequences: Int[Array, 'batch n'],
-  scores: Float[Array, 'batch'],
+  scores: Float[Array, ' batch'],
   *,
   score: str = 'ds',
-) -> Int[Array, 'batch']:
+) -> Int[Array, ' batch']:
   """Lower bounds on the differential rank of given sequences (Prop. 3.3).
 
   `DR(s) = |{s' in T^n : DS(s') > DS(s)}|`. Every sequence returned by the
@@ -171,7 +171,7 @@ def differential_rank_lower_bound(
 
 def contains(
   result: SearchResult, sequences: Int[Array, 'batch n']
-) -> Bool[Array, 'batch']:
+) -> Bool[Array, ' batch']:
   """bool `[batch]`: whether each of `sequences [batch, n]` was found."""
   found = result.sequences.reshape(-1, result.sequences.shape[-1])
   same = jnp.all(found[None] == jnp.asarray(sequences)[:, None], -1)

@@ -68,7 +68,7 @@ PyTree = Any
 # ------------------------------------------------------- untied / defended
 def nonzero_rows(
   grad_rows: Float[Array, 'V d'], atol: float = 0.0
-) -> Bool[Array, 'V']:
+) -> Bool[Array, ' V']:
   """Rows with an entry of magnitude > atol (FILM Sec. 4.2; pruning 6.3)."""
   return jnp.any(jnp.abs(grad_rows) > atol, axis=-1)
 
@@ -80,7 +80,7 @@ def dp_threshold(noise_std: float, dim: int) -> float:
 
 def dp_rows(
   grad_rows: Float[Array, 'V d'], noise_std: float
-) -> Bool[Array, 'V']:
+) -> Bool[Array, ' V']:
   """Rows whose max |entry| exceeds τ = σ√(2 log d) (FILM Sec. 6.3).
 
   Args:
@@ -114,14 +114,14 @@ def max_length_from_positions(
 
 
 # -------------------------------------------------------------- tied tests
-def norm_scores(grad_rows: Float[Array, 'V d']) -> Float[Array, 'V']:
+def norm_scores(grad_rows: Float[Array, 'V d']) -> Float[Array, ' V']:
   """‖∇W[v]‖: the norm-threshold baseline's score."""
   return jnp.linalg.norm(grad_rows.astype(jnp.float32), axis=-1)
 
 
 def target_scores(
   grad_rows: Float[Array, 'V d'], embeddings: Float[Array, 'V d']
-) -> Float[Array, 'V']:
+) -> Float[Array, ' V']:
   """t_v = −∇W[v]·(w_v − w̄): ≤ 0 for tokens absent from the batch.
 
   See the module docstring (test 2). With a tied head the logit of v at
@@ -164,7 +164,7 @@ def input_span_residuals(
   min_gap_decades: float = 1.0,
   max_rank_fraction: float = 0.9,
   span: Span | None = None,
-) -> tuple[Float[Array, 'V'], Int[Array, ''], Bool[Array, '']]:
+) -> tuple[Float[Array, ' V'], Int[Array, ''], Bool[Array, '']]:
   """Relative distance of each normalised input embedding to the input span.
 
   Args:
@@ -194,15 +194,15 @@ def layer_norm_span_residuals(
   first_layer_grad: Float[Array, 'd out'],
   embeddings: Float[Array, 'V d'],
   positions: Float[Array, 'P d'],
-  scale: Float[Array, 'd'],
-  bias: Float[Array, 'd'],
+  scale: Float[Array, ' d'],
+  bias: Float[Array, ' d'],
   eps: float,
   *,
   min_gap_decades: float = 1.0,
   max_rank_fraction: float = 0.9,
   num_positions: Int[Array, ''] | None = None,
   span: Span | None = None,
-) -> tuple[Float[Array, 'V'], Int[Array, ''], Bool[Array, '']]:
+) -> tuple[Float[Array, ' V'], Int[Array, ''], Bool[Array, '']]:
   """:func:`input_span_residuals` for GPT-2: inputs LN(w_v + p_t) per position.
 
   Each token is tested at every position t < P (t < `num_positions` if
@@ -250,7 +250,7 @@ def layer_norm_span_residuals(
   return rel.min(-1), rank, valid
 
 
-def robust_z(x: Float[Array, 'V']) -> Float[Array, 'V']:
+def robust_z(x: Float[Array, ' V']) -> Float[Array, ' V']:
   """(x − median) / MAD, the background being the bulk of the rows."""
   med = jnp.median(x)
   mad = jnp.median(jnp.abs(x - med)) + 1e-30
@@ -310,12 +310,12 @@ class BagEvidence:
 def tied_bag(
   grad_rows: Float[Array, 'V d'],
   embeddings: Float[Array, 'V d'],
-  span_residual: Float[Array, 'V'] | None = None,
+  span_residual: Float[Array, ' V'] | None = None,
   span_valid: Bool[Array, ''] | None = None,
   span_rank: Int[Array, ''] | None = None,
   *,
   config: TiedBagConfig = TiedBagConfig(),
-) -> Bool[Array, 'V']:
+) -> Bool[Array, ' V']:
   """The bag for a tied embedding (module docstring, tests 1-3).
 
   bag = target-sign ∪ (input span if the span test is valid, else norm
@@ -508,7 +508,7 @@ def _bag_arrays(
   baseline_z,
   max_positions: int | None,
   with_evidence: bool,
-) -> tuple[Bool[Array, 'V'], BagEvidence | None]:
+) -> tuple[Bool[Array, ' V'], BagEvidence | None]:
   """`(mask, evidence)` of a resolved method: pure, shapes static.
 
   `max_positions` (a concrete int) slices the position embeddings of the
@@ -571,7 +571,7 @@ def bag_mask(
   noise_std: float | Float[Array, ''] | None = None,
   config: TiedBagConfig = TiedBagConfig(),
   baseline_z: float = 8.0,
-) -> Bool[Array, 'V']:
+) -> Bool[Array, ' V']:
   """The bag of words as a bool mask over the vocabulary: the pure kernel.
 
   No host transfer and fixed shapes, so it runs under `jax.jit` with

@@ -156,11 +156,11 @@ class BeamResult:
 
 # --------------------------------------------------------------- n-grams
 def ngram_followers(
-  seq: Int[Array, 'T'],
+  seq: Int[Array, ' T'],
   seq_length: Int[Array, ''],
-  context: Int[Array, 'n1'],
-  candidates: Int[Array, 'M'],
-) -> Bool[Array, 'M']:
+  context: Int[Array, ' n1'],
+  candidates: Int[Array, ' M'],
+) -> Bool[Array, ' M']:
   """Which candidates would complete an n-gram already in `seq`.
 
   `context` holds the last n-1 tokens of a beam; candidate c repeats an
@@ -186,14 +186,14 @@ def ngram_followers(
   return (matches[:, None] & (seq[:, None] == candidates[None, :])).any(0)
 
 
-def _context(tokens: Int[Array, 'T'], length, n1: int) -> Int[Array, 'n1']:
+def _context(tokens: Int[Array, ' T'], length, n1: int) -> Int[Array, ' n1']:
   """The last n-1 tokens before position `length` (garbage if length < n1)."""
   return lax.dynamic_slice(tokens, (jnp.maximum(length - n1, 0),), (n1,))
 
 
 def _penalties(
   tokens, length, bag_ids, prior, prior_lengths, config: BeamSearchConfig
-) -> Float[Array, 'M']:
+) -> Float[Array, ' M']:
   """ρ for repeated n-grams + prior penalty, per bag token, for one beam."""
   n = config.ngram_size
   if n == 0:
@@ -220,7 +220,7 @@ def _select(
   config: BeamSearchConfig,
   *,
   shared: bool,
-) -> tuple[Int[Array, 'k'], Int[Array, 'k'], Float[Array, 'k']]:
+) -> tuple[Int[Array, ' k'], Int[Array, ' k'], Float[Array, ' k']]:
   """Per-group top-k with the diversity penalty.
 
   Args:
@@ -271,15 +271,15 @@ def _search_one(
   model: LanguageModel,
   params: PyTree,
   prompts: Int[Array, 'Z P'],
-  prompt_mask: Bool[Array, 'Z'],
-  bag_ids: Int[Array, 'M'],
-  bag_mask: Bool[Array, 'M'],
+  prompt_mask: Bool[Array, ' Z'],
+  bag_ids: Int[Array, ' M'],
+  bag_mask: Bool[Array, ' M'],
   prior: Int[Array, 'R Tp'] | None,
-  prior_lengths: Int[Array, 'R'] | None,
+  prior_lengths: Int[Array, ' R'] | None,
   config: BeamSearchConfig,
   mesh: Mesh | None = None,
   num_steps: Int[Array, ''] | None = None,
-) -> tuple[Int[Array, 'k T'], Float[Array, 'k']]:
+) -> tuple[Int[Array, 'k T'], Float[Array, ' k']]:
   """One beam search from a pool of prompts (Alg. 1 with π¹ = prompts).
 
   With a `mesh` the beam rows are padded to `kp`, a multiple of the data
@@ -383,13 +383,13 @@ def bag_beam_search(
   model: LanguageModel,
   params: PyTree,
   prompts: Int[Array, 'S Z P'],
-  bag_ids: Int[Array, 'M'],
+  bag_ids: Int[Array, ' M'],
   *,
   config: BeamSearchConfig,
   prompt_mask: Bool[Array, 'S Z'] | None = None,
-  bag_mask: Bool[Array, 'M'] | None = None,
+  bag_mask: Bool[Array, ' M'] | None = None,
   prior: Int[Array, 'R Tp'] | None = None,
-  prior_lengths: Int[Array, 'R'] | None = None,
+  prior_lengths: Int[Array, ' R'] | None = None,
   mesh: Mesh | None = None,
   num_steps: Int[Array, ''] | None = None,
 ) -> BeamResult:

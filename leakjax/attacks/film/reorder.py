@@ -158,7 +158,7 @@ def candidate_scores(
   grad_paths: Sequence[ParamPath] | None = None,
   chunk: int | None = None,
   mesh: Mesh | None = None,
-) -> tuple[Float[Array, 'C'], Float[Array, 'C'], Float[Array, 'C']]:
+) -> tuple[Float[Array, ' C'], Float[Array, ' C'], Float[Array, ' C']]:
   """S(x) = perplexity + β‖∇L(x)‖ of C candidates at once (FILM Eq. 4).
 
   The per-candidate gradient norms come from `vmap(grad)` of each
@@ -245,13 +245,13 @@ def _uniform_int(key, low, high):
 
 def permute_phrases(
   key,
-  tokens: Int[Array, 'T'],
+  tokens: Int[Array, ' T'],
   length,
   *,
   fixed: int,
   min_cuts: int,
   max_cuts: int,
-) -> Int[Array, 'T']:
+) -> Int[Array, ' T']:
   """Cuts `tokens[fixed:length]` at p random places and permutes the pieces.
 
   FILM Sec. 4.4 (phrase-wise, after Malkin et al. 2021). Tokens before
@@ -290,14 +290,14 @@ def permute_phrases(
 
 def edit_tokens(
   key,
-  tokens: Int[Array, 'T'],
+  tokens: Int[Array, ' T'],
   length,
   bag_ids,
   bag_mask,
   *,
   fixed: int,
   max_length=None,
-) -> tuple[Int[Array, 'T'], Int[Array, '']]:
+) -> tuple[Int[Array, ' T'], Int[Array, '']]:
   """One random token-wise move (FILM Sec. 4.4): swap, delete or insert.
 
   `max_length` (a traced int, default T) bounds the length an insertion
@@ -340,7 +340,7 @@ def edit_tokens(
 
 
 def truncate_at_punctuation(
-  tokens: Int[Array, 'T'], length, is_end: Bool[Array, 'V'], *, fixed: int
+  tokens: Int[Array, ' T'], length, is_end: Bool[Array, ' V'], *, fixed: int
 ):
   """`(tokens, length)` cut after the first sentence end at/after `fixed`."""
   pos = jnp.arange(tokens.shape[0])
@@ -354,14 +354,14 @@ def truncate_at_punctuation(
 def reorder(
   model: LanguageModel,
   params: PyTree,
-  tokens: Int[Array, 'T'],
+  tokens: Int[Array, ' T'],
   length: Int[Array, ''],
-  bag_ids: Int[Array, 'M'],
+  bag_ids: Int[Array, ' M'],
   *,
   key: jax.Array,
   config: ReorderConfig,
-  is_end: Bool[Array, 'V'] | None = None,
-  bag_mask: Bool[Array, 'M'] | None = None,
+  is_end: Bool[Array, ' V'] | None = None,
+  bag_mask: Bool[Array, ' M'] | None = None,
   grad_paths: Sequence[ParamPath] | None = None,
   mesh: Mesh | None = None,
   max_length: Int[Array, ''] | None = None,

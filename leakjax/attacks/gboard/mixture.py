@@ -39,15 +39,15 @@ def _gaussian_loglik(
 
 
 def mixture_word_posterior(
-  delta: Float[Array, 'V'],
+  delta: Float[Array, ' V'],
   rows: Float[Array, 'V D'],
-  candidates: Bool[Array, 'V'] | None = None,
+  candidates: Bool[Array, ' V'] | None = None,
   *,
   init_fraction: float = 0.05,
   min_signal: float = 2.0,
   num_iters: int = 200,
   tol: float = 1e-5,
-) -> tuple[Float[Array, 'V'], Float[Array, 'V']]:
+) -> tuple[Float[Array, ' V'], Float[Array, ' V']]:
   """Log-odds and posterior that each word was typed, under local DP noise.
 
   The bias alone carries little of a typed word's signal under Algorithm
@@ -214,7 +214,7 @@ def _fit_mixture(x, y, keep, candidates, n, init_fraction, num_iters, tol):
 
 
 def expected_f1_cut(
-  scores: Float[Array, 'V'], posterior: Float[Array, 'V']
+  scores: Float[Array, ' V'], posterior: Float[Array, ' V']
 ) -> Float[Array, '']:
   """The cut on `scores` that maximises the F1 expected under `posterior`.
 
@@ -245,16 +245,16 @@ def expected_f1_cut(
 
 
 def recover_words_auto(
-  delta: Float[Array, 'V'],
+  delta: Float[Array, ' V'],
   rows: Float[Array, 'V D'],
-  candidates: Bool[Array, 'V'] | None = None,
+  candidates: Bool[Array, ' V'] | None = None,
   *,
   rows0: Float[Array, 'V D'] | None = None,
-  bias0: Float[Array, 'V'] | None = None,
+  bias0: Float[Array, ' V'] | None = None,
   q: float = 0.05,
   max_drift: float = 8.0,
   bias_first_drift: float = 50.0,
-) -> Bool[Array, 'V']:
+) -> Bool[Array, ' V']:
   """The no-oracle word recovery used by the experiments.
 
   Three rules; which one applies is read off the update (no true words):

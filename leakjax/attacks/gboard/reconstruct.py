@@ -66,8 +66,8 @@ def padded_indices(
 def greedy_generate(
   model: Model,
   params: PyTree,
-  start_words: Int[Array, 'M'],
-  allowed: Bool[Array, 'V'],
+  start_words: Int[Array, ' M'],
+  allowed: Bool[Array, ' V'],
   *,
   length: int,
   bos_id: int,
@@ -116,7 +116,7 @@ def greedy_generate(
 
 def relative_perplexity_change(
   model: Model, params0: PyTree, params1: PyTree, tokens: Int[Array, 'M T']
-) -> tuple[Float[Array, 'M'], Float[Array, 'M'], Float[Array, 'M']]:
+) -> tuple[Float[Array, ' M'], Float[Array, ' M'], Float[Array, ' M']]:
   """`(PP0, PP1, (PP0 - PP1) / PP0)` of `[M, T]` token rows (Sec. 3.2).
 
   `PP_θ(x_0..x_t) = Σ_{i=1..t} -log Pr(x_i | x_<i; θ)`, the summed
@@ -132,9 +132,9 @@ def reconstruct_sentences(
   model: Model,
   params0: PyTree,
   params1: PyTree,
-  start_words: Int[Array, 'M'],
-  valid: Bool[Array, 'M'],
-  allowed: Bool[Array, 'V'],
+  start_words: Int[Array, ' M'],
+  valid: Bool[Array, ' M'],
+  allowed: Bool[Array, ' V'],
   *,
   length: int,
   bos_id: int,

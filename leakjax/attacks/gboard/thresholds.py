@@ -32,7 +32,7 @@ _MAD_TO_STD = 1.482602218505602  # 1 / Φ^{-1}(3/4): MAD -> Gaussian std
 
 def candidate_mask(
   vocab_size: int, special_ids: Sequence[int] = (0, 1)
-) -> Bool[Array, 'V']:
+) -> Bool[Array, ' V']:
   """bool `[vocab]`: False at ids that are no words (`<UNK>`, `<S>`)."""
   mask = jnp.ones((vocab_size,), bool)
   if special_ids:
@@ -41,10 +41,10 @@ def candidate_mask(
 
 
 def recover_words(
-  delta: Float[Array, 'V'],
+  delta: Float[Array, ' V'],
   threshold: Float[Array, ''] | float = 0.0,
-  candidates: Bool[Array, 'V'] | None = None,
-) -> Bool[Array, 'V']:
+  candidates: Bool[Array, ' V'] | None = None,
+) -> Bool[Array, ' V']:
   """Algorithm 2: bool `[vocab]`, True where `delta > threshold`.
 
   Args:
@@ -58,7 +58,7 @@ def recover_words(
 
 
 def robust_noise_scale(
-  delta: Float[Array, 'V'], candidates: Bool[Array, 'V'] | None = None
+  delta: Float[Array, ' V'], candidates: Bool[Array, ' V'] | None = None
 ) -> tuple[Float[Array, ''], Float[Array, '']]:
   """`(median, 1.4826 * MAD)` of `delta`: centre and std of the bulk.
 
@@ -83,11 +83,11 @@ def robust_noise_scale(
 
 
 def choose_threshold(
-  delta: Float[Array, 'V'],
+  delta: Float[Array, ' V'],
   rule: str = 'fdr',
   *,
   q: float = 0.05,
-  candidates: Bool[Array, 'V'] | None = None,
+  candidates: Bool[Array, ' V'] | None = None,
 ) -> Float[Array, '']:
   """A word threshold for :func:`recover_words` that needs no true words.
 
@@ -135,9 +135,9 @@ def choose_threshold(
 
 
 def max_f1_cut(
-  z: Float[Array, 'V'],
-  candidates: Bool[Array, 'V'] | None = None,
-  eligible: Bool[Array, 'V'] | None = None,
+  z: Float[Array, ' V'],
+  candidates: Bool[Array, ' V'] | None = None,
+  eligible: Bool[Array, ' V'] | None = None,
   *,
   slack: float = 3.0,
 ) -> Float[Array, '']:
@@ -187,8 +187,8 @@ def max_f1_cut(
 
 
 def row_update_scores(
-  rows: Float[Array, 'V D'], candidates: Bool[Array, 'V'] | None = None
-) -> Float[Array, 'V']:
+  rows: Float[Array, 'V D'], candidates: Bool[Array, ' V'] | None = None
+) -> Float[Array, ' V']:
   """Robust z-scores of the squared norms of the output-matrix row updates.
 
   Each entry of an untyped word's row is noise (plus a small drift); the
@@ -221,8 +221,8 @@ def row_update_scores(
 
 
 def row_residual_scores(
-  delta: Float[Array, 'V'], rows: Float[Array, 'V D'], fit: jax.Array
-) -> Float[Array, 'V']:
+  delta: Float[Array, ' V'], rows: Float[Array, 'V D'], fit: jax.Array
+) -> Float[Array, ' V']:
   """How far each output row moved away from the untyped words' pattern.
 
   For a word k that was not typed, the bias step is `-η/n Σ_t p_tk` and the
@@ -256,14 +256,14 @@ def row_residual_scores(
 
 
 def rescued_words(
-  delta: Float[Array, 'V'],
+  delta: Float[Array, ' V'],
   rows: Float[Array, 'V D'],
-  candidates: Bool[Array, 'V'] | None = None,
+  candidates: Bool[Array, ' V'] | None = None,
   *,
   gate: float = 30.0,
   z: float = 5.0,
   min_pool: int = 20,
-) -> Bool[Array, 'V']:
+) -> Bool[Array, ' V']:
   """Typed words whose bias fell, found from the tied output rows.
 
   Algorithm 2 misses a typed word k when the model already predicted it so
@@ -305,16 +305,16 @@ def _ulp(x: jax.Array) -> jax.Array:
 
 
 def convexity_violations(
-  delta: Float[Array, 'V'],
+  delta: Float[Array, ' V'],
   rows: Float[Array, 'V D'],
   rows0: Float[Array, 'V D'],
-  bias0: Float[Array, 'V'],
-  candidates: Bool[Array, 'V'] | None = None,
+  bias0: Float[Array, ' V'],
+  candidates: Bool[Array, ' V'] | None = None,
   *,
   num_sources: int = 64,
   margin: float = 0.3,
   gate: float = 10.0,
-) -> Bool[Array, 'V']:
+) -> Bool[Array, ' V']:
   r"""Typed words whose bias fell, found by a convexity test (no oracle).
 
   Algorithm 2 misses a typed word k when the model already predicted it
@@ -430,7 +430,7 @@ def convexity_violations(
 
 
 def drift_to_noise(
-  delta: Float[Array, 'V'], candidates: Bool[Array, 'V'] | None = None
+  delta: Float[Array, ' V'], candidates: Bool[Array, ' V'] | None = None
 ) -> Float[Array, '']:
   """`(median - 10th smallest) / scale` of `delta`: is drift above noise?
 
@@ -445,10 +445,10 @@ def drift_to_noise(
 
 
 def stouffer_scores(
-  delta: Float[Array, 'V'],
+  delta: Float[Array, ' V'],
   rows: Float[Array, 'V D'],
-  candidates: Bool[Array, 'V'] | None = None,
-) -> Float[Array, 'V']:
+  candidates: Bool[Array, ' V'] | None = None,
+) -> Float[Array, ' V']:
   """`(z_b + z_W) / sqrt(2)`: bias z-score and row chi-square z-score.
 
   The robust bias z-score (:func:`robust_noise_scale`) and
@@ -467,10 +467,10 @@ def stouffer_scores(
 
 
 def stouffer_words(
-  delta: Float[Array, 'V'],
+  delta: Float[Array, ' V'],
   rows: Float[Array, 'V D'],
-  candidates: Bool[Array, 'V'] | None = None,
-) -> Bool[Array, 'V']:
+  candidates: Bool[Array, ' V'] | None = None,
+) -> Bool[Array, ' V']:
   """bool `[vocab]`: :func:`stouffer_scores` cut by :func:`max_f1_cut`
   among the words whose bias rose (:func:`recover_words_auto`'s fallback
   when the mixture sees no low-rank signal; on pure noise it keeps 0-5 of

@@ -32,7 +32,7 @@ def _require_bias(model: Model) -> None:
 
 def bias_update(
   model: Model, params0: PyTree, params1: PyTree
-) -> Float[Array, 'V']:
+) -> Float[Array, ' V']:
   """`b1 - b0`, the output-bias change, float32 `[vocab]` (Algorithm 2's d).
 
   Args:
@@ -61,7 +61,7 @@ def output_rows(model: Model, params: PyTree) -> Float[Array, 'V D']:
   return get_path(params, model.paths.lm_head).astype(jnp.float32).T
 
 
-def output_bias(model: Model, params: PyTree) -> Float[Array, 'V']:
+def output_bias(model: Model, params: PyTree) -> Float[Array, ' V']:
   """The output bias, float32 `[vocab]`."""
   _require_bias(model)
   return get_path(params, model.paths.output_bias).astype(jnp.float32)

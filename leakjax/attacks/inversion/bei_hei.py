@@ -553,7 +553,7 @@ def logits_from_hidden(
 
 def sequence_nll(
   logits: Float[Array, 'B T V'], ids, mask
-) -> tuple[Float[Array, 'B'], Float[Array, 'B']]:
+) -> tuple[Float[Array, ' B'], Float[Array, ' B']]:
   """Summed next-token NLL and token count per row, each float32 `[B]`.
 
   Perplexity over a corpus is `exp(sum(nll) / sum(count))`.
