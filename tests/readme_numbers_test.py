@@ -293,6 +293,12 @@ def test_embed_parrot_pretrained_row():
   assert f'{off} off-domain (WikiText-2 / SMS)' in line
   ppl = joined(r(d, 'ep_pretrained_ppl') for d in ('enron', 'wikitext', 'sms'))
   assert f'EP+PPL {ppl}' in line
+  fast = summary('embed_parrot/pretrained/lr_1e-3_layer_25')
+  rates = joined(
+    fast[f'rouge1@data={d},layer=25,method=ep_pretrained']
+    for d in ('enron', 'wikitext', 'sms')
+  )
+  assert f'learning rate 1e-3 instead of 1e-4: {rates}' in line
   c = summary('embed_parrot/pretrained/scratch_layer_25')
   scratch = joined(
     c[f'rouge1@data={d},layer=25,method=ep']
@@ -350,6 +356,29 @@ def test_embed_parrot_pretrained_report():
     f'EP+PPL {cells(g, 25, "ep_pretrained_ppl")} against EP'
     f' {cells(g, 25, "ep_pretrained")} in the same run' in flat
   )
+  for rate in ('3e-5', '3e-4', '6e-4', '1e-3'):
+    run = f'lr_{rate}_layer_25'
+    c = summary(f'embed_parrot/pretrained/{run}')
+    config = json.loads(
+      (ROOT / f'reports/embed_parrot/pretrained/{run}/config.json').read_text()
+    )
+    assert config['ep_decoder_lr'] == float(rate)
+    assert (
+      f'| 25, decoder learning rate {rate} (`{run}/`, H200) |'
+      f' {cells(c, 25, "ep_pretrained")} | not run | {cells(c, 25, "hei")} |'
+      f' {c["final_cos_loss@method=ep_pretrained"]:.3f} |' in text
+    )
+  for run, method in (
+    ('samples_layer_25', 'ep_pretrained'),
+    ('scratch_samples_layer_25', 'ep'),
+  ):
+    c = summary(f'embed_parrot/pretrained/{run}')
+    assert c['num_train_samples'] == 3000
+    assert (
+      f'(`{run}/`, H200) | {cells(c, 25, method)} | not run |'
+      f' {cells(c, 25, "hei")} | {c[f"final_cos_loss@method={method}"]:.3f} |'
+      in text
+    )
   for run in ('scratch_layer_25', 'scratch_ppl_0.01_layer_25'):
     c = summary(f'embed_parrot/pretrained/{run}')
     assert (
