@@ -198,6 +198,34 @@ def test_hybrid_oversampling_runs_through_the_experiment(tmp_path):
     runner.DagerExperimentConfig(hybrid_select_weight=-1.0)
 
 
+def test_hybrid_refinement_runs_through_the_experiment(tmp_path):
+  # The cuts chosen and one sweep of single-token edits made on whitened
+  # rows (dager_hybrid_test.py checks that the edits repair a broken
+  # batch): the objective never falls, and the row records it.
+  cfg = runner.DagerExperimentConfig(
+    model='gpt2-tiny',
+    max_tokens=20,
+    batch_sizes=(2,),
+    num_batches=1,
+    attacks=('hybrid',),
+    hybrid_shortlist=8,
+    hybrid_refine=1,
+    hybrid_refine_proposals=4,
+    hybrid_cuts=True,
+    hybrid_select_whiten=True,
+  )
+  dager_exp.run_experiment(cfg, tmp_path, progress=False)
+  (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
+  assert row['num_recovered'] == len(row['recovered']) == 2
+  objective = row['refined']['objective']
+  assert len(objective) == 2 and objective[1] >= objective[0]
+  assert {'select', 'refine'} <= set(row['stage_seconds'])
+  with pytest.raises(LeakjaxError, match='hybrid_refine_proposals'):
+    runner.DagerExperimentConfig(hybrid_refine_proposals=0)
+  with pytest.raises(LeakjaxError, match='hybrid_refine_lm'):
+    runner.DagerExperimentConfig(hybrid_refine_lm=-1.0)
+
+
 def test_fedavg_view_of_one_full_batch_step_is_the_fedsgd_gradient():
   # One local epoch of one full-batch step: θ1 = θ0 − η g, so what the
   # attacker reconstructs, −Δ / (η · steps), is the FedSGD gradient g.

@@ -597,3 +597,182 @@ def test_pool_gram_is_the_weighted_features_gram(chunk):
       rtol=1e-4,
       atol=1e-7,
     )
+
+
+def test_match_gradient_is_the_objective_and_its_gradient():
+  # m(S) = <S, T>² / <S, S> in the w²-weighted inner product, and its
+  # gradient against central differences in float64.
+  rng = np.random.default_rng(3)
+  total = rng.normal(size=(5, 4))
+  target = total + 0.5 * rng.normal(size=(5, 4))
+  w = rng.uniform(0.5, 2.0, size=5)
+
+  def m(s):
+    a, b = s * w[:, None], target * w[:, None]
+    return (a * b).sum() ** 2 / (a * a).sum()
+
+  value, grad = hybrid.match_gradient(
+    jnp.asarray(total, jnp.float32),
+    jnp.asarray(target, jnp.float32),
+    jnp.asarray(w, jnp.float32),
+  )
+  np.testing.assert_allclose(float(value), m(total), rtol=1e-5)
+  eps = 1e-6
+  numeric = np.zeros_like(total)
+  for i in np.ndindex(total.shape):
+    up, down = total.copy(), total.copy()
+    up[i] += eps
+    down[i] -= eps
+    numeric[i] = (m(up) - m(down)) / (2 * eps)
+  np.testing.assert_allclose(np.asarray(grad), numeric, rtol=1e-3, atol=1e-5)
+  many = np.stack([total, target, -target])
+  got = hybrid.match_values(
+    jnp.asarray(many, jnp.float32),
+    jnp.asarray(target, jnp.float32),
+    jnp.asarray(w, jnp.float32),
+  )
+  np.testing.assert_allclose(
+    np.asarray(got)[:2], [m(total), m(target)], rtol=1e-5
+  )
+  assert np.asarray(got)[2] == -np.inf  # pointing away: no match
+
+
+def test_edit_gains_match_numpy():
+  model, params = tiny('llama')
+  seq = ROWS[0]
+  width = CONFIG.max_length
+  tokens = np.zeros(width, np.int32)
+  tokens[: len(seq)] = seq
+  cands = np.asarray(
+    sorted({v for r in ROWS for v in r[1:]}) + [0, 0], np.int32
+  )
+  valid = np.arange(len(cands)) < len(cands) - 2
+  is_end = (cands == END) & valid
+  slot = np.full(V, -1, np.int32)
+  slot[cands[valid]] = np.flatnonzero(valid)
+  readout = hybrid.head_readout(model, params)
+  direction = np.random.default_rng(0).normal(size=(len(cands), D))
+  sub, dele = hybrid.edit_gains(
+    model,
+    params,
+    jnp.asarray(tokens),
+    jnp.asarray(len(seq), jnp.int32),
+    jnp.asarray(cands),
+    jnp.asarray(valid),
+    jnp.asarray(is_end),
+    jnp.asarray(slot),
+    readout,
+    jnp.asarray(direction, jnp.float32),
+  )
+  mask = (np.arange(width) < len(seq)).astype(np.int32)
+  z = np.asarray(model.logits(params, tokens[None], mask[None])[0], np.float64)
+  s = z @ np.asarray(readout, np.float64) @ direction.T
+
+  def at(i, token):
+    return s[i, slot[token]] if slot[token] >= 0 else 0.0
+
+  n = len(seq)
+  want = np.full((width, len(cands)), -np.inf)
+  for j in range(1, n):
+    for c in range(len(cands)):
+      end_ok = is_end[c] if j == n - 1 else not is_end[c]
+      if valid[c] and end_ok and cands[c] != seq[j]:
+        want[j, c] = s[j - 1, c] - at(j - 1, seq[j])
+  want_del = np.full(width, -np.inf)
+  for j in range(1, n - 1):
+    want_del[j] = at(j - 1, seq[j + 1]) - at(j - 1, seq[j]) - at(j, seq[j + 1])
+  np.testing.assert_allclose(np.asarray(sub), want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(dele), want_del, rtol=1e-4, atol=1e-4)
+  # The edits, best first, as sequences: the top one is the largest gain.
+  edits = hybrid.sentence_edits(
+    seq, np.asarray(sub), np.asarray(dele), cands, 3, min_length=3
+  )
+  j, c = np.unravel_index(np.argmax(want), want.shape)
+  if want.max() >= want_del.max():
+    assert edits[0] == seq[:j] + [int(cands[c])] + seq[j + 1 :]
+  assert len(edits) == 3
+
+
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_refine_repairs_a_substituted_and_an_inserted_token(family):
+  # From the batch with one token of sentence 0 replaced and a token
+  # inserted into sentence 1, the exact gradient match leads back to the
+  # batch itself, and the objective rises with every sweep.
+  model, params = tiny(family)
+  grads = gradient(family)
+  cands = np.asarray(
+    sorted({v for r in ROWS for v in r[1:]} | set(_PERM[20:23]))
+  )
+  cands = np.concatenate([cands, np.zeros(-len(cands) % 8, cands.dtype)])
+  valid = cands != 0  # token 0 is in no sentence: padding
+  ends = np.zeros(V, bool)
+  ends[END] = True
+  broken = [
+    ROWS[0][:3] + [_PERM[21]] + ROWS[0][4:],
+    ROWS[1][:2] + [_PERM[20]] + ROWS[1][2:],
+  ]
+  config = dataclasses.replace(CONFIG, refine=3, refine_proposals=24)
+  got, info = hybrid.refine(
+    model,
+    params,
+    grads,
+    broken,
+    padded=cands.astype(np.int32),
+    valid=valid,
+    config=config,
+    ends=ends,
+  )
+  assert got == ROWS
+  objective = info['objective']
+  assert all(b > a for a, b in zip(objective, objective[1:-1]))
+  assert info['edits'][0] >= 1 and info['edits'][-1] == 0
+
+
+def test_head_transform_centres_and_whitens_like_the_head_term():
+  rng = np.random.default_rng(4)
+  rows = rng.normal(size=(6, D))
+  mean = rng.normal(size=D)
+  a = rng.normal(size=(D, D))
+  whiten = a @ a.T / D + np.eye(D)
+  got = rows @ np.asarray(
+    hybrid.head_transform(jnp.asarray(mean), jnp.asarray(whiten)), np.float64
+  )
+  centred = rows - np.outer(rows @ mean / (mean @ mean), mean)
+  np.testing.assert_allclose(got, centred @ whiten, rtol=1e-4, atol=1e-4)
+
+
+def test_pool_gram_with_a_transform_is_the_transformed_features_gram():
+  model, params = tiny('llama')
+  rows = [ROWS[0], ROWS[1]]
+  tokens = np.zeros((2, CONFIG.max_length), np.int32)
+  for i, row in enumerate(rows):
+    tokens[i, : len(row)] = row
+  lengths = np.asarray([len(r) for r in rows], np.int32)
+  cands = jnp.arange(V, dtype=jnp.int32)
+  rng = np.random.default_rng(5)
+  transform = rng.normal(size=(D, D)).astype(np.float32)
+  weights = rng.uniform(0.5, 2.0, size=(1, V)).astype(np.float32)
+  target = rng.normal(size=(V, D)).astype(np.float32)
+  gram, along = hybrid.pool_gram(
+    model,
+    params,
+    tokens,
+    lengths,
+    cands,
+    jnp.asarray(target),
+    jnp.asarray(weights),
+    chunk=2,
+    transform=jnp.asarray(transform),
+  )
+  feats = np.asarray(
+    hybrid.pool_head_gradients(
+      model, params, jnp.asarray(tokens), jnp.asarray(lengths), cands
+    ),
+    np.float64,
+  )
+  flat = ((feats @ transform) * weights[0][None, :, None]).reshape(2, -1)
+  want = flat @ flat.T
+  np.testing.assert_allclose(gram[0], want, rtol=1e-4, atol=1e-6 * want.max())
+  np.testing.assert_allclose(
+    along[0], flat @ (target * weights[0][:, None]).ravel(), rtol=1e-4
+  )

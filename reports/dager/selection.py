@@ -22,8 +22,12 @@ cell of its settings.
 
 Writes `selection.json` beside the results (per batch, and the means over
 batches), after each batch; a re-run computes only the batches it lacks.
+With `--whiten` every row is matched centred and whitened as the head term
+is (`hybrid.head_transform`, `HybridConfig.select_whiten`), into
+`selection_whiten.json`.
 Usage (repository root):
   python -m reports.dager.selection --results=reports/dager/hybrid_cuts/results.jsonl
+  python -m reports.dager.selection --results=reports/dager/hybrid_cuts/results.jsonl --whiten
 """
 
 import argparse
@@ -48,7 +52,7 @@ def scores(originals, texts):
   return {k: float(v.max(1).mean()) for k, v in m.items()}
 
 
-def study(model, params, cfg, row) -> dict:
+def study(model, params, cfg, row, whiten: bool = False) -> dict:
   b, pool = row['b'], row['searched_ids']
   config = runner.hybrid_config(cfg)
   grads, _, _ = runner.batch_gradient(
@@ -60,8 +64,19 @@ def study(model, params, cfg, row) -> dict:
   variants, owner = hybrid.pool_variants(model, pool, cut)
   owner = np.asarray(owner)
   whole = np.array([v == list(pool[o]) for v, o in zip(variants, owner)])
+  transform = (
+    hybrid.model_head_transform(model, params, config) if whiten else None
+  )
   gram, along = hybrid.pool_grams(
-    model, params, grads, variants, padded, valid, POWERS, config.max_length
+    model,
+    params,
+    grads,
+    variants,
+    padded,
+    valid,
+    POWERS,
+    config.max_length,
+    transform=transform,
   )
   tok = model.tokenizer
   texts = [tok.decode(v, skip_special=True).strip() for v in variants]
@@ -92,9 +107,10 @@ def study(model, params, cfg, row) -> dict:
       picked = [texts[i] for i in keep]
       cell[name] = scores(row['originals'], picked)
       cell[name]['words'] = float(np.mean([len(t.split()) for t in picked]))
-      setting = (config.cuts, config.select_weight) == (
+      setting = (config.cuts, config.select_weight, whiten) == (
         name.startswith('cuts_oversample'),
         q,
+        False,
       )
       if setting and name in ('oversample', 'cuts_oversample'):
         cell[name]['matches_run'] = sorted(picked) == run_texts
@@ -125,6 +141,12 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--results', required=True)
   parser.add_argument('--out', default=None)
+  parser.add_argument(
+    '--whiten',
+    action='store_true',
+    help='match the rows centred and whitened (hybrid.head_transform);'
+    ' default output selection_whiten.json',
+  )
   args = parser.parse_args()
   path = Path(args.results)
   cfg = runner.DagerExperimentConfig(
@@ -133,14 +155,15 @@ def main():
   model, params = film_runner.load_model(runner.film_experiment_config(cfg))
   rows = [json.loads(line) for line in path.open()]
   rows = [r for r in rows if r['attack'] == 'hybrid' and 'searched_ids' in r]
-  target = Path(args.out) if args.out else path.parent / 'selection.json'
+  default = 'selection_whiten.json' if args.whiten else 'selection.json'
+  target = Path(args.out) if args.out else path.parent / default
   # Resumes: batches already in the output are kept.
   per = json.loads(target.read_text())['batches'] if target.exists() else []
   done = {(p['b'], p['batch']) for p in per}
   for row in sorted(rows, key=lambda r: (r['b'], r['batch'])):
     if (row['b'], row['batch']) in done:
       continue
-    per.append(study(model, params, cfg, row))
+    per.append(study(model, params, cfg, row, whiten=args.whiten))
     per.sort(key=lambda p: (p['b'], p['batch']))
     out = {'batches': per, 'mean': mean(per)}
     target.write_text(json.dumps(out, indent=2) + '\n')

@@ -99,6 +99,12 @@ class DagerExperimentConfig:
       searched sentence cut at every word boundary, one per search).
     hybrid_select_weight: `HybridConfig.select_weight` (the selection
       scales each head row by its norm to this negative power).
+    hybrid_select_whiten: `HybridConfig.select_whiten` (the selection
+      and the refinement match whitened rows).
+    hybrid_refine: `HybridConfig.refine` (sweeps of single-token edits of
+      the kept sentences, each kept if it raises the gradient match).
+    hybrid_refine_proposals: `HybridConfig.refine_proposals`.
+    hybrid_refine_lm: `HybridConfig.refine_lm`.
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
@@ -136,6 +142,10 @@ class DagerExperimentConfig:
   hybrid_oversample: float = hybrid.HybridConfig.oversample
   hybrid_cuts: bool = hybrid.HybridConfig.cuts
   hybrid_select_weight: float = hybrid.HybridConfig.select_weight
+  hybrid_select_whiten: bool = hybrid.HybridConfig.select_whiten
+  hybrid_refine: int = hybrid.HybridConfig.refine
+  hybrid_refine_proposals: int = hybrid.HybridConfig.refine_proposals
+  hybrid_refine_lm: float = hybrid.HybridConfig.refine_lm
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
@@ -159,6 +169,7 @@ class DagerExperimentConfig:
       'film_beams',
       'hybrid_beams',
       'hybrid_shortlist',
+      'hybrid_refine_proposals',
     ):
       if getattr(self, name) < 1:
         raise LeakjaxError(
@@ -176,6 +187,8 @@ class DagerExperimentConfig:
       'hybrid_weight_start',
       'hybrid_head_norm_power',
       'hybrid_select_weight',
+      'hybrid_refine',
+      'hybrid_refine_lm',
     ):
       if getattr(self, name) < 0:
         raise LeakjaxError(f'{name} must be >= 0, got {getattr(self, name)}')
@@ -341,6 +354,10 @@ def hybrid_config(cfg: DagerExperimentConfig) -> hybrid.HybridConfig:
     oversample=cfg.hybrid_oversample,
     cuts=cfg.hybrid_cuts,
     select_weight=cfg.hybrid_select_weight,
+    select_whiten=cfg.hybrid_select_whiten,
+    refine=cfg.hybrid_refine,
+    refine_proposals=cfg.hybrid_refine_proposals,
+    refine_lm=cfg.hybrid_refine_lm,
     end_head_quantile=(
       None if cfg.hybrid_end_head_quantile < 0 else cfg.hybrid_end_head_quantile
     ),
@@ -416,6 +433,8 @@ def attack_batch(
     if config.oversample > 1 or config.cuts:
       # What the selection chose from (reports/dager/selection.py).
       row['searched_ids'] = result.pool
+    if result.refined:
+      row['refined'] = result.refined
     row.update(batch_scores(texts, predictions, true_ids, result.sequences))
     row.update(
       num_candidates=int(len(result.candidates)),
