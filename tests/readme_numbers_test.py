@@ -196,6 +196,15 @@ def test_dager_rows():
     + joined(span[f'rougeL@attack=hybrid,b={b}'] for b in big)
     in line
   )
+  white = json.loads(
+    (ROOT / 'reports/dager/hybrid_cuts/selection_whiten.json').read_text()
+  )['mean']['q=1']['cuts_first_b']['rougeL']
+  assert (
+    'by matching whitened head-gradient rows, '
+    + joined([white])
+    + ' from the same searches'
+    in line
+  )
   tuned = summary('dager/hybrid_finetuned_full')
   exact = [round(tuned[f'exact@attack=hybrid,b={b}'] * 3 * b) for b in (32, 64)]
   rouge = joined(tuned[f'rougeL@attack=hybrid,b={b}'] for b in (32, 64))
@@ -703,3 +712,54 @@ def test_dager_hybrid_cuts_report():
     f' exact; the default hybrid on them: {summary("dager/hybrid")[key]:.3f},'
     in head
   )
+
+
+def test_dager_whitened_selection_and_refinement():
+  # The reports/dager README's paragraphs on matching whitened rows and on
+  # refining the kept sentences, against their studies of hybrid_cuts/.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  folder = ROOT / 'reports/dager/hybrid_cuts'
+  white = json.loads((folder / 'selection_whiten.json').read_text())
+  raw = json.loads((folder / 'selection.json').read_text())
+  cell = lambda p, q: p[f'q={q}']['cuts_first_b']['rougeL']  # noqa: E731
+  per = ' / '.join(f'{cell(p, 1):.3f}' for p in white['batches'])
+  assert (
+    f'the same searches give ROUGE-L {per}, mean'
+    f' {cell(white["mean"], 1):.3f}, against {cell(raw["mean"], 1):.3f}' in text
+  )
+  qs = ' / '.join(f'{cell(white["mean"], q):.3f}' for q in ('0', '0.5', '1'))
+  assert f'weights q = 0 / 0.5 / 1: {qs})' in text
+  # Whitening changes the choice, not the searches: the same first b.
+  for w, r in zip(white['batches'], raw['batches'], strict=True):
+    assert w['first_b'] == r['first_b'] and w['variants'] == r['variants']
+
+  def share(s):
+    m = s['mean']
+    gain = cell(m, 1) - m['first_b']['rougeL']
+    return round(
+      100 * gain / (m['ceiling_variants_rougeL'] - m['first_b']['rougeL'])
+    )
+
+  assert (
+    f'{share(white)} % of what ideal cuts would add, against {share(raw)} %'
+    in text
+  )
+  ref = json.loads((folder / 'refine.json').read_text())
+  rows = [json.loads(x) for x in (folder / 'results.jsonl').open()]
+  for p, r in zip(ref['batches'], sorted(rows, key=lambda r: r['batch'])):
+    # It starts from the run's own kept sentences.
+    assert p['before']['rougeL'] == pytest.approx(r['rougeL'])
+    assert p['sweeps'] == 2 and p['whiten'] and p['proposals'] == 16
+  before = ' / '.join(f'{p["before"]["rougeL"]:.3f}' for p in ref['batches'])
+  after = ' / '.join(f'{p["after"]["rougeL"]:.3f}' for p in ref['batches'])
+  m = ref['mean']
+  assert (
+    f'ROUGE-L moves from {before} to {after} (mean'
+    f' {m["before"]["rougeL"]:.3f} -> {m["after"]["rougeL"]:.3f})' in text
+  )
+  rise = [
+    100 * (p['objective'][-1] / p['objective'][0] - 1) for p in ref['batches']
+  ]
+  assert f'raise the objective by {min(rise):.0f}-{max(rise):.0f} %' in text
+  changed = [p['changed'] for p in ref['batches']]
+  assert f'change {min(changed)}-{max(changed)} of the 64 sentences' in text
