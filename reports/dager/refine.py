@@ -21,7 +21,6 @@ Usage (repository root):
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import numpy as np
 from leakjax import metrics
 from leakjax.attacks.dager import hybrid, runner
 from leakjax.attacks.film import bag as bow
-from leakjax.attacks.film import runner as film_runner
+from reports.dager.study import load_run, run_batches
 
 
 def scores(originals, texts):
@@ -147,30 +146,18 @@ def main():
     '--batches', default=None, help='comma-separated batch indices (all)'
   )
   args = parser.parse_args()
-  path = Path(args.results)
-  cfg = runner.DagerExperimentConfig(
-    **json.loads((path.parent / 'config.json').read_text())
-  )
-  model, params = film_runner.load_model(runner.film_experiment_config(cfg))
-  rows = [json.loads(line) for line in path.open()]
-  rows = [r for r in rows if r['attack'] == 'hybrid' and 'searched_ids' in r]
+  cfg, model, params, rows = load_run(args.results)
   if args.batches is not None:
     keep = {int(i) for i in args.batches.split(',')}
     rows = [r for r in rows if r['batch'] in keep]
-  target = Path(args.out) if args.out else path.parent / 'refine.json'
-  # Resumes: batches already in the output are kept.
-  per = json.loads(target.read_text())['batches'] if target.exists() else []
-  done = {(p['b'], p['batch']) for p in per}
-  for row in sorted(rows, key=lambda r: (r['b'], r['batch'])):
-    if (row['b'], row['batch']) in done:
-      continue
-    per.append(study(model, params, cfg, row, args))
-    per.sort(key=lambda p: (p['b'], p['batch']))
-    out = {'batches': per, 'mean': mean(per)}
-    target.write_text(json.dumps(out, indent=2) + '\n')
-    summary = {k: v for k, v in per[-1].items() if k != 'recovered'}
-    print(json.dumps(summary), flush=True)
-  print(json.dumps(mean(per), indent=2))
+  target = Path(args.out or Path(args.results).parent / 'refine.json')
+  run_batches(
+    rows,
+    target,
+    lambda row: study(model, params, cfg, row, args),
+    mean,
+    shown=lambda p: {k: v for k, v in p.items() if k != 'recovered'},
+  )
 
 
 if __name__ == '__main__':

@@ -32,7 +32,6 @@ Usage (repository root):
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -41,7 +40,7 @@ import numpy as np
 from leakjax import metrics
 from leakjax.attacks.dager import hybrid, runner
 from leakjax.attacks.film import bag as bow
-from leakjax.attacks.film import runner as film_runner
+from reports.dager.study import load_run, run_batches
 
 POWERS = (0.0, 0.5, 1.0)
 POOLS = ('first_b', 'oversample', 'cuts_first_b', 'cuts_oversample')
@@ -148,27 +147,15 @@ def main():
     ' default output selection_whiten.json',
   )
   args = parser.parse_args()
-  path = Path(args.results)
-  cfg = runner.DagerExperimentConfig(
-    **json.loads((path.parent / 'config.json').read_text())
-  )
-  model, params = film_runner.load_model(runner.film_experiment_config(cfg))
-  rows = [json.loads(line) for line in path.open()]
-  rows = [r for r in rows if r['attack'] == 'hybrid' and 'searched_ids' in r]
+  cfg, model, params, rows = load_run(args.results)
   default = 'selection_whiten.json' if args.whiten else 'selection.json'
-  target = Path(args.out) if args.out else path.parent / default
-  # Resumes: batches already in the output are kept.
-  per = json.loads(target.read_text())['batches'] if target.exists() else []
-  done = {(p['b'], p['batch']) for p in per}
-  for row in sorted(rows, key=lambda r: (r['b'], r['batch'])):
-    if (row['b'], row['batch']) in done:
-      continue
-    per.append(study(model, params, cfg, row, whiten=args.whiten))
-    per.sort(key=lambda p: (p['b'], p['batch']))
-    out = {'batches': per, 'mean': mean(per)}
-    target.write_text(json.dumps(out, indent=2) + '\n')
-    print(json.dumps(per[-1]), flush=True)
-  print(json.dumps(mean(per), indent=2))
+  target = Path(args.out or Path(args.results).parent / default)
+  run_batches(
+    rows,
+    target,
+    lambda row: study(model, params, cfg, row, whiten=args.whiten),
+    mean,
+  )
 
 
 if __name__ == '__main__':
