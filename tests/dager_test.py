@@ -327,7 +327,12 @@ def test_search_split_over_a_mesh_decides_the_same():
   mesh = sharding.make_mesh('data:4')
   split = dager.recover(model, params, grads, config=CONFIG, mesh=mesh)
   assert split.sequences == one.sequences and split.dropped == one.dropped
-  np.testing.assert_allclose(split.residuals, one.residuals, rtol=1e-5)
+  # The true sentences' residuals sit at float32's floor (~3e-6), where
+  # the split batches' other reduction order moves them by ~1e-8.
+  np.testing.assert_allclose(
+    split.residuals, one.residuals, rtol=1e-5, atol=1e-7
+  )
+  assert max(one.residuals) < CONFIG.span.layer2_tolerance
   assert_recovered('llama', BATCHES['equal'], split)
   with pytest.raises(LeakjaxError, match='do not split over 3 devices'):
     dager.recover(
