@@ -555,10 +555,13 @@ def test_cut_variants_cut_at_word_boundaries_and_close_with_an_end():
   assert got == [[0, 10, 11, 12, 15], [0, 10, 11, 12, 13]]
 
 
-@pytest.mark.parametrize('chunk', (2, 4))
-def test_pool_gram_is_the_weighted_features_gram(chunk):
+@pytest.mark.parametrize(
+  'chunk,transformed', ((2, False), (4, False), (2, True))
+)
+def test_pool_gram_is_the_weighted_features_gram(chunk, transformed):
   # Three sentences in chunks of 2 (the last one padded) or 4: the Gram
-  # and projections of the weighted, flattened head rows, from NumPy.
+  # and projections of the weighted, flattened head rows (times a random
+  # transform when given), from NumPy.
   model, params = tiny('gpt2')
   rows = [ROWS[0], ROWS[1], ROWS[0][:5] + [END]]
   width = CONFIG.max_length
@@ -570,6 +573,7 @@ def test_pool_gram_is_the_weighted_features_gram(chunk):
   rng = np.random.default_rng(0)
   weights = rng.uniform(0.5, 2.0, size=(2, V)).astype(np.float32)
   target = rng.normal(size=(V, D)).astype(np.float32)
+  transform = rng.normal(size=(D, D)).astype(np.float32) / np.sqrt(D)
   gram, along = hybrid.pool_gram(
     model,
     params,
@@ -579,6 +583,7 @@ def test_pool_gram_is_the_weighted_features_gram(chunk):
     jnp.asarray(target),
     jnp.asarray(weights),
     chunk=chunk,
+    transform=jnp.asarray(transform) if transformed else None,
   )
   feats = np.asarray(
     hybrid.pool_head_gradients(
@@ -586,6 +591,8 @@ def test_pool_gram_is_the_weighted_features_gram(chunk):
     ),
     np.float64,
   )
+  if transformed:
+    feats = feats @ transform
   assert gram.shape == (2, 3, 3) and along.shape == (2, 3)
   for w in range(2):
     flat = (feats * weights[w][None, :, None]).reshape(3, -1)
@@ -739,40 +746,3 @@ def test_head_transform_centres_and_whitens_like_the_head_term():
   )
   centred = rows - np.outer(rows @ mean / (mean @ mean), mean)
   np.testing.assert_allclose(got, centred @ whiten, rtol=1e-4, atol=1e-4)
-
-
-def test_pool_gram_with_a_transform_is_the_transformed_features_gram():
-  model, params = tiny('llama')
-  rows = [ROWS[0], ROWS[1]]
-  tokens = np.zeros((2, CONFIG.max_length), np.int32)
-  for i, row in enumerate(rows):
-    tokens[i, : len(row)] = row
-  lengths = np.asarray([len(r) for r in rows], np.int32)
-  cands = jnp.arange(V, dtype=jnp.int32)
-  rng = np.random.default_rng(5)
-  transform = rng.normal(size=(D, D)).astype(np.float32)
-  weights = rng.uniform(0.5, 2.0, size=(1, V)).astype(np.float32)
-  target = rng.normal(size=(V, D)).astype(np.float32)
-  gram, along = hybrid.pool_gram(
-    model,
-    params,
-    tokens,
-    lengths,
-    cands,
-    jnp.asarray(target),
-    jnp.asarray(weights),
-    chunk=2,
-    transform=jnp.asarray(transform),
-  )
-  feats = np.asarray(
-    hybrid.pool_head_gradients(
-      model, params, jnp.asarray(tokens), jnp.asarray(lengths), cands
-    ),
-    np.float64,
-  )
-  flat = ((feats @ transform) * weights[0][None, :, None]).reshape(2, -1)
-  want = flat @ flat.T
-  np.testing.assert_allclose(gram[0], want, rtol=1e-4, atol=1e-6 * want.max())
-  np.testing.assert_allclose(
-    along[0], flat @ (target * weights[0][:, None]).ravel(), rtol=1e-4
-  )
