@@ -763,3 +763,42 @@ def test_dager_whitened_selection_and_refinement():
   assert f'raise the objective by {min(rise):.0f}-{max(rise):.0f} %' in text
   changed = [p['changed'] for p in ref['batches']]
   assert f'change {min(changed)}-{max(changed)} of the 64 sentences' in text
+
+
+def test_dager_hybrid_cuts_whiten_run():
+  # The experiment with whitened rows on batch 0 makes the study's choice,
+  # and the README and the flagfile header quote its row.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  folder = ROOT / 'reports/dager'
+  (row,) = [
+    json.loads(x) for x in (folder / 'hybrid_cuts_whiten/results.jsonl').open()
+  ]
+  config = json.loads((folder / 'hybrid_cuts_whiten/config.json').read_text())
+  assert config['hybrid_select_whiten'] and row['batch'] == 0
+  study = json.loads((folder / 'hybrid_cuts/selection_whiten.json').read_text())
+  cell = study['batches'][0]['q=1']['cuts_first_b']
+  assert row['rougeL'] == pytest.approx(cell['rougeL'])
+  exact = round(64 * row['exact'])
+  stages = row['stage_seconds']
+  assert (
+    f'gives the same ROUGE-L {row["rougeL"]:.3f}, {exact} of 64 sentences'
+    f' exact, in {row["seconds"]:.0f} s (search {stages["search"]:.0f} s,'
+    f' selection {stages["select"]:.0f} s;' in text
+  )
+  head = ' '.join(
+    line.lstrip('#').strip()
+    for line in (ROOT / 'experiments/configs/dager_hybrid_cuts_whiten.flags')
+    .read_text()
+    .splitlines()
+    if line.startswith('#')
+  )
+  raw = [json.loads(x) for x in (folder / 'hybrid_cuts/results.jsonl').open()]
+  raw0 = [r for r in raw if r['batch'] == 0][0]['rougeL']
+  assert (
+    f'{row["seconds"]:.0f} s for the batch (search {stages["search"]:.0f} s,'
+    f' selection {stages["select"]:.0f} s)' in head
+  )
+  assert (
+    f'(ROUGE-L {row["rougeL"]:.3f}, {exact} of 64 sentences exact; the raw'
+    f' rows on the same batch: {raw0:.3f}' in head
+  )
