@@ -526,6 +526,65 @@ def test_film_dp_bound_report():
   assert f'hold {share / len(bound["batches"]):.2f} of the batch' in text
 
 
+def test_film_dp_pooled_report():
+  # reports/film_bag/defenses/README.md's whole-gradient bound against
+  # dp_pooled.json, and the oracle's curve against a direct count.
+  from reports.film_bag.defenses import dp_pooled
+
+  here = ROOT / 'reports/film_bag/defenses'
+  text = ' '.join((here / 'README.md').read_text('utf-8').split())
+  pooled = json.loads((here / 'dp_pooled.json').read_text())
+  by_eps = {r['epsilon']: r for r in pooled['epsilons']}
+  for paper in pooled['paper_rows']:
+    eps = paper['epsilon']
+    r = by_eps[eps]
+    line = (
+      f'| {eps:.0f} | {paper["paper_precision"]:.2f} /'
+      f' {paper["paper_recall"]:.2f} | {r["all_mu_median"]:.2f} |'
+      f' {r["all_recall_at_paper_precision"]:.3f} |'
+      f' {r["all_precision_at_paper_recall"]:.3f} |'
+      f' {paper["largest_sigma"]:.3f} (ε ≈ {paper["epsilon_needed"]:,.0f}) |'
+    )
+    assert line in text, line
+  # The README's conclusion: out of reach at ε = 15 and 10, not at 5.
+  sigma = {r['epsilon']: r['sigma_of_run'] for r in pooled['paper_rows']}
+  reach = {r['epsilon']: r['largest_sigma'] for r in pooled['paper_rows']}
+  assert reach[15.0] < sigma[15.0] and reach[10.0] < sigma[10.0]
+  assert reach[5.0] > sigma[5.0]
+  top = by_eps[15.0]
+  assert (
+    f'the medians are {top["embedding_mu_median"]:.2f} for the tied'
+    f' embedding matrix (row and head together),'
+    f" {top['layer0_qkv_mu_median']:.2f} for the first layer's q/k/v"
+    f' kernels, {top["layer0_rest_mu_median"]:.2f} for the rest of the first'
+    f' layer and {top["later_layers_mu_median"]:.2f} for layers 1-29 with the'
+    f' final norm, against {top["all_mu_median"]:.2f}' in text
+  )
+  assert f'μ = 1/σ = {top["whole_example_mu"]:.2f} at ε = 15' in text
+  n_types = sum(len(b['types']) for b in pooled['batches'])
+  assert f'({n_types} in all)' in text and f'({n_types} types)' in text
+  # Parts add up in squares to the whole difference.
+  for b in pooled['batches']:
+    for t in b['types']:
+      parts = sum(t[f'diff_norm_{k}'] ** 2 for k in dp_pooled.PARTS)
+      np.testing.assert_allclose(parts, t['diff_norm'] ** 2, rtol=1e-4)
+      assert t['diff_norm'] == min(c['diff_norm'] for c in t['candidates'])
+
+  # oracle_pr against a Monte Carlo count of one threshold over all rows.
+  rng = np.random.default_rng(0)
+  mu, bag, vocab = np.array([1.0, 2.5, 4.0]), 30, 3000
+  precision, recall = dp_pooled.oracle_pr(mu, bag, vocab)
+  t_index = int(np.argmin(np.abs(np.linspace(-2.0, 12.0, 2801) - 2.5)))
+  t = np.linspace(-2.0, 12.0, 2801)[t_index]
+  draws = 4000
+  true_stat = rng.normal(np.tile(mu, bag // 3), 1.0, size=(draws, bag))
+  null_stat = rng.normal(0.0, 1.0, size=(draws, vocab - bag))
+  tp = (true_stat > t).sum(1).mean()
+  fp = (null_stat > t).sum(1).mean()
+  np.testing.assert_allclose(recall[t_index], tp / bag, atol=0.01)
+  np.testing.assert_allclose(precision[t_index], tp / (tp + fp), atol=0.01)
+
+
 def test_embed_parrot_report():
   # reports/embed_parrot/README.md: headline, DCT paragraph and the
   # dct_cost table against summary.json and dct_cost.json.
