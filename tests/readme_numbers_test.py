@@ -55,7 +55,7 @@ def test_film_enron_row():
 
 
 def test_film_bag_row():
-  line = row('| FILM bag of words')
+  line = row('| FILM bag of words, tied')
   t0 = summary('film_bag')
   p = [t0[f'bag_precision@b={b},method=tied'] for b in (1, 4, 16, 64, 128)]
   assert all(f'{v:.3f}' == '1.000' for v in p) and 'precision 1.000' in line
@@ -583,6 +583,30 @@ def test_film_dp_pooled_report():
   fp = (null_stat > t).sum(1).mean()
   np.testing.assert_allclose(recall[t_index], tp / bag, atol=0.01)
   np.testing.assert_allclose(precision[t_index], tp / (tp + fp), atol=0.01)
+
+
+def test_film_dp_row():
+  line = row('| FILM bag of words under DP-SGD')
+  s = summary('film_bag/defenses')
+  pooled = json.loads(
+    (ROOT / 'reports/film_bag/defenses/dp_pooled.json').read_text()
+  )
+  by_eps = {r['epsilon']: r for r in pooled['epsilons']}
+  paper = {r['epsilon']: r for r in pooled['paper_rows']}
+
+  def rule(m):
+    return joined(
+      (s[f'bag_{m}@b=16,defense=dp:{e},method=dp'] for e in (15, 10)), 3
+    )
+
+  assert f'precision {rule("precision")}, recall {rule("recall")}' in line
+  recall = joined(
+    (by_eps[e]['all_recall_at_paper_precision'] for e in (15.0, 10.0)), 3
+  )
+  assert f'recall {recall} at the paper' in line
+  largest = joined((paper[e]['largest_sigma'] for e in (15.0, 10.0)), 3)
+  run = joined((paper[e]['sigma_of_run'] for e in (15.0, 10.0)), 3)
+  assert f'σ ≤ {largest} (this run: {run})' in line
 
 
 def test_embed_parrot_report():
