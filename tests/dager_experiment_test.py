@@ -198,6 +198,32 @@ def test_hybrid_oversampling_runs_through_the_experiment(tmp_path):
     runner.DagerExperimentConfig(hybrid_select_weight=-1.0)
 
 
+def test_hybrid_pool_beams_run_through_the_experiment(tmp_path):
+  # Each search's next beams join the selection's pool; the row records
+  # them, and the selection keeps one sentence per search.
+  cfg = runner.DagerExperimentConfig(
+    model='gpt2-tiny',
+    max_tokens=20,
+    batch_sizes=(2,),
+    num_batches=1,
+    attacks=('hybrid',),
+    hybrid_shortlist=8,
+    hybrid_beams=4,
+    hybrid_pool_beams=3,
+  )
+  dager_exp.run_experiment(cfg, tmp_path, progress=False)
+  (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
+  searched, alternatives = row['searched_ids'], row['alternative_ids']
+  assert len(searched) == len(alternatives) == 2
+  assert any(alternatives) and all(len(a) <= 2 for a in alternatives)
+  for seq, others in zip(searched, alternatives):
+    assert seq not in others
+  assert 'select' in row['stage_seconds']
+  assert row['num_recovered'] == 2
+  with pytest.raises(LeakjaxError, match='hybrid_pool_beams'):
+    runner.DagerExperimentConfig(hybrid_beams=4, hybrid_pool_beams=5)
+
+
 def test_hybrid_refinement_runs_through_the_experiment(tmp_path):
   # The cuts chosen and one sweep of single-token edits made on whitened
   # rows (dager_hybrid_test.py checks that the edits repair a broken

@@ -167,6 +167,56 @@ def test_default_search_leaves_the_end_to_the_lm(family):
   assert any(got[:-1] == row[: len(got) - 1] for row in ROWS)
 
 
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_beams_are_ranked_and_lead_with_the_search_sentence(family):
+  # hybrid_beams returns every final beam, best first; its first row is
+  # hybrid_search's sentence, and the others differ from it.
+  model, params = tiny(family)
+  grads = gradient(family)
+  span2 = hybrid.block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
+  real = sorted({v for r in ROWS for v in r[1:]} | set(_PERM[20:23]))
+  cands = np.asarray(real + [0] * (-len(real) % 8), np.int32)
+  valid = np.arange(len(cands)) < len(real)
+  args = (
+    model,
+    params,
+    span2,
+    jnp.asarray(cands),
+    jnp.asarray(valid),
+    jnp.asarray((cands == END) & valid),
+    jnp.zeros((1, CONFIG.max_length), jnp.int32),
+    jnp.zeros((1,), jnp.int32),
+    jnp.asarray(BOS, jnp.int32),
+  )
+  row, length, score = hybrid.hybrid_search(*args, config=CONFIG)
+  rows, lengths, keys = map(
+    np.asarray, hybrid.hybrid_beams(*args, config=CONFIG)
+  )
+  assert rows.shape == (CONFIG.beams, CONFIG.max_length)
+  np.testing.assert_array_equal(rows[0], np.asarray(row))
+  assert lengths[0] == int(length) and keys[0] == pytest.approx(float(score))
+  assert np.all(np.diff(keys[np.isfinite(keys)]) <= 0)
+  best = rows[0][: lengths[0]].tolist()
+  assert best in ROWS
+  others = [
+    rows[k][: lengths[k]].tolist()
+    for k in range(1, CONFIG.beams)
+    if np.isfinite(keys[k])
+  ]
+  assert others and all(o != best for o in others)
+
+
+def test_pool_variants_hold_each_searchs_alternatives_once():
+  model, _ = tiny('gpt2')
+  config = dataclasses.replace(CONFIG, cuts=False)
+  seqs = [[BOS, 1, 2, END], [BOS, 3, 4, END]]
+  alternatives = [[[BOS, 1, 5, END], [BOS, 1, 2, END]], []]
+  variants, owner = hybrid.pool_variants(model, seqs, config, alternatives)
+  assert variants == [seqs[0], [BOS, 1, 5, END], seqs[1]]
+  assert owner == [0, 0, 1]
+  assert hybrid.pool_variants(model, seqs, config) == (seqs, [0, 1])
+
+
 def test_search_compiles_once_for_new_taken_rows():
   search('gpt2', [])
   size = hybrid.hybrid_search._cache_size()
@@ -193,6 +243,10 @@ def test_config_and_recover_refuse_bad_input():
     hybrid.HybridConfig(head_explain=True, head_norm_power=0.5)
   with pytest.raises(LeakjaxError, match='oversample'):
     hybrid.HybridConfig(oversample=0.5)
+  with pytest.raises(LeakjaxError, match='pool_beams'):
+    hybrid.HybridConfig(beams=4, pool_beams=5)
+  with pytest.raises(LeakjaxError, match='pool_beams'):
+    hybrid.HybridConfig(pool_beams=0)
   model, params = tiny('gpt2')
   with pytest.raises(LeakjaxError, match='num_sentences'):
     hybrid.recover(model, params, gradient('gpt2'), 0)

@@ -164,6 +164,10 @@ class HybridConfig:
       (:func:`cut_variants`), and keeps at most one variant per search
       (with `oversample = 1` it chooses where each sentence ends). False
       (the default): the sentences as searched.
+    pool_beams: the selection's pool also holds each search's next
+      `pool_beams - 1` live beams (:func:`hybrid_beams`; with `cuts`,
+      their cuts too), still at most one variant per search. 1 (the
+      default): each search's best beam only.
     select_weight: the selection scales each candidate's head row, in the
       observed gradient and in every sentence's own, by
       `(|row| + 0.1 · median |row|)^(−select_weight)`: 0 (the default)
@@ -233,6 +237,7 @@ class HybridConfig:
   head_explain: bool = False
   oversample: float = 1.0
   cuts: bool = False
+  pool_beams: int = 1
   select_weight: float = 0.0
   select_whiten: bool = False
   refine: int = 0
@@ -285,6 +290,13 @@ class HybridConfig:
     if not self.select_weight >= 0.0:
       raise LeakjaxError(
         f'HybridConfig.select_weight must be >= 0, got {self.select_weight!r}'
+      )
+    if not isinstance(self.pool_beams, int) or not (
+      1 <= self.pool_beams <= self.beams
+    ):
+      raise LeakjaxError(
+        f'HybridConfig.pool_beams must be an int in [1, beams = {self.beams}],'
+        f' got {self.pool_beams!r}'
       )
     if not isinstance(self.refine, int) or self.refine < 0:
       raise LeakjaxError(
@@ -1358,8 +1370,7 @@ def hybrid_step(
   )
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'config'))
-def hybrid_search(
+def _search(
   model: Model,
   params: PyTree,
   span2: Span,
@@ -1373,24 +1384,8 @@ def hybrid_search(
   head: HeadScore | None = None,
   *,
   config: HybridConfig,
-) -> tuple[Int[Array, ' L'], Int[Array, ''], Float[Array, '']]:
-  """One sentence: the best beam's `(tokens [L], length, mean score)`.
-
-  Args:
-    model: the attacked model (`decode`, `block_decode`), static.
-    params: θ.
-    span2: the span of block `config.span_block`'s attention-input
-      gradient (:func:`block_span`).
-    candidates: int32 `[C]` token ids (the bag and the sentence ends),
-      padded; `valid` marks the real ones and `is_end` the sentence ends.
-    taken: int32 `[G, L]` sentences recovered before (BOS first), whose
-      bigrams are penalised; `taken_length` `[G]` their lengths (0: none).
-    start: BOS.
-    is_start: bool `[C]`, the candidates a sentence may start with (None:
-      any).
-    head: the head-gradient term for these candidates (None: none).
-    config: settings, static.
-  """
+) -> HybridState:
+  """The beam search of :func:`hybrid_search`, to its final state."""
   if taken.shape[1] != config.max_length:
     raise LeakjaxError('taken must have max_length columns')
   state = init_state(
@@ -1437,10 +1432,104 @@ def hybrid_search(
     )
 
   state = jax.lax.while_loop(cond, body, state)
+  return state
+
+
+def _beam_keys(state: HybridState, config: HybridConfig) -> Float[Array, ' K']:
+  """Each beam's length-normalised score (-inf: a dead beam)."""
   norm = state.length.astype(jnp.float32) ** config.length_penalty
-  key = jnp.where(state.alive, state.score / norm, -jnp.inf)
+  return jnp.where(state.alive, state.score / norm, -jnp.inf)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'config'))
+def hybrid_search(
+  model: Model,
+  params: PyTree,
+  span2: Span,
+  candidates: Int[Array, ' C'],
+  valid: Bool[Array, ' C'],
+  is_end: Bool[Array, ' C'],
+  taken: Int[Array, 'G L'],
+  taken_length: Int[Array, ' G'],
+  start: Int[Array, ''],
+  is_start: Bool[Array, ' C'] | None = None,
+  head: HeadScore | None = None,
+  *,
+  config: HybridConfig,
+) -> tuple[Int[Array, ' L'], Int[Array, ''], Float[Array, '']]:
+  """One sentence: the best beam's `(tokens [L], length, mean score)`.
+
+  Args:
+    model: the attacked model (`decode`, `block_decode`), static.
+    params: θ.
+    span2: the span of block `config.span_block`'s attention-input
+      gradient (:func:`block_span`).
+    candidates: int32 `[C]` token ids (the bag and the sentence ends),
+      padded; `valid` marks the real ones and `is_end` the sentence ends.
+    taken: int32 `[G, L]` sentences recovered before (BOS first), whose
+      bigrams are penalised; `taken_length` `[G]` their lengths (0: none).
+    start: BOS.
+    is_start: bool `[C]`, the candidates a sentence may start with (None:
+      any).
+    head: the head-gradient term for these candidates (None: none).
+    config: settings, static.
+  """
+  state = _search(
+    model,
+    params,
+    span2,
+    candidates,
+    valid,
+    is_end,
+    taken,
+    taken_length,
+    start,
+    is_start,
+    head,
+    config=config,
+  )
+  key = _beam_keys(state, config)
   best = jnp.argmax(key)
   return state.tokens[best], state.length[best], key[best]
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'config'))
+def hybrid_beams(
+  model: Model,
+  params: PyTree,
+  span2: Span,
+  candidates: Int[Array, ' C'],
+  valid: Bool[Array, ' C'],
+  is_end: Bool[Array, ' C'],
+  taken: Int[Array, 'G L'],
+  taken_length: Int[Array, ' G'],
+  start: Int[Array, ''],
+  is_start: Bool[Array, ' C'] | None = None,
+  head: HeadScore | None = None,
+  *,
+  config: HybridConfig,
+) -> tuple[Int[Array, 'K L'], Int[Array, ' K'], Float[Array, ' K']]:
+  """One sentence's final beams, best first: `(tokens [K, L], lengths
+  [K], mean scores [K])`, K = `config.beams`; a dead beam scores -inf.
+  The arguments are :func:`hybrid_search`'s, whose sentence is row 0.
+  """
+  state = _search(
+    model,
+    params,
+    span2,
+    candidates,
+    valid,
+    is_end,
+    taken,
+    taken_length,
+    start,
+    is_start,
+    head,
+    config=config,
+  )
+  key = _beam_keys(state, config)
+  order = jnp.argsort(-key)
+  return state.tokens[order], state.length[order], key[order]
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'span_config'))
@@ -1495,6 +1584,8 @@ class HybridResult:
     seconds: wall time per stage.
     searched: sentences searched (more than returned with `oversample`).
     pool: token ids of every searched sentence, in search order.
+    alternatives: with `config.pool_beams > 1`, each search's other live
+      beams (token ids, best first), distinct from its sentence.
     refined: :func:`refine`'s record (empty without `config.refine`).
   """
 
@@ -1506,6 +1597,7 @@ class HybridResult:
   seconds: dict[str, float]
   searched: int = 0
   pool: list[list[int]] = dataclasses.field(default_factory=list)
+  alternatives: list[list[list[int]]] = dataclasses.field(default_factory=list)
   refined: dict = dataclasses.field(default_factory=dict)
 
 
@@ -1557,27 +1649,48 @@ def selection_weights(
 
 
 def pool_variants(
-  model: Model, sequences: Sequence[Sequence[int]], config: HybridConfig
+  model: Model,
+  sequences: Sequence[Sequence[int]],
+  config: HybridConfig,
+  alternatives: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> tuple[list[list[int]], list[int]]:
-  """The selection's pool: the searched sentences, or with `config.cuts`
-  each one's :func:`cut_variants`; and each variant's search."""
-  if not config.cuts:
-    return [list(s) for s in sequences], list(range(len(sequences)))
-  tok = model.tokenizer
-  ends = ro.sentence_end_mask(tok, model.vocab_size)
-  cuttable = np.array([not s[:1].isalnum() for s in tok.token_strings()])
-  end_id = _end_token(tok, ends)
+  """The selection's pool and each variant's search.
+
+  The pool holds each searched sentence and its `alternatives` (other
+  beams of the same search, if given), or with `config.cuts` each one's
+  :func:`cut_variants`; a variant appears once per search.
+  """
+  groups = [
+    [list(seq), *(alternatives[j] if alternatives else ())]
+    for j, seq in enumerate(sequences)
+  ]
+  if config.cuts:
+    tok = model.tokenizer
+    ends = ro.sentence_end_mask(tok, model.vocab_size)
+    cuttable = np.array([not s[:1].isalnum() for s in tok.token_strings()])
+    end_id = _end_token(tok, ends)
+    groups = [
+      [
+        v
+        for seq in group
+        for v in cut_variants(
+          seq,
+          is_end=ends,
+          cuttable=cuttable,
+          end_id=end_id,
+          min_length=config.min_length,
+        )
+      ]
+      for group in groups
+    ]
   variants, owner = [], []
-  for j, seq in enumerate(sequences):
-    for v in cut_variants(
-      seq,
-      is_end=ends,
-      cuttable=cuttable,
-      end_id=end_id,
-      min_length=config.min_length,
-    ):
-      variants.append(v)
-      owner.append(j)
+  for j, group in enumerate(groups):
+    seen = set()
+    for v in group:
+      if tuple(v) not in seen:
+        seen.add(tuple(v))
+        variants.append(list(v))
+        owner.append(j)
   return variants, owner
 
 
@@ -1630,16 +1743,18 @@ def select_pool(
   valid: np.ndarray,
   config: HybridConfig,
   transform: Float[Array, 'd d'] | None = None,
+  alternatives: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> tuple[list[list[int]], list[int]]:
-  """`num_sentences` of the searched `sequences` (or of their cuts, one
-  per search), chosen by matching the observed head gradient
+  """`num_sentences` of the searched `sequences` (or of their cuts, and
+  of each search's `alternatives`: one per search), chosen by matching the
+  observed head gradient
   (:func:`pool_grams`, :func:`select_from_gram`; every row times
   `transform` when given).
 
   Returns:
     The chosen sentences and, for each, the search it came from.
   """
-  variants, owner = pool_variants(model, sequences, config)
+  variants, owner = pool_variants(model, sequences, config, alternatives)
   gram, along = pool_grams(
     model,
     params,
@@ -1669,7 +1784,37 @@ def _end_token(tok, ends: np.ndarray) -> int:
   return int(np.flatnonzero(ends)[0])
 
 
-def recover(
+@dataclasses.dataclass
+class Searched:
+  """The hybrid's searches before its selection (:func:`search_sentences`).
+
+  Attributes:
+    sequences: each search's sentence (token ids, BOS first).
+    scores: each one's mean score per token.
+    alternatives: with `config.pool_beams > 1`, each search's other live
+      beams, best first, distinct from its sentence (else empty).
+    candidates: the candidate token ids (bag and sentence ends).
+    padded: int32 `[C]` the candidates, padded; `valid` marks the real ones.
+    valid: bool `[C]`.
+    ends: bool `[V]`, the sentence-ending tokens.
+    head: the head-gradient term (None without `config.weight_head`).
+    bag: FILM's bag.
+    seconds: wall time per stage.
+  """
+
+  sequences: list[list[int]]
+  scores: list[float]
+  alternatives: list[list[list[int]]]
+  candidates: np.ndarray
+  padded: np.ndarray
+  valid: np.ndarray
+  ends: np.ndarray
+  head: HeadScore | None
+  bag: bow.Bag
+  seconds: dict[str, float]
+
+
+def search_sentences(
   model: Model,
   params: PyTree,
   grads: PyTree,
@@ -1678,25 +1823,9 @@ def recover(
   config: HybridConfig = HybridConfig(),
   bag: bow.Bag | None = None,
   key: jax.Array | None = None,
-) -> HybridResult:
-  """`num_sentences` sentences from one gradient (module docstring).
-
-  Args:
-    model: the attacked model, with its tokenizer (BOS, sentence ends)
-      and the attention inputs of block 2 declared.
-    params: θ at which the gradient was taken.
-    grads: the observed gradient.
-    num_sentences: sentences to recover (the client's batch size, which
-      the server knows in FedSGD).
-    config: settings.
-    bag: FILM's bag (default: :func:`leakjax.attacks.film.bag.extract_bag`
-      with its automatic method).
-    key: draws the model's samples for the head term's statistics
-      (default: `jax.random.key(0)`).
-
-  Returns:
-    A :class:`HybridResult`.
-  """
+) -> Searched:
+  """The hybrid's searches, one sentence each, in order (:func:`recover`
+  without its selection and refinement; the same arguments)."""
   if num_sentences < 1:
     raise LeakjaxError(f'num_sentences must be >= 1, got {num_sentences}')
   tok = model.tokenizer
@@ -1755,7 +1884,7 @@ def recover(
   taken = np.zeros((searches, config.max_length), np.int32)
   taken_len = np.zeros((searches,), np.int32)
   args = [jnp.asarray(a) for a in (padded, valid, is_end)]
-  sequences, scores = [], []
+  sequences, scores, alternatives = [], [], []
   explain = head is not None and config.head_explain
   if explain:
     raw = raw_head_rows(model, grads, args[0])
@@ -1774,7 +1903,7 @@ def recover(
         head.whiten,
       )
       head = head.replace(rows=rows)
-    row, length, score = hybrid_search(
+    search_args = (
       model,
       params,
       span2,
@@ -1784,10 +1913,23 @@ def recover(
       jnp.asarray(bos, jnp.int32),
       jnp.asarray(is_start),
       head,
-      config=config,
     )
+    if config.pool_beams > 1:
+      rows, lengths, keys = map(
+        np.asarray, hybrid_beams(*search_args, config=config)
+      )
+      row, length, score = rows[0], lengths[0], keys[0]
+    else:
+      row, length, score = hybrid_search(*search_args, config=config)
     n = int(length)
     seq = np.asarray(row)[:n].tolist()
+    if config.pool_beams > 1:
+      others = []
+      for k in range(1, config.pool_beams):
+        other = rows[k][: int(lengths[k])].tolist()
+        if np.isfinite(keys[k]) and other != seq and other not in others:
+          others.append(other)
+      alternatives.append(others)
     taken[j, :n] = seq
     taken_len[j] = n
     if explain:
@@ -1797,6 +1939,62 @@ def recover(
     sequences.append(seq)
     scores.append(float(score))
   seconds['search'] = time.perf_counter() - t0
+  return Searched(
+    sequences=sequences,
+    scores=scores,
+    alternatives=alternatives,
+    candidates=cands,
+    padded=padded,
+    valid=valid,
+    ends=ends,
+    head=head,
+    bag=bag,
+    seconds=seconds,
+  )
+
+
+def recover(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  num_sentences: int,
+  *,
+  config: HybridConfig = HybridConfig(),
+  bag: bow.Bag | None = None,
+  key: jax.Array | None = None,
+) -> HybridResult:
+  """`num_sentences` sentences from one gradient (module docstring).
+
+  Args:
+    model: the attacked model, with its tokenizer (BOS, sentence ends)
+      and the attention inputs of block 2 declared.
+    params: θ at which the gradient was taken.
+    grads: the observed gradient.
+    num_sentences: sentences to recover (the client's batch size, which
+      the server knows in FedSGD).
+    config: settings.
+    bag: FILM's bag (default: :func:`leakjax.attacks.film.bag.extract_bag`
+      with its automatic method).
+    key: draws the model's samples for the head term's statistics
+      (default: `jax.random.key(0)`).
+
+  Returns:
+    A :class:`HybridResult`.
+  """
+  if num_sentences < 1:
+    raise LeakjaxError(f'num_sentences must be >= 1, got {num_sentences}')
+  found = search_sentences(
+    model, params, grads, num_sentences, config=config, bag=bag, key=key
+  )
+  sequences, scores, head = (
+    list(found.sequences),
+    list(found.scores),
+    found.head,
+  )
+  padded, valid, seconds = found.padded, found.valid, found.seconds
+  alternatives = found.alternatives or None
+  tok = model.tokenizer
+  searches = len(sequences)
   searched = list(sequences)
   transform = None
   if config.select_whiten:
@@ -1805,7 +2003,7 @@ def recover(
       if head is not None
       else model_head_transform(model, params, config, key)
     )
-  if searches > num_sentences or config.cuts:
+  if searches > num_sentences or config.cuts or alternatives:
     t0 = time.perf_counter()
     sequences, owner = select_pool(
       model,
@@ -1817,6 +2015,7 @@ def recover(
       valid=valid,
       config=config,
       transform=transform,
+      alternatives=alternatives,
     )
     scores = [scores[j] for j in owner]
     seconds['select'] = time.perf_counter() - t0
@@ -1831,7 +2030,7 @@ def recover(
       padded=padded,
       valid=valid,
       config=config,
-      ends=ends,
+      ends=found.ends,
       transform=transform,
     )
     seconds['refine'] = time.perf_counter() - t0
@@ -1840,11 +2039,12 @@ def recover(
     sequences=sequences,
     texts=texts,
     scores=scores,
-    candidates=cands,
-    bag=bag,
+    candidates=found.candidates,
+    bag=found.bag,
     seconds=seconds,
     searched=len(searched),
     pool=searched,
+    alternatives=found.alternatives,
     refined=refined,
   )
 
@@ -1854,6 +2054,7 @@ __all__ = [
   'HybridConfig',
   'HybridResult',
   'HybridState',
+  'Searched',
   'bigram_counts',
   'block_span',
   'candidate_tokens',
@@ -1881,7 +2082,9 @@ __all__ = [
   'sentence_head_rows',
   'whitening',
   'span_candidates',
+  'hybrid_beams',
   'hybrid_search',
+  'search_sentences',
   'hybrid_step',
   'end_head_terms',
   'explained_rows',

@@ -97,6 +97,8 @@ class DagerExperimentConfig:
       b sentences, keep the b that best match the head gradient).
     hybrid_cuts: `HybridConfig.cuts` (the selection also weighs each
       searched sentence cut at every word boundary, one per search).
+    hybrid_pool_beams: `HybridConfig.pool_beams` (the selection's pool
+      also holds each search's next beams, one kept per search).
     hybrid_select_weight: `HybridConfig.select_weight` (the selection
       scales each head row by its norm to this negative power).
     hybrid_select_whiten: `HybridConfig.select_whiten` (the selection
@@ -141,6 +143,7 @@ class DagerExperimentConfig:
   hybrid_head_explain: bool = hybrid.HybridConfig.head_explain
   hybrid_oversample: float = hybrid.HybridConfig.oversample
   hybrid_cuts: bool = hybrid.HybridConfig.cuts
+  hybrid_pool_beams: int = hybrid.HybridConfig.pool_beams
   hybrid_select_weight: float = hybrid.HybridConfig.select_weight
   hybrid_select_whiten: bool = hybrid.HybridConfig.select_whiten
   hybrid_refine: int = hybrid.HybridConfig.refine
@@ -192,6 +195,11 @@ class DagerExperimentConfig:
     ):
       if getattr(self, name) < 0:
         raise LeakjaxError(f'{name} must be >= 0, got {getattr(self, name)}')
+    if not 1 <= self.hybrid_pool_beams <= self.hybrid_beams:
+      raise LeakjaxError(
+        f'hybrid_pool_beams must be in [1, hybrid_beams], got'
+        f' {self.hybrid_pool_beams}'
+      )
     if not self.hybrid_oversample >= 1:
       raise LeakjaxError(
         f'hybrid_oversample must be >= 1, got {self.hybrid_oversample}'
@@ -353,6 +361,7 @@ def hybrid_config(cfg: DagerExperimentConfig) -> hybrid.HybridConfig:
     head_explain=cfg.hybrid_head_explain,
     oversample=cfg.hybrid_oversample,
     cuts=cfg.hybrid_cuts,
+    pool_beams=cfg.hybrid_pool_beams,
     select_weight=cfg.hybrid_select_weight,
     select_whiten=cfg.hybrid_select_whiten,
     refine=cfg.hybrid_refine,
@@ -430,9 +439,11 @@ def attack_batch(
     config = hybrid_config(cfg)
     result = hybrid.recover(model, params, grads, b, config=config)
     predictions = result.texts
-    if config.oversample > 1 or config.cuts:
+    if config.oversample > 1 or config.cuts or config.pool_beams > 1:
       # What the selection chose from (reports/dager/selection.py).
       row['searched_ids'] = result.pool
+    if config.pool_beams > 1:
+      row['alternative_ids'] = result.alternatives
     if result.refined:
       row['refined'] = result.refined
     row.update(batch_scores(texts, predictions, true_ids, result.sequences))
