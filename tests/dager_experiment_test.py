@@ -220,6 +220,26 @@ def test_hybrid_pool_beams_run_through_the_experiment(tmp_path):
     assert seq not in others
   assert 'select' in row['stage_seconds']
   assert row['num_recovered'] == 2
+  # The beams study repeats the run's searches and beams.
+  from leakjax.attacks.film import runner as film_runner
+  from reports.dager import beams
+
+  model, params = film_runner.load_model(runner.film_experiment_config(cfg))
+  out = beams.study(model, params, cfg, row)
+  assert out['matches_run'] is True
+  assert out['beams_cuts']['upper'] >= out['cuts']['upper']
+  assert out['beams_cuts']['candidates'] >= out['cuts']['candidates']
+  for k in ('searched', 'cuts', 'beams_cuts'):
+    assert out[k]['assigned'] <= out[k]['upper'] + 1e-12
+  # Ceilings by hand: one search cannot serve two originals.
+  got = beams.ceilings(
+    ['alpha beta gamma', 'delta epsilon zeta'],
+    ['alpha beta gamma', 'delta epsilon zeta', 'alpha beta'],
+    [0, 0, 1],
+    2,
+  )
+  assert got['upper'] == pytest.approx(1.0)
+  assert got['assigned'] == pytest.approx((1.0 + 0.8) / 2)
   with pytest.raises(LeakjaxError, match='hybrid_pool_beams'):
     runner.DagerExperimentConfig(hybrid_beams=4, hybrid_pool_beams=5)
 

@@ -918,6 +918,40 @@ def test_dager_hybrid_cuts_report():
   )
 
 
+def test_dager_beams_study():
+  # The reports/dager README's paragraph on the searches' other beams,
+  # against beams.json; its ceilings against the selection study's.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  folder = ROOT / 'reports/dager/hybrid_cuts'
+  beams = json.loads((folder / 'beams.json').read_text())
+  white = json.loads((folder / 'selection_whiten.json').read_text())
+  m = beams['mean']
+  pair = lambda k: f'{m[k]["upper"]:.3f} / {m[k]["assigned"]:.3f}'  # noqa: E731
+  assert (
+    f'the searched sentences {pair("searched")}, their cuts {pair("cuts")},'
+    f" every beam's cuts {pair('beams_cuts')} (about"
+    f' {m["beams_cuts"]["candidates"]:,.0f} candidates a batch against'
+    f' {m["cuts"]["candidates"]:,.0f})' in text
+  )
+  assert m['beams_cuts']['assigned'] < 0.5
+  for k in ('upper', 'assigned'):
+    assert 0 < m['beams_cuts'][k] - m['cuts'][k] < 0.015  # "about 0.01"
+  chosen = white['mean']['q=1']['cuts_first_b']['rougeL']
+  assert (
+    f"selection's {chosen:.3f} is"
+    f' {round(100 * chosen / m["cuts"]["assigned"])} % of the cuts' in text
+  )
+  # The ceilings of the cuts are the selection study's, batch by batch,
+  # where the re-run repeated the committed searches.
+  for p, w in zip(beams['batches'], white['batches'], strict=True):
+    assert p['batch'] == w['batch']
+    if p['matches_run']:
+      assert p['cuts']['upper'] == pytest.approx(w['ceiling_variants_rougeL'])
+    for k in ('searched', 'cuts', 'beams_cuts'):
+      assert p[k]['assigned'] <= p[k]['upper'] + 1e-12
+  assert [p['matches_run'] for p in beams['batches']] == [True, False, True]
+
+
 def test_dager_whitened_selection_and_refinement():
   # The reports/dager README's paragraphs on matching whitened rows and on
   # refining the kept sentences, against their studies of hybrid_cuts/.
