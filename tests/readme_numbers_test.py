@@ -918,6 +918,59 @@ def test_dager_hybrid_cuts_report():
   )
 
 
+def test_dager_hybrid_freeze():
+  # The reports/dager README's paragraph on the hybrid against frozen
+  # embeddings, and both flagfile headers, against the committed runs.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  key = 'rougeL@attack=hybrid,b=32'
+
+  def rows(report):
+    path = ROOT / 'reports/dager' / report / 'results.jsonl'
+    out = [json.loads(x) for x in path.open()]
+    return [r for r in out if r['b'] == 32]
+
+  def per(report, field='rougeL'):
+    return ' / '.join(
+      f'{r[field]:.3f}' if field == 'rougeL' else str(r[field])
+      for r in rows(report)
+    )
+
+  full, free = summary('dager/hybrid'), summary('dager/hybrid_freeze')
+  span, span_free = (
+    summary('dager/hybrid_span_only'),
+    summary('dager/hybrid_span_only_freeze'),
+  )
+  fk = key + ',defense=freeze'
+  assert (
+    f'ROUGE-L {per("hybrid")} to {per("hybrid_freeze")} (`hybrid_freeze/`;'
+    f' mean {full[key]:.3f} -> {free[fk]:.3f}), no sentence exact' in text
+  )
+  assert free['exact@attack=hybrid,b=32,defense=freeze'] == 0.0
+  assert (
+    f'{per("hybrid_span_only")} without the defense,'
+    f' {per("hybrid_span_only_freeze")} with it (`hybrid_span_only_freeze/`;'
+    f' mean {span[key]:.3f} -> {span_free[fk]:.3f})' in text
+  )
+  assert (
+    f'({per("hybrid_span_only_freeze", "num_candidates")} tokens against'
+    f' {per("hybrid_span_only", "num_candidates")})' in text
+  )
+  for report in ('hybrid_freeze', 'hybrid_span_only_freeze'):
+    assert all(r['defense'] == 'freeze' for r in rows(report))
+  for name, got, base in (
+    ('dager_hybrid_freeze', free[fk], full[key]),
+    ('dager_hybrid_span_only_freeze', span_free[fk], span[key]),
+  ):
+    header = ' '.join(
+      line.lstrip('# ')
+      for line in (ROOT / f'experiments/configs/{name}.flags')
+      .read_text('utf-8')
+      .splitlines()
+      if line.startswith('#')
+    )
+    assert f'(ROUGE-L {got:.3f}, against {base:.3f} without' in header, name
+
+
 def test_dager_beams_study():
   # The reports/dager README's paragraph on the searches' other beams,
   # against beams.json; its ceilings against the selection study's.
