@@ -17,6 +17,18 @@ from leakjax.models import get_path
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+def tiny_hybrid(**changes) -> runner.DagerExperimentConfig:
+  """The hybrid on the small GPT-2 (20 tokens, 8 shortlisted), with
+  `changes`."""
+  return runner.DagerExperimentConfig(
+    model='gpt2-tiny',
+    max_tokens=20,
+    attacks=('hybrid',),
+    hybrid_shortlist=8,
+    **changes,
+  )
+
+
 def test_flags_are_the_config_fields(fresh_flags):
   dager_exp.define_flags()
   fields = {f.name for f in dataclasses.fields(runner.DagerExperimentConfig)}
@@ -121,13 +133,9 @@ def test_hybrid_attack_runs_through_the_experiment(tmp_path):
   # (scored over every candidate); the small GPT-2's LM is random, so where
   # a sentence ends is its call and is not checked here
   # (dager_hybrid_test.py checks the search token by token).
-  cfg = runner.DagerExperimentConfig(
-    model='gpt2-tiny',
-    max_tokens=20,
+  cfg = tiny_hybrid(
     batch_sizes=(1,),
     num_batches=2,
-    attacks=('hybrid',),
-    hybrid_shortlist=8,
   )
   summary = dager_exp.run_experiment(cfg, tmp_path, progress=False)
   rows = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
@@ -142,13 +150,9 @@ def test_hybrid_attack_runs_through_the_experiment(tmp_path):
 def test_hybrid_explaining_away_runs_through_the_experiment(tmp_path):
   # Two searches: the second reads head rows with the first sentence's
   # share subtracted (dager_hybrid_test.py checks the shares).
-  cfg = runner.DagerExperimentConfig(
-    model='gpt2-tiny',
-    max_tokens=20,
+  cfg = tiny_hybrid(
     batch_sizes=(2,),
     num_batches=1,
-    attacks=('hybrid',),
-    hybrid_shortlist=8,
     hybrid_head_explain=True,
   )
   summary = dager_exp.run_experiment(cfg, tmp_path, progress=False)
@@ -161,13 +165,9 @@ def test_hybrid_oversampling_runs_through_the_experiment(tmp_path):
   # Four searches for a 2-sentence batch and their cuts, two kept by
   # weighted gradient matching, one per search at most (dager_hybrid_test.py
   # checks the selection, the cuts and the pool's gradients).
-  cfg = runner.DagerExperimentConfig(
-    model='gpt2-tiny',
-    max_tokens=20,
+  cfg = tiny_hybrid(
     batch_sizes=(2,),
     num_batches=1,
-    attacks=('hybrid',),
-    hybrid_shortlist=8,
     hybrid_oversample=2.0,
     hybrid_cuts=True,
     hybrid_select_weight=1.0,
@@ -201,13 +201,9 @@ def test_hybrid_oversampling_runs_through_the_experiment(tmp_path):
 def test_hybrid_pool_beams_run_through_the_experiment(tmp_path):
   # Each search's next beams join the selection's pool; the row records
   # them, and the selection keeps one sentence per search.
-  cfg = runner.DagerExperimentConfig(
-    model='gpt2-tiny',
-    max_tokens=20,
+  cfg = tiny_hybrid(
     batch_sizes=(2,),
     num_batches=1,
-    attacks=('hybrid',),
-    hybrid_shortlist=8,
     hybrid_beams=4,
     hybrid_pool_beams=3,
   )
@@ -248,13 +244,9 @@ def test_hybrid_refinement_runs_through_the_experiment(tmp_path):
   # The cuts chosen and one sweep of single-token edits made on whitened
   # rows (dager_hybrid_test.py checks that the edits repair a broken
   # batch): the objective never falls, and the row records it.
-  cfg = runner.DagerExperimentConfig(
-    model='gpt2-tiny',
-    max_tokens=20,
+  cfg = tiny_hybrid(
     batch_sizes=(2,),
     num_batches=1,
-    attacks=('hybrid',),
-    hybrid_shortlist=8,
     hybrid_refine=1,
     hybrid_refine_proposals=4,
     hybrid_cuts=True,

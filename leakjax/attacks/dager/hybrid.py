@@ -1370,7 +1370,8 @@ def hybrid_step(
   )
 
 
-def _search(
+@functools.partial(jax.jit, static_argnames=('model', 'config'))
+def hybrid_search(
   model: Model,
   params: PyTree,
   span2: Span,
@@ -1384,8 +1385,61 @@ def _search(
   head: HeadScore | None = None,
   *,
   config: HybridConfig,
-) -> HybridState:
-  """The beam search of :func:`hybrid_search`, to its final state."""
+) -> tuple[Int[Array, ' L'], Int[Array, ''], Float[Array, '']]:
+  """One sentence: the best beam's `(tokens [L], length, mean score)`.
+
+  Args:
+    model: the attacked model (`decode`, `block_decode`), static.
+    params: θ.
+    span2: the span of block `config.span_block`'s attention-input
+      gradient (:func:`block_span`).
+    candidates: int32 `[C]` token ids (the bag and the sentence ends),
+      padded; `valid` marks the real ones and `is_end` the sentence ends.
+    taken: int32 `[G, L]` sentences recovered before (BOS first), whose
+      bigrams are penalised; `taken_length` `[G]` their lengths (0: none).
+    start: BOS.
+    is_start: bool `[C]`, the candidates a sentence may start with (None:
+      any).
+    head: the head-gradient term for these candidates (None: none).
+    config: settings, static.
+  """
+  rows, lengths, keys = hybrid_beams(
+    model,
+    params,
+    span2,
+    candidates,
+    valid,
+    is_end,
+    taken,
+    taken_length,
+    start,
+    is_start,
+    head,
+    config=config,
+  )
+  return rows[0], lengths[0], keys[0]
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'config'))
+def hybrid_beams(
+  model: Model,
+  params: PyTree,
+  span2: Span,
+  candidates: Int[Array, ' C'],
+  valid: Bool[Array, ' C'],
+  is_end: Bool[Array, ' C'],
+  taken: Int[Array, 'G L'],
+  taken_length: Int[Array, ' G'],
+  start: Int[Array, ''],
+  is_start: Bool[Array, ' C'] | None = None,
+  head: HeadScore | None = None,
+  *,
+  config: HybridConfig,
+) -> tuple[Int[Array, 'K L'], Int[Array, ' K'], Float[Array, ' K']]:
+  """One sentence's final beams, best first: `(tokens [K, L], lengths
+  [K], mean scores [K])`, K = `config.beams`; a dead beam scores -inf.
+  The arguments are :func:`hybrid_search`'s, whose sentence is row 0.
+  """
   if taken.shape[1] != config.max_length:
     raise LeakjaxError('taken must have max_length columns')
   state = init_state(
@@ -1432,102 +1486,8 @@ def _search(
     )
 
   state = jax.lax.while_loop(cond, body, state)
-  return state
-
-
-def _beam_keys(state: HybridState, config: HybridConfig) -> Float[Array, ' K']:
-  """Each beam's length-normalised score (-inf: a dead beam)."""
   norm = state.length.astype(jnp.float32) ** config.length_penalty
-  return jnp.where(state.alive, state.score / norm, -jnp.inf)
-
-
-@functools.partial(jax.jit, static_argnames=('model', 'config'))
-def hybrid_search(
-  model: Model,
-  params: PyTree,
-  span2: Span,
-  candidates: Int[Array, ' C'],
-  valid: Bool[Array, ' C'],
-  is_end: Bool[Array, ' C'],
-  taken: Int[Array, 'G L'],
-  taken_length: Int[Array, ' G'],
-  start: Int[Array, ''],
-  is_start: Bool[Array, ' C'] | None = None,
-  head: HeadScore | None = None,
-  *,
-  config: HybridConfig,
-) -> tuple[Int[Array, ' L'], Int[Array, ''], Float[Array, '']]:
-  """One sentence: the best beam's `(tokens [L], length, mean score)`.
-
-  Args:
-    model: the attacked model (`decode`, `block_decode`), static.
-    params: θ.
-    span2: the span of block `config.span_block`'s attention-input
-      gradient (:func:`block_span`).
-    candidates: int32 `[C]` token ids (the bag and the sentence ends),
-      padded; `valid` marks the real ones and `is_end` the sentence ends.
-    taken: int32 `[G, L]` sentences recovered before (BOS first), whose
-      bigrams are penalised; `taken_length` `[G]` their lengths (0: none).
-    start: BOS.
-    is_start: bool `[C]`, the candidates a sentence may start with (None:
-      any).
-    head: the head-gradient term for these candidates (None: none).
-    config: settings, static.
-  """
-  state = _search(
-    model,
-    params,
-    span2,
-    candidates,
-    valid,
-    is_end,
-    taken,
-    taken_length,
-    start,
-    is_start,
-    head,
-    config=config,
-  )
-  key = _beam_keys(state, config)
-  best = jnp.argmax(key)
-  return state.tokens[best], state.length[best], key[best]
-
-
-@functools.partial(jax.jit, static_argnames=('model', 'config'))
-def hybrid_beams(
-  model: Model,
-  params: PyTree,
-  span2: Span,
-  candidates: Int[Array, ' C'],
-  valid: Bool[Array, ' C'],
-  is_end: Bool[Array, ' C'],
-  taken: Int[Array, 'G L'],
-  taken_length: Int[Array, ' G'],
-  start: Int[Array, ''],
-  is_start: Bool[Array, ' C'] | None = None,
-  head: HeadScore | None = None,
-  *,
-  config: HybridConfig,
-) -> tuple[Int[Array, 'K L'], Int[Array, ' K'], Float[Array, ' K']]:
-  """One sentence's final beams, best first: `(tokens [K, L], lengths
-  [K], mean scores [K])`, K = `config.beams`; a dead beam scores -inf.
-  The arguments are :func:`hybrid_search`'s, whose sentence is row 0.
-  """
-  state = _search(
-    model,
-    params,
-    span2,
-    candidates,
-    valid,
-    is_end,
-    taken,
-    taken_length,
-    start,
-    is_start,
-    head,
-    config=config,
-  )
-  key = _beam_keys(state, config)
+  key = jnp.where(state.alive, state.score / norm, -jnp.inf)
   order = jnp.argsort(-key)
   return state.tokens[order], state.length[order], key[order]
 

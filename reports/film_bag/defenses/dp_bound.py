@@ -179,10 +179,16 @@ def largest_noise(norms_per_batch, dim, vocab, precision, recall, name):
       got.append(best_recall(p, r, precision))
     return float(np.mean(got)) >= recall
 
-  lo, hi = 1e-4, 10.0
+  return largest_passing(reaches, 1e-4, 10.0)
+
+
+def largest_passing(reaches, lo: float, hi: float, steps: int = 30) -> float:
+  """The largest x in [lo, hi] with `reaches(x)` (monotone: true below
+  some x, false above), by bisection on a log scale; 0 if `reaches(lo)` is
+  false."""
   if not reaches(lo):
     return 0.0
-  for _ in range(30):
+  for _ in range(steps):
     mid = float(np.sqrt(lo * hi))
     lo, hi = (mid, hi) if reaches(mid) else (lo, mid)
   return lo

@@ -305,13 +305,7 @@ def largest_sigma(batches, vocab, precision: float, recall: float) -> float:
       got.append(dp_bound.best_recall(p, r, precision))
     return float(np.mean(got)) >= recall
 
-  lo, hi = 1e-3, 10.0
-  if not reaches(lo):
-    return 0.0
-  for _ in range(30):
-    mid = float(np.sqrt(lo * hi))
-    lo, hi = (mid, hi) if reaches(mid) else (lo, mid)
-  return lo
+  return dp_bound.largest_passing(reaches, 1e-3, 10.0)
 
 
 def paper_rows(batches, vocab, sigmas) -> list[dict]:
