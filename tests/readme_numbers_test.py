@@ -971,6 +971,68 @@ def test_dager_hybrid_freeze():
     assert f'(ROUGE-L {got:.3f}, against {base:.3f} without' in header, name
 
 
+def test_dager_hybrid_defenses():
+  # The reports/dager README's paragraph on the hybrid under noise and
+  # FedAvg at b = 16, and both flagfile headers, against the committed runs.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  hyb, noise = summary('dager/hybrid_defenses'), summary('dager/hybrid_noise')
+  dager = summary('dager/defenses')
+
+  def cell(src, metric, defense, prefix='attack=hybrid,'):
+    tail = '' if defense == 'none' else f',defense={defense}'
+    return src[f'{metric}@{prefix}b=16{tail}']
+
+  assert (
+    f'(ROUGE-L {cell(hyb, "rougeL", "none"):.3f} against'
+    f' {cell(dager, "rougeL", "none", ""):.3f},'
+    f' {cell(hyb, "exact", "none"):.3f} of the sentences exact)' in text
+  )
+  for d in ('noise:1e-7', 'noise:1e-6', 'fedavg:2:16'):
+    assert cell(dager, 'rougeL', d, '') == 0.0  # "DAGER recovers nothing"
+  r = lambda d: f'{cell(hyb, "rougeL", d):.3f}'  # noqa: E731
+  e = lambda d: f'{cell(hyb, "exact", d):.3f}'  # noqa: E731
+  assert (
+    f'it keeps ROUGE-L {r("noise:1e-7")} / {r("noise:1e-6")}'
+    f' ({e("noise:1e-7")} / {e("noise:1e-6")} exact); at 1e-5 / 1e-4 it keeps'
+    f' {cell(noise, "rougeL", "noise:1e-5"):.3f} /'
+    f' {cell(noise, "rougeL", "noise:1e-4"):.3f}' in text
+  )
+  assert f'it keeps {r("fedavg:2:16")} ({e("fedavg:2:16")} exact)' in text
+  heads = {}
+  for name in ('dager_hybrid_defenses', 'dager_hybrid_noise'):
+    heads[name] = ' '.join(
+      line.lstrip('# ')
+      for line in (ROOT / f'experiments/configs/{name}.flags')
+      .read_text('utf-8')
+      .splitlines()
+      if line.startswith('#')
+    )
+  four = ('none', 'noise:1e-7', 'noise:1e-6', 'fedavg:2:16')
+  assert (
+    f'(ROUGE-L {" / ".join(r(d) for d in four)} with none'
+    in heads['dager_hybrid_defenses']
+  )
+  assert (
+    'DAGER on the same batches: '
+    + ' / '.join(f'{cell(dager, "rougeL", d, ""):.3f}' for d in four)
+    in heads['dager_hybrid_defenses']
+  )
+  assert (
+    f'(ROUGE-L {cell(noise, "rougeL", "noise:1e-5"):.3f} /'
+    f' {cell(noise, "rougeL", "noise:1e-4"):.3f} at std'
+    in heads['dager_hybrid_noise']
+  )
+
+
+def test_dager_defenses_row():
+  line = row('| DAGER and the hybrid under gradient noise')
+  hyb, dager = summary('dager/hybrid_defenses'), summary('dager/defenses')
+  three = ('noise:1e-7', 'noise:1e-6', 'fedavg:2:16')
+  d = joined((dager[f'rougeL@b=16,defense={x}'] for x in three), 3)
+  h = joined((hyb[f'rougeL@attack=hybrid,b=16,defense={x}'] for x in three), 3)
+  assert f'DAGER ROUGE-L {d}; the hybrid {h} |' in line
+
+
 def test_dager_beams_study():
   # The reports/dager README's paragraph on the searches' other beams,
   # against beams.json; its ceilings against the selection study's.
