@@ -72,6 +72,17 @@ def load_config() -> runner.FilmExperimentConfig:
   return runner.FilmExperimentConfig(**kwargs)
 
 
+def run_fields(cfg) -> dict:
+  """What the committed DP-SGD run fixes: model, data, b, batches, C."""
+  return {
+    'model': cfg.model,
+    'data': cfg.data,
+    'b': cfg.batch_sizes[0],
+    'num_batches': cfg.num_batches,
+    'clip_norm': cfg.dp_clip,
+  }
+
+
 def expected_pr(
   tp_survival: np.ndarray, null_survival: np.ndarray, num_null: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -269,11 +280,7 @@ def main() -> None:
     print(json.dumps(row), file=sys.stderr)
 
   out = {
-    'model': cfg.model,
-    'data': cfg.data,
-    'b': cfg.batch_sizes[0],
-    'num_batches': cfg.num_batches,
-    'clip_norm': cfg.dp_clip,
+    **run_fields(cfg),
     'vocab': vocab,
     'dim': dim,
     'batches': batches,

@@ -342,11 +342,7 @@ def main() -> None:
   else:
     batches, vocab = measure(cfg)
   out = {
-    'model': cfg.model,
-    'data': cfg.data,
-    'b': cfg.batch_sizes[0],
-    'num_batches': cfg.num_batches,
-    'clip_norm': cfg.dp_clip,
+    **dp_bound.run_fields(cfg),
     'vocab': vocab,
     'types_per_batch': TYPES_PER_BATCH,
     'batches': batches,
