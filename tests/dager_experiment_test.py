@@ -240,6 +240,19 @@ def test_hybrid_pool_beams_run_through_the_experiment(tmp_path):
     runner.DagerExperimentConfig(hybrid_beams=4, hybrid_pool_beams=5)
 
 
+def test_hybrid_start_allocation_runs_through_the_experiment(tmp_path):
+  # With --hybrid_start_dims each search starts with the first token
+  # allocated to it, and the row records both.
+  cfg = tiny_hybrid(batch_sizes=(2,), num_batches=1, hybrid_start_dims=4)
+  dager_exp.run_experiment(cfg, tmp_path, progress=False)
+  (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
+  assert len(row['start_ids']) == len(row['searched_ids']) == 2
+  for seq, first in zip(row['searched_ids'], row['start_ids']):
+    assert seq[1] == first
+  with pytest.raises(LeakjaxError, match='start_dims'):
+    runner.DagerExperimentConfig(hybrid_start_dims=-1)
+
+
 def test_hybrid_refinement_runs_through_the_experiment(tmp_path):
   # The cuts chosen and one sweep of single-token edits made on whitened
   # rows (dager_hybrid_test.py checks that the edits repair a broken

@@ -52,13 +52,14 @@ CONFIG = hybrid.HybridConfig(
 )
 
 
-def numpy_bigram_counts(last, candidates, taken, taken_length):
+def numpy_bigram_counts(last, candidates, taken, taken_length, skip=None):
+  skip = np.ones(len(taken), int) if skip is None else np.maximum(skip, 1)
   out = np.zeros((len(last), len(candidates)), np.int64)
   for k, a in enumerate(last):
     for c, b in enumerate(candidates):
-      for row, n in zip(taken, taken_length):
+      for row, n, s in zip(taken, taken_length, skip):
         out[k, c] += sum(
-          row[p] == a and row[p + 1] == b for p in range(1, n - 1)
+          row[p] == a and row[p + 1] == b for p in range(s, n - 1)
         )
   return out
 
@@ -78,6 +79,14 @@ def test_bigram_counts_match_numpy():
   want = numpy_bigram_counts(last, candidates, taken, taken_length)
   np.testing.assert_array_equal(np.asarray(got), want)
   assert want.sum() > 0  # the draw holds bigrams to count
+  # Skipping each row's first few bigrams (0 counts as 1: BOS's).
+  skip = np.array([3, 0, 2, 1, 5], np.int32)
+  got = hybrid.bigram_counts(
+    *(jnp.asarray(x) for x in (last, candidates, taken, taken_length, skip))
+  )
+  fewer = numpy_bigram_counts(last, candidates, taken, taken_length, skip)
+  np.testing.assert_array_equal(np.asarray(got), fewer)
+  assert 0 < fewer.sum() < want.sum()
 
 
 def test_top_span_projects_on_the_top_singular_vectors():
@@ -800,3 +809,124 @@ def test_head_transform_centres_and_whitens_like_the_head_term():
   )
   centred = rows - np.outer(rows @ mean / (mean @ mean), mean)
   np.testing.assert_allclose(got, centred @ whiten, rtol=1e-4, atol=1e-4)
+
+
+def numpy_start_counts(rows, first, samples, prior, valid, b, dims):
+  u = np.linalg.svd(samples, full_matrices=False)[2][:dims]
+  h = first - u.T @ (u @ first)
+  r = rows - (rows @ u.T) @ u
+  a = np.where(valid, r @ h / (h @ h), 0.0)
+  p = np.where(valid, prior, 0.0)
+  n = b * (1 - p.sum()) / a.sum()
+  return np.where(valid, n * a + b * p, 0.0), n
+
+
+def test_start_counts_read_planted_counts_and_match_numpy():
+  # Rows built as the docstring says a batch's are: (c − b p) h0 / N plus
+  # other contexts' head inputs, here drawn from the samples' 12-dim
+  # subspace, so that projecting out 12 directions recovers c exactly.
+  rng = np.random.default_rng(0)
+  d, c_num, n_targets, b = 24, 10, 57.0, 8
+  basis = np.linalg.qr(rng.normal(size=(d, 12)))[0].T  # [12, d]
+  samples = rng.normal(size=(200, 12)) @ basis
+  first = rng.normal(size=d)
+  prior = rng.dirichlet(np.ones(c_num + 5))[:c_num]
+  counts = np.array([3, 2, 1, 1, 0, 1, 0, 0, 0, 0], np.float64)
+  others = rng.normal(size=(c_num, 12)) @ basis
+  rows = np.outer(counts - b * prior, first) / n_targets + others
+  valid = np.ones(c_num, bool)
+  got, n = hybrid.start_counts(
+    *(jnp.asarray(x, jnp.float32) for x in (rows, first, samples, prior)),
+    jnp.asarray(valid),
+    b,
+    dims=12,
+  )
+  np.testing.assert_allclose(np.asarray(got), counts, atol=1e-3)
+  assert float(n) == pytest.approx(n_targets, rel=1e-3)
+  # Fewer directions than the contexts span: not exact, but the same
+  # arithmetic as NumPy's, and invalid candidates count 0.
+  valid[-2:] = False
+  got, n = hybrid.start_counts(
+    *(jnp.asarray(x, jnp.float32) for x in (rows, first, samples, prior)),
+    jnp.asarray(valid),
+    b,
+    dims=5,
+  )
+  want, want_n = numpy_start_counts(rows, first, samples, prior, valid, b, 5)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-3, atol=1e-3)
+  assert float(n) == pytest.approx(want_n, rel=1e-3)
+  assert np.all(np.asarray(got)[-2:] == 0)
+
+
+def test_allocate_starts_hands_out_the_largest_counts_first():
+  counts = np.array([2.6, 0.9, 1.2, 5.0])
+  allowed = np.array([True, True, False, True])
+  # 5.0 → 4.0 → 3.0 → 2.0 (each pick uses one), then 2.6, then 2.0.
+  picks = hybrid.allocate_starts(counts, allowed, 5)
+  assert picks.tolist() == [3, 3, 3, 0, 3]
+  with pytest.raises(LeakjaxError, match='start a sentence'):
+    hybrid.allocate_starts(counts, np.zeros(4, bool), 2)
+
+
+def test_estimated_starts_name_both_sentences_first_tokens():
+  # The tiny Llama (RoPE: BOS's head input is the same in every sentence,
+  # as on SmolLM2): the two largest estimated counts over every token but
+  # BOS are the two sentences' first tokens. (The tiny GPT-2's random
+  # learned positions blur its estimate; not used here.)
+  model, params = tiny('llama')
+  cands = np.arange(V - 1, dtype=np.int32)
+  counts, share = hybrid.estimate_starts(
+    model,
+    params,
+    gradient('llama'),
+    jnp.asarray(cands),
+    jnp.ones(len(cands), bool),
+    jnp.asarray(BOS, jnp.int32),
+    2,
+    key=jax.random.key(0),
+    config=dataclasses.replace(CONFIG, start_dims=4),
+  )
+  picks = hybrid.allocate_starts(
+    np.asarray(counts), np.ones(len(cands), bool), 2
+  )
+  assert sorted(cands[picks].tolist()) == sorted(r[1] for r in ROWS)
+  # The share explained by the first targets lies along BOS's head input.
+  share = np.asarray(share, np.float64)
+  assert np.linalg.matrix_rank(share, tol=1e-6 * np.abs(share).max()) == 1
+
+
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_prior_start_reads_the_lm_from_its_own_context(family):
+  # The LM prior comes from a context that starts with another token;
+  # the head input (and the beams' tokens) stay on BOS's.
+  model, params = tiny(family)
+  readout = hybrid.head_readout(model, params)
+  head = hybrid.HeadScore(
+    readout=readout,
+    mean=jnp.zeros(D),
+    whiten=jnp.eye(D),
+    rows=jnp.zeros((4, D)),
+  )
+  other = 7
+  state = hybrid.init_state(
+    model, params, jnp.asarray(BOS, jnp.int32), 2, 8, 1, head, other
+  )
+
+  def after(prefix):
+    ids = jnp.asarray([prefix], jnp.int32)
+    z = model.logits(params, ids, jnp.ones(ids.shape, jnp.int32))[0, -1]
+    return z.astype(jnp.float32)
+
+  np.testing.assert_allclose(
+    np.asarray(state.logp[0]),
+    np.asarray(jax.nn.log_softmax(after([other]))),
+    atol=1e-4,
+  )
+  np.testing.assert_allclose(
+    np.asarray(state.head[0]), np.asarray(after([BOS]) @ readout), atol=1e-4
+  )
+  # Below the rank limit the span still decides the whole search.
+  config = dataclasses.replace(CONFIG, prior_start=other)
+  assert search(family, [], config) in ROWS
+  with pytest.raises(LeakjaxError, match='prior_start'):
+    hybrid.HybridConfig(prior_start=-2)

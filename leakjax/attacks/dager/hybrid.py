@@ -203,6 +203,26 @@ class HybridConfig:
       searches share their first words: on SmolLM2, b = 64, Enron batch 0,
       39 of 64 recovered sentences began with 'I' where the batch has 45
       distinct first words (`reports/dager/hybrid_head_only/results.jsonl`).
+    start_dims: with `start_dims > 0`, each search's first token is
+      fixed in advance: :func:`start_counts` estimates how many sentences
+      start with each candidate from the head gradient at BOS (projecting
+      out this many principal directions of the model's own head inputs),
+      and :func:`allocate_starts` hands one start to each search, largest
+      counts first (0: off, the searches choose their first tokens as
+      any other). On SmolLM2, Enron, b = 64 batches 0-2, with 64
+      directions the allocated starts match 63 / 62 / 62 of the 64
+      sentences' first tokens (multiset), 124 of 128 at b = 128 batch 0;
+      the search's own first words match 39 / 34 / 34
+      (`reports/dager/hybrid/results.jsonl`).
+    prior_start: the token the LM prior's context starts with in place
+      of BOS (None: BOS, the batch's own). The head input, the span and
+      the gradient's expected part keep BOS, since the batch was encoded
+      with it; only `log p(v | prefix)` is read from the other context.
+      SmolLM2 declares `<|im_start|>` its BOS: after it and a first word
+      such as 'The' its likeliest next tokens are capital letters glued
+      on ('S', 'F', 'D'), after `<|endoftext|>` (its document
+      separator, id 0) they are ' company', ' ', ' number'. One more
+      decode per step.
     reference_quantile: `r̄` is this quantile of the step's shortlisted
       log-residuals (0.5: the median).
     end_as_best: a sentence end's span term is the beam's best
@@ -246,6 +266,8 @@ class HybridConfig:
   weight_span: float = 1.0
   weight_diverse: float = 1.0
   weight_start: float = 3.0
+  start_dims: int = 0
+  prior_start: int | None = None
   reference_quantile: float = 0.5
   end_as_best: bool = True
   length_penalty: float = 1.0
@@ -297,6 +319,17 @@ class HybridConfig:
       raise LeakjaxError(
         f'HybridConfig.pool_beams must be an int in [1, beams = {self.beams}],'
         f' got {self.pool_beams!r}'
+      )
+    if self.prior_start is not None and (
+      not isinstance(self.prior_start, int) or self.prior_start < 0
+    ):
+      raise LeakjaxError(
+        'HybridConfig.prior_start must be a token id >= 0 or None, got'
+        f' {self.prior_start!r}'
+      )
+    if not isinstance(self.start_dims, int) or self.start_dims < 0:
+      raise LeakjaxError(
+        f'HybridConfig.start_dims must be an int >= 0, got {self.start_dims!r}'
       )
     if not isinstance(self.refine, int) or self.refine < 0:
       raise LeakjaxError(
@@ -439,6 +472,26 @@ def head_statistics(
   The model's own text stands in for the private data's, so the attack
   needs no corpus.
   """
+  h = sample_head_inputs(
+    model, params, readout, start, key=key, num=num, length=length
+  )
+  return whitening(h.reshape(-1, h.shape[-1]), shrinkage)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'num', 'length'))
+def sample_head_inputs(
+  model: Model,
+  params: PyTree,
+  readout: Float[Array, 'V d'],
+  start: Int[Array, ''],
+  *,
+  key: jax.Array,
+  num: int,
+  length: int,
+) -> Float[Array, 'length num d']:
+  """The head inputs along `num` sequences of `length` tokens sampled
+  from the model after `start`: row 0 is `start`'s own (the same in every
+  sequence), row i the input after i sampled tokens."""
   cache = model.init_cache(params, num, length + 1)
   first = jnp.full((num, 1), start, jnp.int32)
   logits, cache = model.decode(params, cache, first)
@@ -451,7 +504,116 @@ def head_statistics(
     return (z, c), h
 
   _, h = jax.lax.scan(step, (logits, cache), jax.random.split(key, length))
-  return whitening(h.reshape(-1, h.shape[-1]), shrinkage)
+  return h
+
+
+@functools.partial(jax.jit, static_argnames=('dims',))
+def start_counts(
+  rows: Float[Array, 'C d'],
+  first_input: Float[Array, ' d'],
+  samples: Float[Array, 'n d'],
+  prior: Float[Array, ' C'],
+  valid: Bool[Array, ' C'],
+  num_sentences: Int[Array, ''] | int,
+  *,
+  dims: int,
+) -> Float[Array, ' C']:
+  """How many of the batch's sentences start with each candidate, read
+  from the head gradient at BOS.
+
+  Every sentence's first target follows BOS, whose head input `h̃_0` is
+  the same in every sentence (causal model, BOS first). So the negated
+  head rows `r_v = −∇W[v]` (:func:`raw_head_rows`) hold
+  `(c_v − b p_0[v]) h̃_0 / N`, `c_v` the sentences starting with v, `p_0`
+  the LM after BOS, b the sentences and N the targets, beside the other
+  positions' head inputs. Those share few directions with `h̃_0` once the
+  top `dims` principal directions of head inputs after BOS (`samples`:
+  the model's own, :func:`sample_head_inputs` past row 0) are projected
+  out of both: the coefficient `a_v = ⟨P r_v, P h̃_0⟩ / |P h̃_0|²`
+  estimates `(c_v − b p_0[v]) / N`. N is not known; it comes from the
+  counts summing to b over the `valid` candidates:
+  `N = b (1 − Σ p_0) / Σ a`. (Our construction; no paper describes it.)
+  For a tied head the rows also hold the input embeddings' gradient,
+  which this leaves in.
+
+  Returns:
+    `(counts, n)`: float32 `[C]` the estimated counts (0 where not
+    `valid`) and `[]` the estimated N.
+  """
+  u = jnp.linalg.svd(samples.astype(jnp.float32), full_matrices=False)[2]
+  u = u[:dims]  # [k, d]
+  h = first_input - (u @ first_input) @ u
+  r = rows - (rows @ u.T) @ u
+  a = jnp.where(valid, r @ h / (h @ h), 0.0)
+  p = jnp.where(valid, prior, 0.0)
+  n = num_sentences * (1.0 - p.sum()) / a.sum()
+  return jnp.where(valid, n * a + num_sentences * p, 0.0), n
+
+
+def estimate_starts(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  candidates: Int[Array, ' C'],
+  valid: Bool[Array, ' C'],
+  start: Int[Array, ''],
+  num_sentences: int,
+  *,
+  key: jax.Array,
+  config: HybridConfig,
+) -> tuple[Float[Array, ' C'], Float[Array, ' C d']]:
+  """:func:`start_counts` for `candidates` under the observed gradient,
+  with the head inputs of the model's own samples (drawn as
+  :func:`head_score` draws them, same `key`) and `config.start_dims`
+  directions; `start`: BOS.
+
+  Returns:
+    `(counts, share)`: the estimated counts `[C]`, and each candidate's
+    share of its negated head row that the sentences' first targets
+    explain, `(c_v − b p_0[v]) h̃_0 / N` `[C, d]`.
+  """
+  readout = jax.jit(head_readout, static_argnums=0)(model, params)
+  h = sample_head_inputs(
+    model,
+    params,
+    readout,
+    start,
+    key=key,
+    num=config.head_samples,
+    length=config.head_sample_length,
+  )
+  logits = model.logits(
+    params, start.reshape(1, 1), jnp.ones((1, 1), jnp.int32)
+  )
+  prior = jax.nn.softmax(logits[0, 0].astype(jnp.float32))[candidates]
+  counts, n = start_counts(
+    raw_head_rows(model, grads, candidates),
+    h[0, 0],
+    h[1:].reshape(-1, h.shape[-1]),
+    prior,
+    valid,
+    num_sentences,
+    dims=config.start_dims,
+  )
+  coef = jnp.where(valid, (counts - num_sentences * prior) / n, 0.0)
+  return counts, coef[:, None] * h[0, 0][None]
+
+
+def allocate_starts(
+  counts: np.ndarray, allowed: np.ndarray, num: int
+) -> np.ndarray:
+  """`num` candidate indices, one per sentence, greedily from the
+  estimated counts (:func:`start_counts`): each pick is the allowed
+  candidate with the largest count not yet used."""
+  left = np.where(allowed, np.asarray(counts, np.float64), -np.inf)
+  if not np.isfinite(left).any():
+    raise LeakjaxError('no candidate may start a sentence')
+  picks = []
+  for _ in range(num):
+    j = int(np.argmax(left))
+    picks.append(j)
+    left[j] -= 1.0
+  return np.asarray(picks, np.int64)
 
 
 def whitening(
@@ -477,10 +639,13 @@ def head_score(
   key: jax.Array,
   config: HybridConfig,
   valid: Bool[Array, ' C'] | None = None,
+  shift: Float[Array, 'C d'] | None = None,
 ) -> HeadScore:
   """The :class:`HeadScore` of `candidates` under the observed gradient
   (`valid` marks the real candidates among padding: the median row norm
-  is theirs; None: all)."""
+  is theirs; None: all; `shift` is taken off the negated raw rows first,
+  e.g. the share the sentences' first targets explain,
+  :func:`estimate_starts`)."""
   readout = jax.jit(head_readout, static_argnums=0)(model, params)
   mean, whiten = head_statistics(
     model,
@@ -502,13 +667,16 @@ def head_score(
     readout,
     mean,
     whiten,
+    jnp.zeros((), jnp.float32) if shift is None else shift,
     power=config.head_norm_power,
   )
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'power'))
-def _head_rows(model, grads, candidates, valid, readout, mean, whiten, power):
-  rows = raw_head_rows(model, grads, candidates)
+def _head_rows(
+  model, grads, candidates, valid, readout, mean, whiten, shift, power
+):
+  rows = raw_head_rows(model, grads, candidates) - shift
   rows = rows - jnp.outer(rows @ mean / (mean @ mean), mean)
   rows = rows @ whiten
   norm = jnp.linalg.norm(rows, axis=-1, keepdims=True)
@@ -1148,6 +1316,8 @@ class HybridState:
     cache: the LM's decode cache.
     block_cache: the block-1 cache (:meth:`Model.block_decode`).
     step: int32 `[]`, the position the next step fills.
+    prior_cache: with `HybridConfig.prior_start`, the decode cache of the
+      LM prior's own context (else None).
   """
 
   tokens: Int[Array, 'K L']
@@ -1160,6 +1330,7 @@ class HybridState:
   cache: PyTree
   block_cache: PyTree
   step: Int[Array, '']
+  prior_cache: PyTree = None
 
 
 def bigram_counts(
@@ -1167,11 +1338,19 @@ def bigram_counts(
   candidates: Int[Array, ' C'],
   taken: Int[Array, 'G L'],
   taken_length: Int[Array, ' G'],
+  taken_skip: Int[Array, ' G'] | None = None,
 ) -> Int[Array, 'K C']:
   """How many rows of `taken` hold the bigram `(last[k], candidates[c])`
-  at a position past BOS (sentences may share their first word)."""
+  at a position past BOS (sentences may share their first word), and,
+  with `taken_skip`, at a position `p >= taken_skip[g]` (the bigram
+  `(taken[g, p], taken[g, p + 1])`; None: 1 for every row)."""
   pos = jnp.arange(taken.shape[1] - 1)
-  ok = (pos[None] >= 1) & (pos[None] + 1 < taken_length[:, None])  # [G, L-1]
+  skip = (
+    jnp.ones(taken_length.shape, jnp.int32)
+    if taken_skip is None
+    else jnp.maximum(taken_skip, 1)
+  )
+  ok = (pos[None] >= skip[:, None]) & (pos[None] + 1 < taken_length[:, None])
   first = jnp.where(ok, taken[:, :-1], -1)
   second = jnp.where(ok, taken[:, 1:], -1)
   hit_first = first[None] == last[:, None, None]  # [K, G, L-1]
@@ -1231,12 +1410,21 @@ def init_state(
   max_length: int,
   layer: int = 1,
   head: HeadScore | None = None,
+  prior_start: int | None = None,
 ) -> HybridState:
   """Every beam at `start` (BOS); only beam 0 alive; the block cache runs
-  up to block `layer`'s input."""
+  up to block `layer`'s input; with `prior_start` the LM prior's
+  log-probabilities come from a second context that starts with that
+  token instead (`HybridConfig.prior_start`)."""
   cache = model.init_cache(params, beams, max_length + 1)
   first = jnp.full((beams, 1), start, jnp.int32)
   logits, cache = model.decode(params, cache, first)
+  prior_logits, prior_cache = logits, None
+  if prior_start is not None:
+    prior_cache = model.init_cache(params, beams, max_length + 1)
+    prior_logits, prior_cache = model.decode(
+      params, prior_cache, jnp.full((beams, 1), prior_start, jnp.int32)
+    )
   block_cache = model.init_block_cache(
     params, beams, max_length + 1, layer=layer
   )
@@ -1248,11 +1436,12 @@ def init_state(
     score=jnp.zeros((beams,), jnp.float32),
     finished=jnp.zeros((beams,), bool),
     alive=jnp.arange(beams) == 0,
-    logp=jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1),
+    logp=jax.nn.log_softmax(prior_logits[:, -1].astype(jnp.float32), axis=-1),
     head=_head_input(head, logits),
     cache=cache,
     block_cache=block_cache,
     step=jnp.ones((), jnp.int32),
+    prior_cache=prior_cache,
   )
 
 
@@ -1271,6 +1460,7 @@ def hybrid_step(
   shortlist: int | None = None,
   allowed: Bool[Array, ' C'] | None = None,
   head: HeadScore | None = None,
+  taken_skip: Int[Array, ' G'] | None = None,
 ) -> HybridState:
   """One position of the search (pure; `model` and `config` static).
 
@@ -1287,7 +1477,7 @@ def hybrid_step(
   last = state.tokens[:, i - 1]
   lm = state.logp[:, candidates]  # [K, C]
   repeat = _own_bigrams(state.tokens, state.length, last, candidates)
-  others = bigram_counts(last, candidates, taken, taken_length)
+  others = bigram_counts(last, candidates, taken, taken_length, taken_skip)
   open_ = state.alive & ~state.finished
   # No sentence ends before `min_length` tokens (BOS and one word at least).
   early = i + 1 < max(config.min_length, 3)
@@ -1356,17 +1546,23 @@ def hybrid_step(
   _, block_cache = model.block_decode(
     params, gather(state.block_cache), tok[:, None], layer=config.span_block
   )
+  prior_logits, prior_cache = logits, None
+  if state.prior_cache is not None:
+    prior_logits, prior_cache = model.decode(
+      params, gather(state.prior_cache), tok[:, None]
+    )
   return HybridState(
     tokens=tokens,
     length=jnp.where(kept, state.length[parent], i + 1),
     score=jnp.where(alive, ext.reshape(-1)[pick], -jnp.inf),
     finished=alive & (kept | end[parent, col]),
     alive=alive,
-    logp=jax.nn.log_softmax(logits[:, -1].astype(jnp.float32), axis=-1),
+    logp=jax.nn.log_softmax(prior_logits[:, -1].astype(jnp.float32), axis=-1),
     head=_head_input(head, logits),
     cache=lm_cache,
     block_cache=block_cache,
     step=i + 1,
+    prior_cache=prior_cache,
   )
 
 
@@ -1385,6 +1581,7 @@ def hybrid_search(
   head: HeadScore | None = None,
   *,
   config: HybridConfig,
+  taken_skip: Int[Array, ' G'] | None = None,
 ) -> tuple[Int[Array, ' L'], Int[Array, ''], Float[Array, '']]:
   """One sentence: the best beam's `(tokens [L], length, mean score)`.
 
@@ -1402,6 +1599,8 @@ def hybrid_search(
       any).
     head: the head-gradient term for these candidates (None: none).
     config: settings, static.
+    taken_skip: int32 `[G]`, the bigram penalty counts a row's bigrams
+      from this position on (:func:`bigram_counts`; None: past BOS).
   """
   rows, lengths, keys = hybrid_beams(
     model,
@@ -1416,6 +1615,7 @@ def hybrid_search(
     is_start,
     head,
     config=config,
+    taken_skip=taken_skip,
   )
   return rows[0], lengths[0], keys[0]
 
@@ -1435,6 +1635,7 @@ def hybrid_beams(
   head: HeadScore | None = None,
   *,
   config: HybridConfig,
+  taken_skip: Int[Array, ' G'] | None = None,
 ) -> tuple[Int[Array, 'K L'], Int[Array, ' K'], Float[Array, ' K']]:
   """One sentence's final beams, best first: `(tokens [K, L], lengths
   [K], mean scores [K])`, K = `config.beams`; a dead beam scores -inf.
@@ -1450,6 +1651,7 @@ def hybrid_beams(
     config.max_length,
     config.span_block,
     head,
+    config.prior_start,
   )
   state = hybrid_step(
     model,
@@ -1465,6 +1667,7 @@ def hybrid_beams(
     shortlist=candidates.shape[0],
     allowed=is_start,
     head=head,
+    taken_skip=taken_skip,
   )
 
   def cond(st):
@@ -1483,6 +1686,7 @@ def hybrid_beams(
       st,
       config=config,
       head=head,
+      taken_skip=taken_skip,
     )
 
   state = jax.lax.while_loop(cond, body, state)
@@ -1547,6 +1751,8 @@ class HybridResult:
     alternatives: with `config.pool_beams > 1`, each search's other live
       beams (token ids, best first), distinct from its sentence.
     refined: :func:`refine`'s record (empty without `config.refine`).
+    starts: with `config.start_dims`, each search's allocated first
+      token (token ids, in search order; else empty).
   """
 
   sequences: list[list[int]]
@@ -1559,6 +1765,7 @@ class HybridResult:
   pool: list[list[int]] = dataclasses.field(default_factory=list)
   alternatives: list[list[list[int]]] = dataclasses.field(default_factory=list)
   refined: dict = dataclasses.field(default_factory=dict)
+  starts: list[int] = dataclasses.field(default_factory=list)
 
 
 def candidate_tokens(
@@ -1753,6 +1960,8 @@ class Searched:
     scores: each one's mean score per token.
     alternatives: with `config.pool_beams > 1`, each search's other live
       beams, best first, distinct from its sentence (else empty).
+    starts: with `config.start_dims`, each search's allocated first token
+      (else empty).
     candidates: the candidate token ids (bag and sentence ends).
     padded: int32 `[C]` the candidates, padded; `valid` marks the real ones.
     valid: bool `[C]`.
@@ -1765,6 +1974,7 @@ class Searched:
   sequences: list[list[int]]
   scores: list[float]
   alternatives: list[list[list[int]]]
+  starts: list[int]
   candidates: np.ndarray
   padded: np.ndarray
   valid: np.ndarray
@@ -1826,6 +2036,24 @@ def search_sentences(
   span2 = block_span(
     model, grads, config.span_block, config.span_dims, config.span
   )
+  searches = max(num_sentences, math.ceil(config.oversample * num_sentences))
+  shift = None
+  if config.start_dims:
+    counts, shift = estimate_starts(
+      model,
+      params,
+      grads,
+      jnp.asarray(padded),
+      jnp.asarray(valid),
+      jnp.asarray(bos, jnp.int32),
+      num_sentences,
+      key=jax.random.key(0) if key is None else key,
+      config=config,
+    )
+    picks = allocate_starts(np.asarray(counts), is_start, searches)
+    # Sentences given the same first token may share its first word:
+    # bigrams inside a taken sentence's first word are not penalised.
+    word_start = np.array([not s[:1].isalnum() for s in strings])
   head = None
   if config.weight_head:
     head = head_score(
@@ -1837,12 +2065,13 @@ def search_sentences(
       key=jax.random.key(0) if key is None else key,
       config=config,
       valid=jnp.asarray(valid),
+      shift=shift,
     )
   seconds['span'] = time.perf_counter() - t0
   t0 = time.perf_counter()
-  searches = max(num_sentences, math.ceil(config.oversample * num_sentences))
   taken = np.zeros((searches, config.max_length), np.int32)
   taken_len = np.zeros((searches,), np.int32)
+  taken_skip = np.ones((searches,), np.int32)
   args = [jnp.asarray(a) for a in (padded, valid, is_end)]
   sequences, scores, alternatives = [], [], []
   explain = head is not None and config.head_explain
@@ -1871,16 +2100,24 @@ def search_sentences(
       jnp.asarray(taken),
       jnp.asarray(taken_len),
       jnp.asarray(bos, jnp.int32),
-      jnp.asarray(is_start),
+      jnp.asarray(
+        is_start
+        if not config.start_dims
+        else np.arange(len(padded)) == picks[j]
+      ),
       head,
     )
+    skip = jnp.asarray(taken_skip) if config.start_dims else None
     if config.pool_beams > 1:
       rows, lengths, keys = map(
-        np.asarray, hybrid_beams(*search_args, config=config)
+        np.asarray,
+        hybrid_beams(*search_args, config=config, taken_skip=skip),
       )
       row, length, score = rows[0], lengths[0], keys[0]
     else:
-      row, length, score = hybrid_search(*search_args, config=config)
+      row, length, score = hybrid_search(
+        *search_args, config=config, taken_skip=skip
+      )
     n = int(length)
     seq = np.asarray(row)[:n].tolist()
     if config.pool_beams > 1:
@@ -1892,6 +2129,10 @@ def search_sentences(
       alternatives.append(others)
     taken[j, :n] = seq
     taken_len[j] = n
+    if config.start_dims:
+      # The bigram (p, p + 1) counts from the first word's end on.
+      later = [p for p in range(2, n) if word_start[seq[p]]]
+      taken_skip[j] = (later[0] if later else n) - 1
     if explain:
       shares = shares + sentence_head_rows(
         model, params, jnp.asarray(taken[j]), n, args[0], head.readout
@@ -1903,6 +2144,7 @@ def search_sentences(
     sequences=sequences,
     scores=scores,
     alternatives=alternatives,
+    starts=[int(padded[j]) for j in picks] if config.start_dims else [],
     candidates=cands,
     padded=padded,
     valid=valid,
@@ -2006,6 +2248,7 @@ def recover(
     pool=searched,
     alternatives=found.alternatives,
     refined=refined,
+    starts=found.starts,
   )
 
 

@@ -99,6 +99,12 @@ class DagerExperimentConfig:
       searched sentence cut at every word boundary, one per search).
     hybrid_pool_beams: `HybridConfig.pool_beams` (the selection's pool
       also holds each search's next beams, one kept per search).
+    hybrid_start_dims: `HybridConfig.start_dims` (fix each search's
+      first token from the head gradient's estimate of how many sentences
+      start with it; 0: off).
+    hybrid_prior_start: `HybridConfig.prior_start` (the LM prior's
+      context starts with this token id in place of BOS; negative, the
+      default: BOS).
     hybrid_select_weight: `HybridConfig.select_weight` (the selection
       scales each head row by its norm to this negative power).
     hybrid_select_whiten: `HybridConfig.select_whiten` (the selection
@@ -144,6 +150,8 @@ class DagerExperimentConfig:
   hybrid_oversample: float = hybrid.HybridConfig.oversample
   hybrid_cuts: bool = hybrid.HybridConfig.cuts
   hybrid_pool_beams: int = hybrid.HybridConfig.pool_beams
+  hybrid_start_dims: int = hybrid.HybridConfig.start_dims
+  hybrid_prior_start: int = -1
   hybrid_select_weight: float = hybrid.HybridConfig.select_weight
   hybrid_select_whiten: bool = hybrid.HybridConfig.select_whiten
   hybrid_refine: int = hybrid.HybridConfig.refine
@@ -192,6 +200,7 @@ class DagerExperimentConfig:
       'hybrid_select_weight',
       'hybrid_refine',
       'hybrid_refine_lm',
+      'hybrid_start_dims',
     ):
       if getattr(self, name) < 0:
         raise LeakjaxError(f'{name} must be >= 0, got {getattr(self, name)}')
@@ -362,6 +371,8 @@ def hybrid_config(cfg: DagerExperimentConfig) -> hybrid.HybridConfig:
     oversample=cfg.hybrid_oversample,
     cuts=cfg.hybrid_cuts,
     pool_beams=cfg.hybrid_pool_beams,
+    start_dims=cfg.hybrid_start_dims,
+    prior_start=None if cfg.hybrid_prior_start < 0 else cfg.hybrid_prior_start,
     select_weight=cfg.hybrid_select_weight,
     select_whiten=cfg.hybrid_select_whiten,
     refine=cfg.hybrid_refine,
@@ -444,6 +455,9 @@ def attack_batch(
       row['searched_ids'] = result.pool
     if config.pool_beams > 1:
       row['alternative_ids'] = result.alternatives
+    if result.starts:
+      row['searched_ids'] = result.pool
+      row['start_ids'] = result.starts
     if result.refined:
       row['refined'] = result.refined
     row.update(batch_scores(texts, predictions, true_ids, result.sequences))
