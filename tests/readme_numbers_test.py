@@ -205,6 +205,15 @@ def test_dager_rows():
     + ' from the same searches'
     in line
   )
+  starts = json.loads(
+    (ROOT / 'reports/dager/hybrid_starts/selection_whiten.json').read_text()
+  )['mean']
+  assert (
+    f'and {joined([starts["q=1"]["cuts_first_b"]["rougeL"]])} with each'
+    " search's first token allocated from the head gradient at BOS and the LM"
+    r' prior read after `<\|endoftext\|>` ('
+    f'{joined([starts["first_b"]["rougeL"]])} without the cuts; the LM' in line
+  )
   tuned = summary('dager/hybrid_finetuned_full')
   exact = [round(tuned[f'exact@attack=hybrid,b={b}'] * 3 * b) for b in (32, 64)]
   rouge = joined(tuned[f'rougeL@attack=hybrid,b={b}'] for b in (32, 64))
@@ -1154,4 +1163,92 @@ def test_dager_hybrid_cuts_whiten_run():
   assert (
     f'(ROUGE-L {row["rougeL"]:.3f}, {exact} of 64 sentences exact; the raw'
     f' rows on the same batch: {raw0:.3f}' in head
+  )
+
+
+def test_dager_hybrid_starts():
+  # The reports/dager README's paragraph on allocated starts, against
+  # starts.json, the starts run, its selection study and the default's.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  folder = ROOT / 'reports/dager'
+  starts = json.loads((folder / 'starts.json').read_text())
+  b64 = [p for p in starts['batches'] if p['b'] == 64]
+  (b128,) = [p for p in starts['batches'] if p['b'] == 128]
+  ints = lambda xs: ' / '.join(str(x) for x in xs)  # noqa: E731
+  assert (
+    f'first tokens match {ints(p["allocated_hits"] for p in b64)} of the 64'
+    f" sentences' on the three b = 64 batches, and"
+    f' {b128["allocated_hits"]} of 128 on the first b = 128 batch' in text
+  )
+  corr = ' / '.join(f'{p["corr"]:.2f}' for p in starts['batches'])
+  assert f'the estimates correlate {corr} with the true counts' in text
+  assert (
+    "the default hybrid's recovered first words match"
+    f' {ints(p["first_word_hits,hybrid"] for p in b64)} of 64' in text
+  )
+
+  def rows(name):
+    out = [json.loads(x) for x in (folder / name / 'results.jsonl').open()]
+    return sorted(
+      [r for r in out if r['b'] == 64 and r['attack'] == 'hybrid'],
+      key=lambda r: r['batch'],
+    )
+
+  got, base = rows('hybrid_starts'), rows('hybrid')
+  # The study scored the same rows the run wrote.
+  for p, r in zip(b64, got, strict=True):
+    assert p['rougeL,hybrid_starts'] == pytest.approx(r['rougeL'])
+    assert p['first_word_hits,hybrid_starts'] <= 64
+  config = json.loads((folder / 'hybrid_starts/config.json').read_text())
+  assert config['hybrid_start_dims'] == starts['dims'] == 64
+  assert config['hybrid_prior_start'] == 0
+  r3 = lambda rs: ' / '.join(f'{r["rougeL"]:.3f}' for r in rs)  # noqa: E731
+  mean = lambda rs: np.mean([r['rougeL'] for r in rs])  # noqa: E731
+  exact = lambda rs: round(sum(64 * r['exact'] for r in rs))  # noqa: E731
+  assert (
+    f'ROUGE-L {r3(got)} on the three batches, mean {mean(got):.3f}, against'
+    f" the default's {r3(base)} (mean {mean(base):.3f}), {exact(got)} of 192"
+    f' sentences exact against {exact(base)}.' in text
+  )
+  assert (
+    f'first words match {ints(p["first_word_hits,hybrid_starts"] for p in b64)}'
+    in text
+  )
+  words = lambda rs, k: np.mean([len(s.split()) for r in rs for s in r[k]])  # noqa: E731
+  assert (
+    f'({words(got, "recovered"):.1f} words on average, the originals'
+    f' {words(got, "originals"):.1f})' in text
+  )
+  sel = json.loads((folder / 'hybrid_starts/selection_whiten.json').read_text())
+  old = json.loads((folder / 'hybrid_cuts/selection_whiten.json').read_text())
+  cell = lambda p, q: p[f'q={q}']['cuts_first_b']['rougeL']  # noqa: E731
+  per = ' / '.join(f'{cell(p, 1):.3f}' for p in sel['batches'])
+  qs = ' / '.join(f'{cell(sel["mean"], q):.3f}' for q in ('0', '0.5', '1'))
+  assert (
+    f'they give ROUGE-L {per} (mean {cell(sel["mean"], 1):.3f}, against'
+    f" {cell(old['mean'], 1):.3f} from the default's searches; q = 0 / 0.5 /"
+    f' 1: {qs}; the kept sentences average'
+    f' {sel["mean"]["q=1"]["cuts_first_b"]["words"]:.1f} words)' in text
+  )
+  assert (
+    f'rises from {old["mean"]["ceiling_variants_rougeL"]:.3f} to'
+    f' {sel["mean"]["ceiling_variants_rougeL"]:.3f}. Still short of 0.5' in text
+  )
+  assert sel['mean']['ceiling_variants_rougeL'] < 0.55
+  # The study's first b are the run's searches, as searched.
+  for p, r in zip(sel['batches'], got, strict=True):
+    assert p['first_b']['rougeL'] == pytest.approx(r['rougeL'])
+  head = ' '.join(
+    line.lstrip('#').strip()
+    for line in (ROOT / 'experiments/configs/dager_hybrid_starts.flags')
+    .read_text()
+    .splitlines()
+    if line.startswith('#')
+  )
+  seconds = [r['seconds'] for r in got]
+  assert (
+    f'(measured: {min(seconds):.0f}-{max(seconds):.0f} s a batch)' in head
+    and f'(ROUGE-L {mean(got):.3f} over the three batches, {exact(got)} of 192'
+    f' sentences exact; the default hybrid on them: {mean(base):.3f}'
+    in head
   )

@@ -212,8 +212,8 @@ class HybridConfig:
       any other). On SmolLM2, Enron, b = 64 batches 0-2, with 64
       directions the allocated starts match 63 / 62 / 62 of the 64
       sentences' first tokens (multiset), 124 of 128 at b = 128 batch 0;
-      the search's own first words match 39 / 34 / 34
-      (`reports/dager/hybrid/results.jsonl`).
+      the default search's own first words match 39 / 34 / 34
+      (`reports/dager/starts.json`).
     prior_start: the token the LM prior's context starts with in place
       of BOS (None: BOS, the batch's own). The head input, the span and
       the gradient's expected part keep BOS, since the batch was encoded
