@@ -242,8 +242,16 @@ def test_hybrid_pool_beams_run_through_the_experiment(tmp_path):
 
 def test_hybrid_start_allocation_runs_through_the_experiment(tmp_path):
   # With --hybrid_start_dims each search starts with the first token
-  # allocated to it, and the row records both.
-  cfg = tiny_hybrid(batch_sizes=(2,), num_batches=1, hybrid_start_dims=4)
+  # allocated to it, and the row records both; --hybrid_prior_start
+  # reaches the search's config.
+  cfg = tiny_hybrid(
+    batch_sizes=(2,),
+    num_batches=1,
+    hybrid_start_dims=4,
+    hybrid_prior_start=0,
+  )
+  assert runner.hybrid_config(cfg).prior_start == 0
+  assert runner.hybrid_config(tiny_hybrid()).prior_start is None
   dager_exp.run_experiment(cfg, tmp_path, progress=False)
   (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
   assert len(row['start_ids']) == len(row['searched_ids']) == 2

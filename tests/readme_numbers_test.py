@@ -1252,3 +1252,59 @@ def test_dager_hybrid_starts():
     f' sentences exact; the default hybrid on them: {mean(base):.3f}'
     in head
   )
+
+
+def test_dager_hybrid_starts_cuts_run():
+  # The experiment with every option on batch 0 makes the study's choice
+  # from the starts run's searches; the README and the flagfile header
+  # quote its row.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  folder = ROOT / 'reports/dager'
+  (row,) = [
+    json.loads(x) for x in (folder / 'hybrid_starts_cuts/results.jsonl').open()
+  ]
+  config = json.loads((folder / 'hybrid_starts_cuts/config.json').read_text())
+  assert config['hybrid_select_whiten'] and config['hybrid_cuts']
+  assert config['hybrid_start_dims'] == 64 and row['batch'] == 0
+  study = json.loads(
+    (folder / 'hybrid_starts/selection_whiten.json').read_text()
+  )
+  assert row['rougeL'] == pytest.approx(
+    study['batches'][0]['q=1']['cuts_first_b']['rougeL']
+  )
+  (searched,) = [
+    json.loads(x)
+    for x in (folder / 'hybrid_starts/results.jsonl').open()
+    if json.loads(x)['batch'] == 0
+  ]
+  assert row['searched_ids'] == searched['searched_ids']
+  assert [s[1] for s in row['searched_ids']] == row['start_ids']
+  exact = round(64 * row['exact'])
+  stages = row['stage_seconds']
+  timing = (
+    f'in {row["seconds"]:.0f} s (search {stages["search"]:.0f} s,'
+    f' selection {stages["select"]:.0f} s)'
+  )
+  assert (
+    f'gives the same ROUGE-L {row["rougeL"]:.3f}, {exact} of 64 sentences'
+    f' exact, {timing}.' in text
+  )
+  head = ' '.join(
+    line.lstrip('#').strip()
+    for line in (ROOT / 'experiments/configs/dager_hybrid_starts_cuts.flags')
+    .read_text()
+    .splitlines()
+    if line.startswith('#')
+  )
+  (white,) = [
+    json.loads(x) for x in (folder / 'hybrid_cuts_whiten/results.jsonl').open()
+  ]
+  assert (
+    f'{row["seconds"]:.0f} s for the batch (search {stages["search"]:.0f} s,'
+    f' selection {stages["select"]:.0f} s)' in head
+  )
+  assert (
+    f'(ROUGE-L {row["rougeL"]:.3f}, {exact} of 64 sentences exact; the'
+    " default hybrid's searches with the same selection:"
+    f' {white["rougeL"]:.3f}' in head
+  )

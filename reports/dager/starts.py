@@ -96,13 +96,7 @@ def main():
       config=config,
     )
     counts = np.asarray(counts)
-    # As search_sentences: a sentence may start with a capital or a digit.
-    allowed = valid & np.array(
-      [
-        strings[int(t)][:1].isupper() or strings[int(t)][:1].isdigit()
-        for t in padded
-      ]
-    )
+    allowed = hybrid.start_mask(strings, padded, valid)
     picks = hybrid.allocate_starts(counts, allowed, b)
     true = collections.Counter(int(t) for t in ids[:, 1])
     got = collections.Counter(int(padded[j]) for j in picks)

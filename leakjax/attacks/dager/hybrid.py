@@ -1984,6 +1984,23 @@ class Searched:
   seconds: dict[str, float]
 
 
+def start_mask(
+  strings: list[str], padded: np.ndarray, valid: np.ndarray
+) -> np.ndarray:
+  """The candidates a sentence may start with: FILM Sec. 4.3 starts its
+  beams from the bag's capitalised tokens; we also let a sentence start
+  with a digit (every valid candidate if none is either). `strings`: the
+  tokenizer's token strings."""
+  starts = np.array(
+    [
+      strings[int(t)][:1].isupper() or strings[int(t)][:1].isdigit()
+      for t in padded
+    ]
+  )
+  is_start = starts & valid
+  return is_start if is_start.any() else valid
+
+
 def search_sentences(
   model: Model,
   params: PyTree,
@@ -2013,17 +2030,7 @@ def search_sentences(
   cands, padded, valid = candidate_tokens(model, params, grads, bag, config)
   is_end = ends[padded] & valid
   strings = tok.token_strings()
-  # FILM Sec. 4.3 starts its beams from the bag's capitalised tokens; we
-  # also let a sentence start with a digit.
-  starts = np.array(
-    [
-      strings[int(t)][:1].isupper() or strings[int(t)][:1].isdigit()
-      for t in padded
-    ]
-  )
-  is_start = starts & valid
-  if not is_start.any():
-    is_start = valid
+  is_start = start_mask(strings, padded, valid)
   declared = len(model.paths.attention_inputs)
   if declared < 2:
     raise LeakjaxError(
