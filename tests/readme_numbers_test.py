@@ -31,6 +31,17 @@ def row(*anchors: str) -> str:
   return lines[0]
 
 
+def flag_header(name: str) -> str:
+  """The comment lines of experiments/configs/NAME.flags, joined."""
+  return ' '.join(
+    line.lstrip('#').strip()
+    for line in (ROOT / f'experiments/configs/{name}.flags')
+    .read_text()
+    .splitlines()
+    if line.startswith('#')
+  )
+
+
 def joined(values, digits: int = 2) -> str:
   return ' / '.join(f'{v:.{digits}f}' for v in values)
 
@@ -562,13 +573,7 @@ def test_gboard_heldout_e1000_report():
   )
   # Each dataset is in results.jsonl, three per cell.
   assert len(_draws('gboard/heldout_e1000', key)) == 3
-  header = ' '.join(
-    line.lstrip('# ')
-    for line in (ROOT / 'experiments/configs/gboard_heldout_e1000.flags')
-    .read_text('utf-8')
-    .splitlines()
-    if line.startswith('#')
-  )
+  header = flag_header('gboard_heldout_e1000')
   assert f'word F1 >= {low:.3f} x the' in header
   dp16 = _ratio(held, 'f1@B=full,E=1000,n_k=16,noise=dpsgd,sigma=0.1')
   assert (
@@ -910,13 +915,7 @@ def test_dager_hybrid_cuts_report():
   assert f'against {m["first_b"]["rougeL"]:.3f} without them' in text
   assert f'is {m["ceiling_variants_rougeL"]:.3f}:' in text
   # The flagfile's header.
-  head = ' '.join(
-    line.lstrip('#').strip()
-    for line in (ROOT / 'experiments/configs/dager_hybrid_cuts.flags')
-    .read_text()
-    .splitlines()
-    if line.startswith('#')
-  )
+  head = flag_header('dager_hybrid_cuts')
   secs = ' / '.join(f'{r["seconds"]:,.0f}' for r in cuts)
   assert f'(measured: {secs} s for the three batches' in head
   assert (
@@ -970,13 +969,7 @@ def test_dager_hybrid_freeze():
     ('dager_hybrid_freeze', free[fk], full[key]),
     ('dager_hybrid_span_only_freeze', span_free[fk], span[key]),
   ):
-    header = ' '.join(
-      line.lstrip('# ')
-      for line in (ROOT / f'experiments/configs/{name}.flags')
-      .read_text('utf-8')
-      .splitlines()
-      if line.startswith('#')
-    )
+    header = flag_header(name)
     assert f'(ROUGE-L {got:.3f}, against {base:.3f} without' in header, name
 
 
@@ -1009,13 +1002,7 @@ def test_dager_hybrid_defenses():
   assert f'it keeps {r("fedavg:2:16")} ({e("fedavg:2:16")} exact)' in text
   heads = {}
   for name in ('dager_hybrid_defenses', 'dager_hybrid_noise'):
-    heads[name] = ' '.join(
-      line.lstrip('# ')
-      for line in (ROOT / f'experiments/configs/{name}.flags')
-      .read_text('utf-8')
-      .splitlines()
-      if line.startswith('#')
-    )
+    heads[name] = flag_header(name)
   four = ('none', 'noise:1e-7', 'noise:1e-6', 'fedavg:2:16')
   assert (
     f'(ROUGE-L {" / ".join(r(d) for d in four)} with none'
@@ -1147,13 +1134,7 @@ def test_dager_hybrid_cuts_whiten_run():
     f' exact, in {row["seconds"]:.0f} s (search {stages["search"]:.0f} s,'
     f' selection {stages["select"]:.0f} s;' in text
   )
-  head = ' '.join(
-    line.lstrip('#').strip()
-    for line in (ROOT / 'experiments/configs/dager_hybrid_cuts_whiten.flags')
-    .read_text()
-    .splitlines()
-    if line.startswith('#')
-  )
+  head = flag_header('dager_hybrid_cuts_whiten')
   raw = [json.loads(x) for x in (folder / 'hybrid_cuts/results.jsonl').open()]
   raw0 = [r for r in raw if r['batch'] == 0][0]['rougeL']
   assert (
@@ -1238,13 +1219,7 @@ def test_dager_hybrid_starts():
   # The study's first b are the run's searches, as searched.
   for p, r in zip(sel['batches'], got, strict=True):
     assert p['first_b']['rougeL'] == pytest.approx(r['rougeL'])
-  head = ' '.join(
-    line.lstrip('#').strip()
-    for line in (ROOT / 'experiments/configs/dager_hybrid_starts.flags')
-    .read_text()
-    .splitlines()
-    if line.startswith('#')
-  )
+  head = flag_header('dager_hybrid_starts')
   seconds = [r['seconds'] for r in got]
   assert (
     f'(measured: {min(seconds):.0f}-{max(seconds):.0f} s a batch)' in head
@@ -1289,13 +1264,7 @@ def test_dager_hybrid_starts_cuts_run():
     f'gives the same ROUGE-L {row["rougeL"]:.3f}, {exact} of 64 sentences'
     f' exact, {timing}.' in text
   )
-  head = ' '.join(
-    line.lstrip('#').strip()
-    for line in (ROOT / 'experiments/configs/dager_hybrid_starts_cuts.flags')
-    .read_text()
-    .splitlines()
-    if line.startswith('#')
-  )
+  head = flag_header('dager_hybrid_starts_cuts')
   (white,) = [
     json.loads(x) for x in (folder / 'hybrid_cuts_whiten/results.jsonl').open()
   ]

@@ -30,7 +30,6 @@ import json
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from leakjax import data as data_lib
@@ -72,7 +71,6 @@ def main():
     texts, model.tokenizer, runner.film_experiment_config(cfg)
   )
   strings = model.tokenizer.token_strings()
-  bos = model.tokenizer.bos_id
   runs = {k: run_rows(k) for k in ('hybrid', 'hybrid_starts')}
   out = {'dims': DIMS, 'batches': []}
   for b, index in BATCHES:
@@ -84,20 +82,19 @@ def main():
     _, padded, valid = hybrid.candidate_tokens(
       model, params, grads, bag, config
     )
-    counts, _ = hybrid.estimate_starts(
+    allowed = hybrid.start_mask(strings, padded, valid)
+    picks, counts, _ = hybrid.plan_starts(
       model,
       params,
       grads,
-      jnp.asarray(padded),
-      jnp.asarray(valid),
-      jnp.asarray(bos, jnp.int32),
+      padded,
+      valid,
+      allowed,
+      b,
       b,
       key=jax.random.key(0),
       config=config,
     )
-    counts = np.asarray(counts)
-    allowed = hybrid.start_mask(strings, padded, valid)
-    picks = hybrid.allocate_starts(counts, allowed, b)
     true = collections.Counter(int(t) for t in ids[:, 1])
     got = collections.Counter(int(padded[j]) for j in picks)
     truth = np.array([true.get(int(t), 0) for t in padded], np.float64)

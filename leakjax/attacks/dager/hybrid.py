@@ -2001,6 +2001,38 @@ def start_mask(
   return is_start if is_start.any() else valid
 
 
+def plan_starts(
+  model: Model,
+  params: PyTree,
+  grads: PyTree,
+  padded: np.ndarray,
+  valid: np.ndarray,
+  allowed: np.ndarray,
+  num_sentences: int,
+  searches: int,
+  *,
+  key: jax.Array,
+  config: HybridConfig,
+) -> tuple[np.ndarray, np.ndarray, jax.Array]:
+  """`(picks, counts, share)`: :func:`estimate_starts` over the padded
+  candidates for `num_sentences` sentences, then one allowed start per
+  search (:func:`allocate_starts`, `searches` of them; `picks` index
+  `padded`)."""
+  counts, share = estimate_starts(
+    model,
+    params,
+    grads,
+    jnp.asarray(padded),
+    jnp.asarray(valid),
+    jnp.asarray(model.tokenizer.bos_id, jnp.int32),
+    num_sentences,
+    key=key,
+    config=config,
+  )
+  counts = np.asarray(counts)
+  return allocate_starts(counts, allowed, searches), counts, share
+
+
 def search_sentences(
   model: Model,
   params: PyTree,
@@ -2046,18 +2078,18 @@ def search_sentences(
   searches = max(num_sentences, math.ceil(config.oversample * num_sentences))
   shift = None
   if config.start_dims:
-    counts, shift = estimate_starts(
+    picks, _, shift = plan_starts(
       model,
       params,
       grads,
-      jnp.asarray(padded),
-      jnp.asarray(valid),
-      jnp.asarray(bos, jnp.int32),
+      padded,
+      valid,
+      is_start,
       num_sentences,
+      searches,
       key=jax.random.key(0) if key is None else key,
       config=config,
     )
-    picks = allocate_starts(np.asarray(counts), is_start, searches)
     # Sentences given the same first token may share its first word:
     # bigrams inside a taken sentence's first word are not penalised.
     word_start = np.array([not s[:1].isalnum() for s in strings])
