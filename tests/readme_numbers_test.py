@@ -6,6 +6,7 @@ to, so a regenerated report that moves a number fails here until the README
 follows.
 """
 
+import collections
 import json
 from pathlib import Path
 
@@ -1276,4 +1277,40 @@ def test_dager_hybrid_starts_cuts_run():
     f'(ROUGE-L {row["rougeL"]:.3f}, {exact} of 64 sentences exact; the'
     " default hybrid's searches with the same selection:"
     f' {white["rougeL"]:.3f}' in head
+  )
+
+
+def test_dager_hybrid_starts_b128():
+  # The reports/dager README's b = 128 sentence and the flagfile header,
+  # against the starts run and the default's row on that batch.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  folder = ROOT / 'reports/dager'
+  (got,) = [
+    json.loads(x) for x in (folder / 'hybrid_starts_b128/results.jsonl').open()
+  ]
+  (base,) = [
+    json.loads(x) for x in (folder / 'hybrid_b128/results.jsonl').open()
+  ]
+  assert got['b'] == base['b'] == 128 and got['batch'] == base['batch'] == 0
+  config = json.loads((folder / 'hybrid_starts_b128/config.json').read_text())
+  assert config['hybrid_start_dims'] == 64 and config['hybrid_prior_start'] == 0
+
+  def firsts(row):
+    count = lambda texts: collections.Counter(  # noqa: E731
+      t.split()[0] for t in texts if t.split()
+    )
+    return sum((count(row['originals']) & count(row['recovered'])).values())
+
+  exact = round(128 * got['exact'])
+  none = 'none' if round(128 * base['exact']) == 0 else 'x'
+  assert (
+    f"ROUGE-L {got['rougeL']:.3f} against the default's {base['rougeL']:.3f},"
+    f' {exact} of 128 sentences exact against {none}, and {firsts(got)}'
+    f' recovered first words right against {firsts(base)}.' in text
+  )
+  head = flag_header('dager_hybrid_starts_b128')
+  assert f'(measured: {got["seconds"]:.0f} s for the batch' in head
+  assert (
+    f'(ROUGE-L {got["rougeL"]:.3f}, {exact} of 128 sentences exact; the'
+    f' default hybrid on that batch: {base["rougeL"]:.3f}' in head
   )
