@@ -1162,6 +1162,14 @@ def test_dager_hybrid_starts():
     f" sentences' on the three b = 64 batches, and"
     f' {b128["allocated_hits"]} of 128 on the first b = 128 batch' in text
   )
+  quoted = lambda xs: ', '.join(repr(x) for x in xs)  # noqa: E731
+  prior = starts['prior']
+  assert (
+    f'likeliest next tokens are letters glued on ({quoted(prior["bos,The"])}),'
+    f" after `<|endoftext|>` and 'The' they are"
+    f' {quoted(prior["endoftext,The"])}' in text
+  )
+  assert all(not t.startswith(' ') for t in prior['bos,The'])
   corr = ' / '.join(f'{p["corr"]:.2f}' for p in starts['batches'])
   assert f'the estimates correlate {corr} with the true counts' in text
   assert (

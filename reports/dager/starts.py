@@ -19,6 +19,10 @@ setting of `dager_hybrid_starts.flags`), hands out one start per sentence
   of the run with allocated starts (`hybrid_starts/results.jsonl`) where
   they hold the batch.
 
+And `prior`: the LM's three likeliest tokens after a first word ('The',
+'While', 'So') that follows SmolLM2's declared BOS `<|im_start|>`, and
+after `<|endoftext|>` (token 0, `HybridConfig.prior_start`).
+
 Writes `starts.json` beside this file.
 
 Usage (repository root):
@@ -120,6 +124,16 @@ def main():
         entry[f'rougeL,{name}'] = row['rougeL']
     out['batches'].append(entry)
     print(json.dumps(entry), flush=True)
+  tok = model.tokenizer
+  out['prior'] = {}
+  for name, start in (('bos', tok.bos_id), ('endoftext', 0)):
+    for word in ('The', 'While', 'So'):
+      ids = [start] + tok.encode(word)
+      z = model.logits(
+        params, np.asarray([ids], np.int32), np.ones((1, len(ids)), np.int32)
+      )
+      top = np.argsort(-np.asarray(z[0, -1], np.float32))[:3]
+      out['prior'][f'{name},{word}'] = [strings[int(t)] for t in top]
   (HERE / 'starts.json').write_text(json.dumps(out, indent=2) + '\n')
 
 

@@ -218,11 +218,11 @@ class HybridConfig:
       of BOS (None: BOS, the batch's own). The head input, the span and
       the gradient's expected part keep BOS, since the batch was encoded
       with it; only `log p(v | prefix)` is read from the other context.
-      SmolLM2 declares `<|im_start|>` its BOS: after it and a first word
-      such as 'The' its likeliest next tokens are capital letters glued
-      on ('S', 'F', 'D'), after `<|endoftext|>` (its document
-      separator, id 0) they are ' company', ' ', ' number'. One more
-      decode per step.
+      SmolLM2 declares `<|im_start|>` its BOS: after it and the first
+      word 'The' its three likeliest next tokens are letters glued on
+      ('C', 'T', 't'), after `<|endoftext|>` (its document separator,
+      id 0) they are ' company', ' most', ' key'
+      (`reports/dager/starts.json`). One more decode per step.
     reference_quantile: `r̄` is this quantile of the step's shortlisted
       log-residuals (0.5: the median).
     end_as_best: a sentence end's span term is the beam's best
