@@ -875,7 +875,7 @@ def test_estimated_starts_name_both_sentences_first_tokens():
   # learned positions blur its estimate; not used here.)
   model, params = tiny('llama')
   cands = np.arange(V - 1, dtype=np.int32)
-  counts, share = hybrid.estimate_starts(
+  counts, share, _ = hybrid.estimate_starts(
     model,
     params,
     gradient('llama'),

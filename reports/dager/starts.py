@@ -87,7 +87,7 @@ def main():
       model, params, grads, bag, config
     )
     allowed = hybrid.start_mask(strings, padded, valid)
-    picks, counts, _ = hybrid.plan_starts(
+    picks, counts, _, _ = hybrid.plan_starts(
       model,
       params,
       grads,

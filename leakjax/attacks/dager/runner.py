@@ -84,6 +84,9 @@ class DagerExperimentConfig:
       the span.
     hybrid_weight_head: weight of the hybrid's head-gradient term
       (`HybridConfig.weight_head`; 0: the span and the LM alone).
+    hybrid_weight_evidence: `HybridConfig.weight_evidence` (weight of
+      the head rows' log-likelihood ratio; needs hybrid_start_dims; 0:
+      off).
     hybrid_weight_start: the hybrid's penalty on a first word per earlier
       sentence that starts with it (`HybridConfig.weight_start`).
     hybrid_head_norm_power: `HybridConfig.head_norm_power` (0: the head
@@ -143,6 +146,7 @@ class DagerExperimentConfig:
   hybrid_beams: int = hybrid.HybridConfig.beams
   hybrid_shortlist: int = hybrid.HybridConfig.shortlist
   hybrid_weight_head: float = hybrid.HybridConfig.weight_head
+  hybrid_weight_evidence: float = hybrid.HybridConfig.weight_evidence
   hybrid_weight_start: float = hybrid.HybridConfig.weight_start
   hybrid_head_norm_power: float = hybrid.HybridConfig.head_norm_power
   hybrid_end_head_quantile: float = -1.0
@@ -195,6 +199,7 @@ class DagerExperimentConfig:
       )
     for name in (
       'hybrid_weight_head',
+      'hybrid_weight_evidence',
       'hybrid_weight_start',
       'hybrid_head_norm_power',
       'hybrid_select_weight',
@@ -365,6 +370,7 @@ def hybrid_config(cfg: DagerExperimentConfig) -> hybrid.HybridConfig:
     beams=cfg.hybrid_beams,
     shortlist=cfg.hybrid_shortlist,
     weight_head=cfg.hybrid_weight_head,
+    weight_evidence=cfg.hybrid_weight_evidence,
     weight_start=cfg.hybrid_weight_start,
     head_norm_power=cfg.hybrid_head_norm_power,
     head_explain=cfg.hybrid_head_explain,
