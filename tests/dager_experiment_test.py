@@ -242,15 +242,17 @@ def test_hybrid_pool_beams_run_through_the_experiment(tmp_path):
 
 def test_hybrid_start_allocation_runs_through_the_experiment(tmp_path):
   # With --hybrid_start_dims each search starts with the first token
-  # allocated to it, and the row records both; --hybrid_prior_start
-  # reaches the search's config.
+  # allocated to it, and the row records both; --hybrid_prior_start and
+  # --hybrid_weight_evidence reach the search's config.
   cfg = tiny_hybrid(
     batch_sizes=(2,),
     num_batches=1,
     hybrid_start_dims=4,
     hybrid_prior_start=0,
+    hybrid_weight_evidence=30.0,
   )
   assert runner.hybrid_config(cfg).prior_start == 0
+  assert runner.hybrid_config(cfg).weight_evidence == 30.0
   assert runner.hybrid_config(tiny_hybrid()).prior_start is None
   dager_exp.run_experiment(cfg, tmp_path, progress=False)
   (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
@@ -259,6 +261,8 @@ def test_hybrid_start_allocation_runs_through_the_experiment(tmp_path):
     assert seq[1] == first
   with pytest.raises(LeakjaxError, match='start_dims'):
     runner.DagerExperimentConfig(hybrid_start_dims=-1)
+  with pytest.raises(LeakjaxError, match='hybrid_weight_evidence'):
+    runner.DagerExperimentConfig(hybrid_weight_evidence=-1.0)
 
 
 def test_hybrid_refinement_runs_through_the_experiment(tmp_path):

@@ -930,3 +930,137 @@ def test_prior_start_reads_the_lm_from_its_own_context(family):
   assert search(family, [], config) in ROWS
   with pytest.raises(LeakjaxError, match='prior_start'):
     hybrid.HybridConfig(prior_start=-2)
+
+
+def test_evidence_matches_numpy_and_reads_a_planted_context():
+  # HeadScore.evidence against its formula in NumPy, on rows built from a
+  # tiny model's head readout: token 0 followed the context once (its row
+  # holds (1 - p) H / N), token 1 followed another context once, token 2
+  # followed many contexts. The ratio is positive for token 0 only, and
+  # token 1's (a rare token whose row does not lie along H) is the lowest.
+  model, params = tiny('llama')
+  grads = gradient('llama')
+  cands = jnp.arange(3, dtype=jnp.int32)
+  head = hybrid.head_score(
+    model,
+    params,
+    grads,
+    cands,
+    jnp.asarray(BOS, jnp.int32),
+    key=jax.random.key(0),
+    config=CONFIG,
+    targets=40.0,
+  )
+  m = np.asarray(hybrid.head_transform(head.mean, head.whiten), np.float64)
+  rng = np.random.default_rng(0)
+  h = rng.normal(size=(2, D))  # two head inputs, as the search holds them
+  hm = h @ m
+  p = np.array([[0.1, 0.2, 0.05], [0.3, 0.1, 0.2]])
+  n = 40.0
+  other = rng.normal(size=(D,)) @ m
+  many = rng.normal(size=(30, D)).sum(0) @ m / n
+  rows = np.stack([(1 - p[0, 0]) * hm[0] / n, other / n, many])
+  norm = np.linalg.norm(rows, axis=1)
+  noise = norm**2 + np.median(norm) ** 2
+  planted = head.replace(
+    transformed=jnp.asarray(rows, jnp.float32),
+    noise=jnp.asarray(noise, jnp.float32),
+  )
+  got = np.asarray(
+    planted.evidence(jnp.asarray(h, jnp.float32), jnp.asarray(p, jnp.float32))
+  )
+  mu = (1 - p) / n
+  want = (
+    mu * (hm @ rows.T) - 0.5 * mu**2 * (hm**2).sum(1, keepdims=True)
+  ) / noise
+  np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6 * abs(want).max())
+  assert got[0, 0] > 0 and got[0, 1] < 0 and got[0, 1] == got[0].min()
+  # head_score's own fields: the unnormalised transformed rows and noise.
+  raw = np.asarray(hybrid.raw_head_rows(model, grads, cands), np.float64)
+  r = raw @ m
+  np.testing.assert_allclose(np.asarray(head.transformed), r, rtol=1e-3)
+  rn = np.linalg.norm(r, axis=1)
+  np.testing.assert_allclose(
+    np.asarray(head.noise), rn**2 + np.median(rn) ** 2, rtol=1e-3
+  )
+  assert float(head.targets) == 40.0
+  # Without `targets` the head term is the cosine alone.
+  plain = hybrid.head_score(
+    model,
+    params,
+    grads,
+    cands,
+    jnp.asarray(BOS, jnp.int32),
+    key=jax.random.key(0),
+    config=CONFIG,
+  )
+  assert plain.transformed is None and plain.targets is None
+  np.testing.assert_allclose(np.asarray(plain.rows), np.asarray(head.rows))
+  with pytest.raises(LeakjaxError, match='start_dims'):
+    hybrid.HybridConfig(weight_evidence=1.0)
+  with pytest.raises(LeakjaxError, match='weight_evidence'):
+    hybrid.HybridConfig(weight_evidence=-1.0, start_dims=4)
+
+
+def test_evidence_leads_the_search_through_a_sentence():
+  # With the span and the LM off and the cosine all but off, the ratio
+  # alone (N from the starts' estimate) leads each search, given its
+  # sentence's first token, through that sentence, end included. The
+  # tiny Llama: the tiny GPT-2's random learned positions blur the
+  # estimate of N (as of the starts, above).
+  family = 'llama'
+  config = dataclasses.replace(
+    CONFIG,
+    start_dims=4,
+    weight_head=1e-6,
+    weight_evidence=1.0,
+    weight_span=0.0,
+    weight_lm=0.0,
+  )
+  model, params = tiny(family)
+  grads = gradient(family)
+  real = np.arange(1, V - 1, dtype=np.int32)
+  real = np.concatenate([real, np.zeros(-len(real) % 8, np.int32)])
+  valid = np.arange(len(real)) < V - 2
+  bos = jnp.asarray(BOS, jnp.int32)
+  _, _, n = hybrid.estimate_starts(
+    model,
+    params,
+    grads,
+    jnp.asarray(real),
+    jnp.asarray(valid),
+    bos,
+    2,
+    key=jax.random.key(0),
+    config=config,
+  )
+  true_n = sum(len(r) - 1 for r in ROWS)
+  assert 0.5 * true_n < float(n) < 2 * true_n
+  head = hybrid.head_score(
+    model,
+    params,
+    grads,
+    jnp.asarray(real),
+    bos,
+    key=jax.random.key(0),
+    config=config,
+    valid=jnp.asarray(valid),
+    targets=n,
+  )
+  span2 = hybrid.block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
+  for want in ROWS:
+    row, length, _ = hybrid.hybrid_search(
+      model,
+      params,
+      span2,
+      jnp.asarray(real),
+      jnp.asarray(valid),
+      jnp.asarray((real == END) & valid),
+      jnp.zeros((2, CONFIG.max_length), jnp.int32),
+      jnp.zeros((2,), jnp.int32),
+      bos,
+      jnp.asarray(real == want[1]),
+      head,
+      config=config,
+    )
+    assert np.asarray(row)[: int(length)].tolist() == want
