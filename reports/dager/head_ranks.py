@@ -16,7 +16,13 @@ every sentence, the true prefix is given and the batch's distinct tokens
   ends scored by the quantile `q` of the other candidates' head terms
   and rows scaled by their norm to the power `p`
   (`lm+head,end=q,p=P,w=W`, q = 0.9; the hybrid's default is the first:
-  the end's own row, p = 0, w = 12).
+  the end's own row, p = 0, w = 12);
+* `evidence`: the head rows' log-likelihood ratio
+  (`HeadScore.evidence`, the number of targets N estimated from the head
+  gradient at BOS as `HybridConfig.start_dims` = 64 does it:
+  `targets_estimated`, against the true `targets`), and
+  `lm+head+evidence,w=12.0,e=E`: the default prior plus E times it
+  (`HybridConfig.weight_evidence`).
 
 SmolLM2's head is tied to its input embeddings, so the observed rows hold
 three parts: the targets' head inputs (the evidence), the LM's expected
@@ -66,6 +72,7 @@ WEIGHTS = (6.0, 12.0, 24.0)  # 10, 20 and 40 x weight_lm
 SHRINKAGE = (0.01, 0.1, 1.0)
 POWERS = (0.0, 0.25, 0.5)
 END_WEIGHTS = (12.0, 24.0)
+EVIDENCE_WEIGHTS = (10.0, 30.0, 60.0, 100.0)
 
 
 def ranks_of(scores: np.ndarray, true: np.ndarray) -> np.ndarray:
@@ -171,10 +178,44 @@ def main(argv):
       out[name + ',at_end'] = fractions(r[at_end])
       out[name + ',not_end'] = fractions(r[~at_end])
   out['lm,at_end'] = fractions(ranks_of(lm, true)[at_end])
+  # The head rows' log-likelihood ratio (HeadScore.evidence), N estimated
+  # from the head gradient at BOS as the search estimates it.
+  starts = dataclasses.replace(base, start_dims=64)
+  _, _, n_est = hybrid.estimate_starts(
+    model,
+    params,
+    grads,
+    jnp.asarray(cands),
+    jnp.ones(len(cands), bool),
+    jnp.asarray(bos, jnp.int32),
+    b,
+    key=jax.random.key(0),
+    config=starts,
+  )
+  out['targets'] = int(len(rows))
+  out['targets_estimated'] = float(n_est)
+  scored = hybrid.head_score(
+    model,
+    params,
+    grads,
+    jnp.asarray(cands),
+    jnp.asarray(bos, jnp.int32),
+    key=jax.random.key(0),
+    config=base,
+    targets=n_est,
+  )
+  zj = jnp.asarray(z)
+  evidence = np.asarray(
+    scored.evidence(zj @ scored.readout, jnp.exp(jnp.asarray(lm)))
+  )
+  cosine = np.asarray(scored.scores(zj @ scored.readout))
+  out['evidence'] = fractions(ranks_of(evidence, true))
+  for e in EVIDENCE_WEIGHTS:
+    r = ranks_of(base.weight_lm * lm + 12.0 * cosine + e * evidence, true)
+    out[f'lm+head+evidence,w=12.0,e={e}'] = fractions(r)
   # The tied gradient's parts (ceilings: computed from the batch).
   assert model.paths.lm_head is None, 'the decomposition assumes a tied head'
   readout = jax.jit(hybrid.head_readout, static_argnums=0)(model, params)
-  zj = jnp.asarray(z)
   h_in = zj @ readout  # [P, d] head inputs
   n = zj.shape[0]
   expected = jax.nn.softmax(zj, axis=-1)[:, jnp.asarray(cands)].T @ h_in / n

@@ -1,0 +1,66 @@
+"""The searches of a hybrid run as searched, before the selection.
+
+A run with `--hybrid_cuts` (or `--hybrid_oversample`, or
+`--hybrid_start_dims`) records, per batch, the searched sentences
+(`searched_ids`) beside the kept ones (`recovered`). This scores the
+first b searches as they came out (what the hybrid returns without the
+selection) as the experiment scores its own rows
+(`leakjax.attacks.dager.runner.batch_scores`: every original against its
+best prediction, Porter stemming; exact on token ids), beside the row's
+own scores of the kept sentences, with the mean length in words of
+each.
+
+Writes `searched.json` beside the results (per batch, and the means over
+batches). Takes seconds (only the tokenizer works).
+Usage (repository root):
+  python -m reports.dager.searched --results=reports/dager/hybrid_evidence/results.jsonl
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from leakjax.attacks.dager import runner
+from reports.dager.selection import mean
+from reports.dager.study import load_run
+
+
+def words(texts: list[str]) -> float:
+  return float(np.mean([len(t.split()) for t in texts]))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--results', required=True)
+  args = parser.parse_args()
+  _, model, _, rows = load_run(args.results)
+  tok = model.tokenizer
+  per = []
+  for row in sorted(rows, key=lambda r: (r['b'], r['batch'])):
+    b = row['b']
+    ids = row['searched_ids'][:b]
+    texts = [tok.decode(s, skip_special=True).strip() for s in ids]
+    true, mask = tok.encode_batch(list(row['originals']), add_bos=True)
+    true = [t[: int(m.sum())].tolist() for t, m in zip(true, mask)]
+    searched = runner.batch_scores(row['originals'], texts, true, ids)
+    searched['words'] = words(texts)
+    kept = {k: row[k] for k in ('rouge1', 'rouge2', 'rougeL', 'exact')}
+    kept['words'] = words(row['recovered'])
+    per.append(
+      {
+        'b': b,
+        'batch': row['batch'],
+        'searched': searched,
+        'kept': kept,
+      }
+    )
+  out = {'batches': per, 'mean': mean(per)}
+  target = Path(args.results).parent / 'searched.json'
+  target.write_text(json.dumps(out, indent=2) + '\n')
+  print(json.dumps(out['mean'], indent=2))
+
+
+if __name__ == '__main__':
+  main()
