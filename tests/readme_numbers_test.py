@@ -221,11 +221,18 @@ def test_dager_rows():
     (ROOT / 'reports/dager/hybrid_starts/selection_whiten.json').read_text()
   )['mean']
   assert (
-    f'and {joined([starts["q=1"]["cuts_first_b"]["rougeL"]])} with each'
+    f'{joined([starts["q=1"]["cuts_first_b"]["rougeL"]])} with each'
     " search's first token allocated from the head gradient at BOS and the LM"
     r' prior read after `<\|endoftext\|>` ('
-    f'{joined([starts["first_b"]["rougeL"]])} without the cuts; the LM' in line
+    f'{joined([starts["first_b"]["rougeL"]])} without the cuts), and' in line
   )
+  evidence = summary('dager/hybrid_evidence')
+  exact = round(evidence['exact@attack=hybrid,b=64'] * 192)
+  assert (
+    f'and {evidence["rougeL@attack=hybrid,b=64"]:.3f} ({exact} of 192 exact;'
+    ' the goal is 0.5) with the head rows also scored' in line
+  )
+  assert evidence['rougeL@attack=hybrid,b=64'] < 0.5
   tuned = summary('dager/hybrid_finetuned_full')
   exact = [round(tuned[f'exact@attack=hybrid,b={b}'] * 3 * b) for b in (32, 64)]
   rouge = joined(tuned[f'rougeL@attack=hybrid,b={b}'] for b in (32, 64))
@@ -1321,4 +1328,77 @@ def test_dager_hybrid_starts_b128():
   assert (
     f'(ROUGE-L {got["rougeL"]:.3f}, {exact} of 128 sentences exact; the'
     f' default hybrid on that batch: {base["rougeL"]:.3f}' in head
+  )
+
+
+def test_dager_hybrid_evidence():
+  # The reports/dager README's paragraph on the log-likelihood ratio and
+  # the flagfile header, against the run, its searches as searched, the
+  # starts run's selection study and head_ranks.json.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  folder = ROOT / 'reports/dager'
+  rows = sorted(
+    (json.loads(x) for x in (folder / 'hybrid_evidence/results.jsonl').open()),
+    key=lambda r: r['batch'],
+  )
+  assert [r['batch'] for r in rows] == [0, 1, 2]
+  config = json.loads((folder / 'hybrid_evidence/config.json').read_text())
+  assert config['hybrid_weight_evidence'] == 30.0
+  assert config['hybrid_start_dims'] == 64 and config['hybrid_prior_start'] == 0
+  assert config['hybrid_cuts'] and config['hybrid_select_whiten']
+  r3 = lambda xs: ' / '.join(f'{x:.3f}' for x in xs)  # noqa: E731
+  got = [r['rougeL'] for r in rows]
+  study = json.loads(
+    (folder / 'hybrid_starts/selection_whiten.json').read_text()
+  )
+  before = [p['q=1']['cuts_first_b']['rougeL'] for p in study['batches']]
+  exact = sum(round(64 * r['exact']) for r in rows)
+  assert (
+    f'ROUGE-L {r3(got)} on the three b = 64 batches, mean'
+    f' {np.mean(got):.3f}, against {r3(before)} (mean {np.mean(before):.3f})'
+    f' without the ratio, {exact} of 192 sentences exact' in text
+  )
+  searched = json.loads((folder / 'hybrid_evidence/searched.json').read_text())
+  for p, r in zip(searched['batches'], rows, strict=True):
+    assert p['kept']['rougeL'] == r['rougeL']
+  mean_starts = np.mean(
+    [
+      json.loads(x)['rougeL']
+      for x in (folder / 'hybrid_starts/results.jsonl').open()
+    ]
+  )
+  assert (
+    f'give {r3(p["searched"]["rougeL"] for p in searched["batches"])} (mean'
+    f' {searched["mean"]["searched"]["rougeL"]:.3f}, against the starts'
+    f" searches' {mean_starts:.3f})" in text
+  )
+  assert f'by {0.5 - np.mean(got):.3f} on the mean' in text
+  assert max(got) > 0.5 > np.mean(got)
+  ranks = json.loads((folder / 'head_ranks.json').read_text())
+  pct = lambda x: f'{100 * x:.0f} %'  # noqa: E731
+  on, off = (
+    ranks['lm+head+evidence,w=12.0,e=30.0'],
+    ranks['lm+head,s=0.1,w=12.0'],
+  )
+  assert (
+    f'first at {pct(on["top1"])} of positions against {pct(off["top1"])}'
+    f' (top 32: {pct(on["top32"])} against {pct(off["top32"])};' in text
+  )
+  assert (
+    f'({ranks["targets_estimated"]:,.0f} against the true'
+    f' {ranks["targets"]:,} on batch 0' in text
+  )
+  seconds = [r['seconds'] for r in rows]
+  search = [r['stage_seconds']['search'] for r in rows]
+  select = [r['stage_seconds']['select'] for r in rows]
+  span = lambda xs: f'{min(xs):.0f}-{max(xs):.0f} s'  # noqa: E731
+  timing = (
+    f'{span(seconds)} a batch (search {span(search)}, selection {span(select)})'
+  )
+  assert timing in text
+  head = flag_header('dager_hybrid_evidence')
+  assert f'(measured: {span(seconds)} a batch)' in head
+  assert (
+    f'(ROUGE-L {np.mean(got):.3f} over the three batches, {exact} of 192'
+    f' sentences exact; without the ratio: {np.mean(before):.3f},' in head
   )
