@@ -369,3 +369,19 @@ def test_film_attack_runs_through_the_experiment(tmp_path):
     recovered.append(row['recovered'])
   assert recovered[0] == recovered[1]
   assert runner.batch_key(cfg, 4, 2) == runner.batch_key(cfg, 4, 2)
+
+
+def test_head_ranks_count_near_ties_against_the_true_token():
+  from reports.dager.head_ranks import ranks_of
+
+  scores = np.array(
+    [
+      [0.5, 0.9, 0.1],  # true 0: one ahead
+      [0.3, 0.3 + 1e-7, 0.2],  # true 0: a rounding-level tie counts against
+      [0.3, 0.3, 0.2],  # true 1: an exact tie counts against
+      [0.8, 0.1, 0.2],  # true 0: first
+    ]
+  )
+  np.testing.assert_array_equal(
+    ranks_of(scores, np.array([0, 0, 1, 0])), [1, 1, 1, 0]
+  )
