@@ -1402,3 +1402,41 @@ def test_dager_hybrid_evidence():
     f'(ROUGE-L {np.mean(got):.3f} over the three batches, {exact} of 192'
     f' sentences exact; without the ratio: {np.mean(before):.3f},' in head
   )
+
+
+def test_dager_hybrid_evidence_b128():
+  # The b = 128 sentence and the flagfile header, against the ratio's run
+  # and the starts run on the same batch.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  folder = ROOT / 'reports/dager'
+  (got,) = [
+    json.loads(x)
+    for x in (folder / 'hybrid_evidence_b128/results.jsonl').open()
+  ]
+  (base,) = [
+    json.loads(x) for x in (folder / 'hybrid_starts_b128/results.jsonl').open()
+  ]
+  assert got['b'] == base['b'] == 128 and got['batch'] == base['batch'] == 0
+  config = json.loads((folder / 'hybrid_evidence_b128/config.json').read_text())
+  assert config['hybrid_weight_evidence'] == 30.0 and not config['hybrid_cuts']
+
+  def firsts(row):
+    count = lambda texts: collections.Counter(  # noqa: E731
+      t.split()[0] for t in texts if t.split()
+    )
+    return sum((count(row['originals']) & count(row['recovered'])).values())
+
+  exact, exact_base = round(128 * got['exact']), round(128 * base['exact'])
+  assert exact == exact_base
+  assert (
+    f"ROUGE-L {got['rougeL']:.3f} against the starts' {base['rougeL']:.3f},"
+    f' {exact} of 128 sentences exact as with the starts, and {firsts(got)}'
+    f' recovered first words right against {firsts(base)}, in'
+    f' {got["seconds"]:.0f} s' in text
+  )
+  head = flag_header('dager_hybrid_evidence_b128')
+  assert f'(measured: {got["seconds"]:.0f} s,' in head
+  assert (
+    f'(ROUGE-L {got["rougeL"]:.3f}, {exact} of 128 sentences exact;'
+    f' without the ratio: {base["rougeL"]:.3f},' in head
+  )
