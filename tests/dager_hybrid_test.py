@@ -385,6 +385,37 @@ def test_end_head_terms_take_the_quantile_of_the_other_candidates():
   np.testing.assert_array_equal(np.asarray(same), scores)
 
 
+def every_token():
+  """Every token but BOS as candidates (padded to a multiple of 8) and
+  which are real."""
+  real = np.arange(1, V - 1, dtype=np.int32)
+  real = np.concatenate([real, np.zeros(-len(real) % 8, np.int32)])
+  return real, np.arange(len(real)) < V - 2
+
+
+def head_search(family, real, valid, head, config, is_start=None):
+  """One hybrid search over `real` with the head term `head` and nothing
+  taken before; the sentence's token ids."""
+  model, params = tiny(family)
+  grads = gradient(family)
+  span2 = hybrid.block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
+  row, length, _ = hybrid.hybrid_search(
+    model,
+    params,
+    span2,
+    jnp.asarray(real),
+    jnp.asarray(valid),
+    jnp.asarray((real == END) & valid),
+    jnp.zeros((2, config.max_length), jnp.int32),
+    jnp.zeros((2,), jnp.int32),
+    jnp.asarray(BOS, jnp.int32),
+    is_start,
+    head,
+    config=config,
+  )
+  return np.asarray(row)[: int(length)].tolist()
+
+
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_head_term_alone_recovers_a_sentence(family):
   # No span term and no LM: the head gradient alone must lead the search
@@ -398,9 +429,7 @@ def test_head_term_alone_recovers_a_sentence(family):
     end_head_quantile=None,
   )
   model, params = tiny(family)
-  real = np.arange(1, V - 1, dtype=np.int32)
-  real = np.concatenate([real, np.zeros(-len(real) % 8, np.int32)])
-  valid = np.arange(len(real)) < V - 2
+  real, valid = every_token()
   head = hybrid.head_score(
     model,
     params,
@@ -410,25 +439,8 @@ def test_head_term_alone_recovers_a_sentence(family):
     key=jax.random.key(0),
     config=config,
   )
-  span2 = hybrid.block_span(
-    model, gradient(family), 1, CONFIG.span_dims, CONFIG.span
-  )
-  row, length, _ = hybrid.hybrid_search(
-    model,
-    params,
-    span2,
-    jnp.asarray(real),
-    jnp.asarray(valid),
-    jnp.asarray((real == END) & valid),
-    jnp.zeros((2, config.max_length), jnp.int32),
-    jnp.zeros((2,), jnp.int32),
-    jnp.asarray(BOS, jnp.int32),
-    None,
-    head,
-    config=dataclasses.replace(config, shortlist=8),
-  )
-  got = np.asarray(row)[: int(length)].tolist()
-  assert got in ROWS
+  config = dataclasses.replace(config, shortlist=8)
+  assert head_search(family, real, valid, head, config) in ROWS
 
 
 def test_sentence_shares_sum_to_the_head_gradient_and_explain_it_away():
@@ -1019,9 +1031,7 @@ def test_evidence_leads_the_search_through_a_sentence():
   )
   model, params = tiny(family)
   grads = gradient(family)
-  real = np.arange(1, V - 1, dtype=np.int32)
-  real = np.concatenate([real, np.zeros(-len(real) % 8, np.int32)])
-  valid = np.arange(len(real)) < V - 2
+  real, valid = every_token()
   bos = jnp.asarray(BOS, jnp.int32)
   _, _, n = hybrid.estimate_starts(
     model,
@@ -1047,20 +1057,6 @@ def test_evidence_leads_the_search_through_a_sentence():
     valid=jnp.asarray(valid),
     targets=n,
   )
-  span2 = hybrid.block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
   for want in ROWS:
-    row, length, _ = hybrid.hybrid_search(
-      model,
-      params,
-      span2,
-      jnp.asarray(real),
-      jnp.asarray(valid),
-      jnp.asarray((real == END) & valid),
-      jnp.zeros((2, CONFIG.max_length), jnp.int32),
-      jnp.zeros((2,), jnp.int32),
-      bos,
-      jnp.asarray(real == want[1]),
-      head,
-      config=config,
-    )
-    assert np.asarray(row)[: int(length)].tolist() == want
+    start = jnp.asarray(real == want[1])
+    assert head_search(family, real, valid, head, config, start) == want

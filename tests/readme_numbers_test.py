@@ -1295,33 +1295,37 @@ def test_dager_hybrid_starts_cuts_run():
   )
 
 
+def only_row(name: str) -> dict:
+  """The one row of `reports/dager/<name>/results.jsonl`."""
+  path = ROOT / 'reports/dager' / name / 'results.jsonl'
+  (row,) = [json.loads(x) for x in path.open()]
+  return row
+
+
+def first_word_hits(row: dict) -> int:
+  """Recovered first words that some original starts with (multiset)."""
+  count = lambda texts: collections.Counter(  # noqa: E731
+    t.split()[0] for t in texts if t.split()
+  )
+  return sum((count(row['originals']) & count(row['recovered'])).values())
+
+
 def test_dager_hybrid_starts_b128():
   # The reports/dager README's b = 128 sentence and the flagfile header,
   # against the starts run and the default's row on that batch.
   text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
   folder = ROOT / 'reports/dager'
-  (got,) = [
-    json.loads(x) for x in (folder / 'hybrid_starts_b128/results.jsonl').open()
-  ]
-  (base,) = [
-    json.loads(x) for x in (folder / 'hybrid_b128/results.jsonl').open()
-  ]
+  got, base = only_row('hybrid_starts_b128'), only_row('hybrid_b128')
   assert got['b'] == base['b'] == 128 and got['batch'] == base['batch'] == 0
   config = json.loads((folder / 'hybrid_starts_b128/config.json').read_text())
   assert config['hybrid_start_dims'] == 64 and config['hybrid_prior_start'] == 0
-
-  def firsts(row):
-    count = lambda texts: collections.Counter(  # noqa: E731
-      t.split()[0] for t in texts if t.split()
-    )
-    return sum((count(row['originals']) & count(row['recovered'])).values())
 
   exact = round(128 * got['exact'])
   none = 'none' if round(128 * base['exact']) == 0 else 'x'
   assert (
     f"ROUGE-L {got['rougeL']:.3f} against the default's {base['rougeL']:.3f},"
-    f' {exact} of 128 sentences exact against {none}, and {firsts(got)}'
-    f' recovered first words right against {firsts(base)}.' in text
+    f' {exact} of 128 sentences exact against {none}, and {first_word_hits(got)}'
+    f' recovered first words right against {first_word_hits(base)}.' in text
   )
   head = flag_header('dager_hybrid_starts_b128')
   assert f'(measured: {got["seconds"]:.0f} s for the batch' in head
@@ -1409,29 +1413,17 @@ def test_dager_hybrid_evidence_b128():
   # and the starts run on the same batch.
   text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
   folder = ROOT / 'reports/dager'
-  (got,) = [
-    json.loads(x)
-    for x in (folder / 'hybrid_evidence_b128/results.jsonl').open()
-  ]
-  (base,) = [
-    json.loads(x) for x in (folder / 'hybrid_starts_b128/results.jsonl').open()
-  ]
+  got, base = only_row('hybrid_evidence_b128'), only_row('hybrid_starts_b128')
   assert got['b'] == base['b'] == 128 and got['batch'] == base['batch'] == 0
   config = json.loads((folder / 'hybrid_evidence_b128/config.json').read_text())
   assert config['hybrid_weight_evidence'] == 30.0 and not config['hybrid_cuts']
-
-  def firsts(row):
-    count = lambda texts: collections.Counter(  # noqa: E731
-      t.split()[0] for t in texts if t.split()
-    )
-    return sum((count(row['originals']) & count(row['recovered'])).values())
 
   exact, exact_base = round(128 * got['exact']), round(128 * base['exact'])
   assert exact == exact_base
   assert (
     f"ROUGE-L {got['rougeL']:.3f} against the starts' {base['rougeL']:.3f},"
-    f' {exact} of 128 sentences exact as with the starts, and {firsts(got)}'
-    f' recovered first words right against {firsts(base)}, in'
+    f' {exact} of 128 sentences exact as with the starts, and {first_word_hits(got)}'
+    f' recovered first words right against {first_word_hits(base)}, in'
     f' {got["seconds"]:.0f} s' in text
   )
   head = flag_header('dager_hybrid_evidence_b128')

@@ -140,16 +140,16 @@ def main(argv):
   at_end = cols + 2 == mask.sum(1)[rows]
   base = hybrid.HybridConfig(head_norm_power=0.0, end_head_quantile=None)
 
-  def head_terms(rows=None, **changes):
-    """The head term of every candidate at every position, `[P, C]`
-    (`rows`: the candidates' head-gradient rows in place of the
-    observed ones)."""
+  def head_of(rows=None, targets=None, **changes):
+    """The :class:`HeadScore` of the candidates (`rows`: their
+    head-gradient rows in place of the observed ones; `targets`: N, for
+    `HeadScore.evidence`)."""
     config = dataclasses.replace(base, **changes)
     g = grads
     if rows is not None:
       full = get_path(grads, head_path(model))
       g = set_path(grads, head_path(model), full.at[cands].set(rows))
-    head = hybrid.head_score(
+    return hybrid.head_score(
       model,
       params,
       g,
@@ -157,7 +157,12 @@ def main(argv):
       jnp.asarray(bos, jnp.int32),
       key=jax.random.key(0),
       config=config,
+      targets=targets,
     )
+
+  def head_terms(rows=None, **changes):
+    """The head term of every candidate at every position, `[P, C]`."""
+    head = head_of(rows, **changes)
     return head.scores(jnp.asarray(z) @ head.readout)
 
   for s in SHRINKAGE:
@@ -200,16 +205,7 @@ def main(argv):
   )
   out['targets'] = int(len(rows))
   out['targets_estimated'] = float(n_est)
-  scored = hybrid.head_score(
-    model,
-    params,
-    grads,
-    jnp.asarray(cands),
-    jnp.asarray(bos, jnp.int32),
-    key=jax.random.key(0),
-    config=base,
-    targets=n_est,
-  )
+  scored = head_of(targets=n_est)
   zj = jnp.asarray(z)
   evidence = np.asarray(
     scored.evidence(zj @ scored.readout, jnp.exp(jnp.asarray(lm)))
