@@ -1377,6 +1377,23 @@ def test_dager_hybrid_evidence():
     f" searches' {mean_starts:.3f})" in text
   )
   assert f'by {0.5 - np.mean(got):.3f} on the mean' in text
+  chosen = json.loads(
+    (folder / 'hybrid_evidence/selection_whiten.json').read_text()
+  )
+  for p, r in zip(chosen['batches'], rows, strict=True):
+    assert p['q=1']['cuts_first_b']['rougeL'] == pytest.approx(r['rougeL'])
+  weights = ' / '.join(
+    f'{chosen["mean"][f"q={q}"]["cuts_first_b"]["rougeL"]:.3f}'
+    for q in ('0', '0.5', '1')
+  )
+  ceilings = (
+    f'{study["mean"]["ceiling_variants_rougeL"]:.3f} to'
+    f' {chosen["mean"]["ceiling_variants_rougeL"]:.3f}'
+  )
+  assert (
+    f'q = 0 / 0.5 / 1 it gives {weights}, and the ceiling, each original'
+    f' against its best variant, rises from {ceilings}' in text
+  )
   assert max(got) > 0.5 > np.mean(got)
   ranks = json.loads((folder / 'head_ranks.json').read_text())
   pct = lambda x: f'{100 * x:.0f} %'  # noqa: E731
