@@ -198,6 +198,22 @@ def test_hybrid_oversampling_runs_through_the_experiment(tmp_path):
     runner.DagerExperimentConfig(hybrid_select_weight=-1.0)
 
 
+def test_studies_refuse_a_run_without_its_searches(tmp_path):
+  # A hybrid run made before the searched sentences were recorded (or a
+  # run of other attacks) has nothing to study: a clear error, before the
+  # model is loaded.
+  from reports.dager.study import load_run
+
+  rows = [
+    {'attack': 'hybrid', 'b': 2, 'batch': 0, 'recovered': ['a']},
+    {'attack': 'dager', 'b': 2, 'batch': 0, 'searched_ids': [[1, 2]]},
+  ]
+  path = tmp_path / 'results.jsonl'
+  path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  with pytest.raises(LeakjaxError, match='searched_ids'):
+    load_run(path)
+
+
 def test_hybrid_pool_beams_run_through_the_experiment(tmp_path):
   # Each search's next beams join the selection's pool; the row records
   # them, and the selection keeps one sentence per search.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from leakjax.attacks.dager import runner
 from leakjax.attacks.film import runner as film_runner
+from leakjax.errors import LeakjaxError
 
 
 def load_run(results: str | Path):
@@ -14,12 +15,18 @@ def load_run(results: str | Path):
   `config.json` beside `results`), the attacked model, and its rows that
   hold the searched sentences (`searched_ids`)."""
   path = Path(results)
+  rows = [json.loads(line) for line in path.open()]
+  rows = [r for r in rows if r['attack'] == 'hybrid' and 'searched_ids' in r]
+  if not rows:
+    raise LeakjaxError(
+      f'{path} holds no hybrid row with its searched sentences (searched_ids)',
+      'the studies need a hybrid run that recorded them: re-run its'
+      ' flagfile with this version',
+    )
   cfg = runner.DagerExperimentConfig(
     **json.loads((path.parent / 'config.json').read_text())
   )
   model, params = film_runner.load_model(runner.film_experiment_config(cfg))
-  rows = [json.loads(line) for line in path.open()]
-  rows = [r for r in rows if r['attack'] == 'hybrid' and 'searched_ids' in r]
   return cfg, model, params, rows
 
 
