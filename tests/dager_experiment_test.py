@@ -192,6 +192,15 @@ def test_hybrid_oversampling_runs_through_the_experiment(tmp_path):
   assert max(cells) <= out['ceiling_variants_rougeL'] + 1e-9
   assert out['ceiling_searched_rougeL'] <= out['ceiling_variants_rougeL']
   assert out['searched'] == 4 and out['variants'] >= 4
+  # A run that matched whitened rows is recomputed by the whitened study
+  # only.
+  cfg_w = dataclasses.replace(cfg, hybrid_select_whiten=True)
+  dager_exp.run_experiment(cfg_w, tmp_path / 'w', progress=False)
+  (row_w,) = [json.loads(x) for x in (tmp_path / 'w/results.jsonl').open()]
+  out_w = selection.study(model, params, cfg_w, row_w, whiten=True)
+  assert out_w['q=1']['cuts_oversample']['matches_run'] is True
+  raw = selection.study(model, params, cfg_w, row_w)
+  assert all('matches_run' not in c for c in raw['q=1'].values())
   with pytest.raises(LeakjaxError, match='hybrid_oversample'):
     runner.DagerExperimentConfig(hybrid_oversample=0.5)
   with pytest.raises(LeakjaxError, match='hybrid_select_weight'):

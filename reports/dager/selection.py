@@ -106,10 +106,10 @@ def study(model, params, cfg, row, whiten: bool = False) -> dict:
       picked = [texts[i] for i in keep]
       cell[name] = scores(row['originals'], picked)
       cell[name]['words'] = float(np.mean([len(t.split()) for t in picked]))
-      setting = (config.cuts, config.select_weight, whiten) == (
-        name.startswith('cuts_oversample'),
+      setting = (config.cuts, config.select_weight, config.select_whiten) == (
+        name == 'cuts_oversample',
         q,
-        False,
+        whiten,
       )
       if setting and name in ('oversample', 'cuts_oversample'):
         cell[name]['matches_run'] = sorted(picked) == run_texts
