@@ -192,6 +192,16 @@ def test_hybrid_oversampling_runs_through_the_experiment(tmp_path):
   assert max(cells) <= out['ceiling_variants_rougeL'] + 1e-9
   assert out['ceiling_searched_rougeL'] <= out['ceiling_variants_rougeL']
   assert out['searched'] == 4 and out['variants'] >= 4
+  # Each kept sentence is traced to one search, the variant of it.
+  from reports.dager.searched import kept_searches
+
+  owners = kept_searches(model, runner.hybrid_config(cfg), row)
+  assert len(set(owners)) == 2 and all(0 <= o < 4 for o in owners)
+  for o, text in zip(owners, row['recovered']):
+    first = model.tokenizer.decode(
+      row['searched_ids'][o][:2], skip_special=True
+    )
+    assert text.startswith(first.strip())
   # A run that matched whitened rows is recomputed by the whitened study
   # only.
   cfg_w = dataclasses.replace(cfg, hybrid_select_whiten=True)

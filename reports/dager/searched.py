@@ -8,7 +8,10 @@ selection) as the experiment scores its own rows
 (`leakjax.attacks.dager.runner.batch_scores`: every original against its
 best prediction, Porter stemming; exact on token ids), beside the row's
 own scores of the kept sentences, with the mean length in words of
-each.
+each. With more searches than b it also counts the kept sentences that
+came from the searches past the first b (`kept_beyond_b`): each kept
+sentence is traced to the search whose variant it is
+(`hybrid.pool_variants`, the selection's own pool).
 
 Writes `searched.json` beside the results (per batch, and the means over
 batches). Takes seconds (only the tokenizer works).
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from leakjax.attacks.dager import runner
+from leakjax.attacks.dager import hybrid, runner
 from reports.dager.selection import mean
 from reports.dager.study import load_run
 
@@ -31,11 +34,33 @@ def words(texts: list[str]) -> float:
   return float(np.mean([len(t.split()) for t in texts]))
 
 
+def kept_searches(model, config, row) -> list[int]:
+  """The search each kept sentence of `row` is a variant of (in the
+  order of `row['recovered']`), from the selection's pool: the searched
+  sentences and the other beams the row records, with `config.cuts` their
+  cuts."""
+  tok = model.tokenizer
+  variants, owner = hybrid.pool_variants(
+    model, row['searched_ids'], config, row.get('alternative_ids')
+  )
+  free: dict[str, list[int]] = {}
+  for v, o in zip(variants, owner):
+    free.setdefault(tok.decode(v, skip_special=True).strip(), []).append(o)
+  out = []
+  for text in row['recovered']:
+    owners = [o for o in free.get(text, []) if o not in out]
+    if not owners:
+      raise ValueError(f'kept sentence {text!r} is no variant of a search')
+    out.append(owners[0])
+  return out
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--results', required=True)
   args = parser.parse_args()
-  _, model, _, rows = load_run(args.results)
+  cfg, model, _, rows = load_run(args.results)
+  config = runner.hybrid_config(cfg)
   tok = model.tokenizer
   per = []
   for row in sorted(rows, key=lambda r: (r['b'], r['batch'])):
@@ -48,6 +73,10 @@ def main():
     searched['words'] = words(texts)
     kept = {k: row[k] for k in ('rouge1', 'rouge2', 'rougeL', 'exact')}
     kept['words'] = words(row['recovered'])
+    if len(row['searched_ids']) > b:
+      kept['kept_beyond_b'] = sum(
+        o >= b for o in kept_searches(model, config, row)
+      )
     per.append(
       {
         'b': b,
