@@ -224,15 +224,22 @@ def test_dager_rows():
     f'{joined([starts["q=1"]["cuts_first_b"]["rougeL"]])} with each'
     " search's first token allocated from the head gradient at BOS and the LM"
     r' prior read after `<\|endoftext\|>` ('
-    f'{joined([starts["first_b"]["rougeL"]])} without the cuts), and' in line
+    f'{joined([starts["first_b"]["rougeL"]])} without the cuts),' in line
   )
   evidence = summary('dager/hybrid_evidence')
   exact = round(evidence['exact@attack=hybrid,b=64'] * 192)
   assert (
-    f'and {evidence["rougeL@attack=hybrid,b=64"]:.3f} ({exact} of 192 exact;'
-    ' the goal is 0.5) with the head rows also scored' in line
+    f'{evidence["rougeL@attack=hybrid,b=64"]:.3f} ({exact} of 192 exact)'
+    ' with the head rows also scored' in line
   )
   assert evidence['rougeL@attack=hybrid,b=64'] < 0.5
+  over = summary('dager/hybrid_evidence_oversample')
+  exact = round(over['exact@attack=hybrid,b=64'] * 192)
+  assert (
+    f'and {over["rougeL@attack=hybrid,b=64"]:.3f} ({exact} of 192 exact;'
+    ' the goal is 0.5) with 96 searches for the 64 sentences' in line
+  )
+  assert over['rougeL@attack=hybrid,b=64'] >= 0.5
   tuned = summary('dager/hybrid_finetuned_full')
   exact = [round(tuned[f'exact@attack=hybrid,b={b}'] * 3 * b) for b in (32, 64)]
   rouge = joined(tuned[f'rougeL@attack=hybrid,b={b}'] for b in (32, 64))
@@ -1448,4 +1455,62 @@ def test_dager_hybrid_evidence_b128():
   assert (
     f'(ROUGE-L {got["rougeL"]:.3f}, {exact} of 128 sentences exact;'
     f' without the ratio: {base["rougeL"]:.3f},' in head
+  )
+
+
+def test_dager_hybrid_evidence_oversample():
+  # The paragraph on 1.5 b searches and the flagfile header, against the
+  # run, its searches as searched and the run with b searches.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  folder = ROOT / 'reports/dager'
+  load = lambda name: sorted(  # noqa: E731
+    (json.loads(x) for x in (folder / name / 'results.jsonl').open()),
+    key=lambda r: r['batch'],
+  )
+  rows, base = load('hybrid_evidence_oversample'), load('hybrid_evidence')
+  assert [r['batch'] for r in rows] == [r['batch'] for r in base] == [0, 1, 2]
+  config = json.loads(
+    (folder / 'hybrid_evidence_oversample/config.json').read_text()
+  )
+  assert config['hybrid_oversample'] == 1.5
+  for r, q in zip(rows, base, strict=True):
+    assert r['num_searched'] == 96 and r['num_recovered'] == 64
+    # The first 64 searches are the b-search run's own.
+    assert r['searched_ids'][:64] == q['searched_ids']
+  r3 = lambda xs: ' / '.join(f'{x:.3f}' for x in xs)  # noqa: E731
+  got = [r['rougeL'] for r in rows]
+  exact = sum(round(64 * r['exact']) for r in rows)
+  assert (
+    f'ROUGE-L {r3(got)} on the three batches, mean {np.mean(got):.3f},'
+    f' against {np.mean([q["rougeL"] for q in base]):.3f} with 64 searches;'
+    f' {exact} of 192 sentences exact. Every batch passes the goal of 0.5.'
+    in text
+  )
+  assert min(got) >= 0.5
+  searched = json.loads(
+    (folder / 'hybrid_evidence_oversample/searched.json').read_text()
+  )
+  beyond = [p['kept']['kept_beyond_b'] for p in searched['batches']]
+  assert (
+    f'{r3(p["searched"]["rougeL"] for p in searched["batches"])} as searched)'
+    in text
+  )
+  assert (
+    f'{" / ".join(map(str, beyond))} of the kept sentences come from the'
+    ' extra searches' in text
+  )
+  span = lambda xs: f'{min(xs):.0f}-{max(xs):.0f} s'  # noqa: E731
+  seconds = [r['seconds'] for r in rows]
+  search = [r['stage_seconds']['search'] for r in rows]
+  select = [r['stage_seconds']['select'] for r in rows]
+  assert (
+    f'{span(seconds)} a batch (search {span(search)}, selection'
+    f' {span(select)}), against {span([q["seconds"] for q in base])}' in text
+  )
+  head = flag_header('dager_hybrid_evidence_oversample')
+  assert f'(measured: {span(seconds)} a batch)' in head
+  assert (
+    f'(ROUGE-L {np.mean(got):.3f} over the three batches, {exact} of 192'
+    f' sentences exact; with 64 searches: {np.mean([q["rougeL"] for q in base]):.3f},'
+    in head
   )
