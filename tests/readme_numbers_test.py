@@ -1505,8 +1505,9 @@ def test_dager_hybrid_evidence_oversample():
   select = [r['stage_seconds']['select'] for r in rows]
   assert (
     f'{span(seconds)} a batch (search {span(search)}, selection'
-    f' {span(select)}), against {span([q["seconds"] for q in base])}' in text
+    f' {span(select)}; a test run' in text
   )
+  assert f'of batch 0), against {span([q["seconds"] for q in base])}' in text
   head = flag_header('dager_hybrid_evidence_oversample')
   assert f'(measured: {span(seconds)} a batch)' in head
   assert (
