@@ -240,6 +240,11 @@ def test_dager_rows():
     ' the goal is 0.5) with 96 searches for the 64 sentences' in line
   )
   assert over['rougeL@attack=hybrid,b=64'] >= 0.5
+  held = summary('dager/hybrid_evidence_oversample_heldout')
+  assert (
+    f'{held["rougeL@attack=hybrid,b=64"]:.3f} on three held-out batches)'
+    in line
+  )
   tuned = summary('dager/hybrid_finetuned_full')
   exact = [round(tuned[f'exact@attack=hybrid,b={b}'] * 3 * b) for b in (32, 64)]
   rouge = joined(tuned[f'rougeL@attack=hybrid,b={b}'] for b in (32, 64))
@@ -1514,4 +1519,46 @@ def test_dager_hybrid_evidence_oversample():
     f'(ROUGE-L {np.mean(got):.3f} over the three batches, {exact} of 192'
     f' sentences exact; with 64 searches: {np.mean([q["rougeL"] for q in base]):.3f},'
     in head
+  )
+
+
+def test_dager_hybrid_evidence_oversample_heldout():
+  # The held-out sentence and the flagfile header, against the run on
+  # b = 64 batches 3-5 and its searches as searched.
+  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  folder = ROOT / 'reports/dager/hybrid_evidence_oversample_heldout'
+  rows = sorted(
+    (json.loads(x) for x in (folder / 'results.jsonl').open()),
+    key=lambda r: r['batch'],
+  )
+  assert [r['batch'] for r in rows] == [3, 4, 5]
+  config = json.loads((folder / 'config.json').read_text())
+  tuned = json.loads(
+    (ROOT / 'reports/dager/hybrid_evidence_oversample/config.json').read_text()
+  )
+  # The same settings as the run on batches 0-2, but for the batches.
+  moved = {k for k in config if config[k] != tuned[k]}
+  assert moved == {'first_batch'}
+  r3 = lambda xs: ' / '.join(f'{x:.3f}' for x in xs)  # noqa: E731
+  got = [r['rougeL'] for r in rows]
+  exact = sum(round(64 * r['exact']) for r in rows)
+  seconds = [r['seconds'] for r in rows]
+  span = f'{min(seconds):.0f}-{max(seconds):.0f} s'
+  assert (
+    f'give ROUGE-L {r3(got)}, mean {np.mean(got):.3f}, with {exact} of 192'
+    f' sentences exact, in {span} a batch' in text
+  )
+  searched = json.loads((folder / 'searched.json').read_text())
+  beyond = ' / '.join(
+    str(p['kept']['kept_beyond_b']) for p in searched['batches']
+  )
+  assert (
+    f'give {r3(p["searched"]["rougeL"] for p in searched["batches"])}'
+    f' (`searched.json`); {beyond} of the kept sentences' in text
+  )
+  head = flag_header('dager_hybrid_evidence_oversample_heldout')
+  assert f'(measured: {span} a batch)' in head
+  assert (
+    f'(ROUGE-L {np.mean(got):.3f} over the three batches, {exact} of 192'
+    ' sentences exact)' in head
   )
