@@ -1307,6 +1307,17 @@ def test_dager_hybrid_starts_cuts_run():
   )
 
 
+def dager_rows(name: str) -> list[dict]:
+  """The rows of `reports/dager/<name>/results.jsonl`, by batch."""
+  path = ROOT / 'reports/dager' / name / 'results.jsonl'
+  return sorted((json.loads(x) for x in path.open()), key=lambda r: r['batch'])
+
+
+def dager_text() -> str:
+  """reports/dager/README.md with its whitespace folded."""
+  return ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+
+
 def only_row(name: str) -> dict:
   """The one row of `reports/dager/<name>/results.jsonl`."""
   path = ROOT / 'reports/dager' / name / 'results.jsonl'
@@ -1351,12 +1362,9 @@ def test_dager_hybrid_evidence():
   # The reports/dager README's paragraph on the log-likelihood ratio and
   # the flagfile header, against the run, its searches as searched, the
   # starts run's selection study and head_ranks.json.
-  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  text = dager_text()
   folder = ROOT / 'reports/dager'
-  rows = sorted(
-    (json.loads(x) for x in (folder / 'hybrid_evidence/results.jsonl').open()),
-    key=lambda r: r['batch'],
-  )
+  rows = dager_rows('hybrid_evidence')
   assert [r['batch'] for r in rows] == [0, 1, 2]
   config = json.loads((folder / 'hybrid_evidence/config.json').read_text())
   assert config['hybrid_weight_evidence'] == 30.0
@@ -1466,13 +1474,10 @@ def test_dager_hybrid_evidence_b128():
 def test_dager_hybrid_evidence_oversample():
   # The paragraph on 1.5 b searches and the flagfile header, against the
   # run, its searches as searched and the run with b searches.
-  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  text = dager_text()
   folder = ROOT / 'reports/dager'
-  load = lambda name: sorted(  # noqa: E731
-    (json.loads(x) for x in (folder / name / 'results.jsonl').open()),
-    key=lambda r: r['batch'],
-  )
-  rows, base = load('hybrid_evidence_oversample'), load('hybrid_evidence')
+  rows = dager_rows('hybrid_evidence_oversample')
+  base = dager_rows('hybrid_evidence')
   assert [r['batch'] for r in rows] == [r['batch'] for r in base] == [0, 1, 2]
   config = json.loads(
     (folder / 'hybrid_evidence_oversample/config.json').read_text()
@@ -1525,12 +1530,9 @@ def test_dager_hybrid_evidence_oversample():
 def test_dager_hybrid_evidence_oversample_heldout():
   # The held-out sentence and the flagfile header, against the run on
   # b = 64 batches 3-5 and its searches as searched.
-  text = ' '.join((ROOT / 'reports/dager/README.md').read_text('utf-8').split())
+  text = dager_text()
   folder = ROOT / 'reports/dager/hybrid_evidence_oversample_heldout'
-  rows = sorted(
-    (json.loads(x) for x in (folder / 'results.jsonl').open()),
-    key=lambda r: r['batch'],
-  )
+  rows = dager_rows('hybrid_evidence_oversample_heldout')
   assert [r['batch'] for r in rows] == [3, 4, 5]
   config = json.loads((folder / 'config.json').read_text())
   tuned = json.loads(
