@@ -9,8 +9,8 @@ and compute each canary's differential score and rank bound (Algorithm 1
 over the whole vocabulary), also with its first words given (RQ3).
 
 flags -> :class:`DifferentialConfig` (flags generated from its fields) ->
-:func:`leakjax.attacks.differential.run_canary_experiment` (the algorithm,
-in `leakjax/attacks/differential/runner.py`) -> the report
+:func:`leakjax.attacks.differential.runner.run` (the algorithm, read
+top-down from `leakjax/attacks/differential/runner.py`) -> the report
 (`experiments/differential_report.py`: summary.json, summary.md, plot).
 
 Reddit (20M words) and WikiText-103 (103M words) are out of reach on a
@@ -30,8 +30,10 @@ from absl import flags, logging
 
 from experiments import common
 from experiments import differential_report as report_lib
-from leakjax import sharding
+from leakjax import io, sharding
 from leakjax.attacks import differential as dlib
+from leakjax.attacks.differential import corpus as corpus_lib
+from leakjax.attacks.differential import runner
 from leakjax.errors import LeakjaxError
 
 DifferentialConfig = dlib.DifferentialConfig
@@ -48,7 +50,13 @@ def run_experiment(
   mesh=None,
 ) -> dict[str, float]:
   """Runs everything (resuming from `workdir`); writes and returns the summary."""
-  run = dlib.run_canary_experiment(cfg, workdir, progress=progress, mesh=mesh)
+  io.check_workdir(workdir)
+  # The corpus is read and checked before the workdir is touched.
+  corpus = corpus_lib.prepare_corpus(cfg)
+  writer = io.ExperimentWriter(
+    workdir, cfg, inputs=runner.writer_inputs(cfg, corpus)
+  )
+  run = runner.run(cfg, writer, corpus=corpus, progress=progress, mesh=mesh)
   return report_lib.write_report(run, cfg)
 
 

@@ -6,8 +6,8 @@ differential-rank bound, shaded as in the paper: DR 0, DR > 1000), the RQ3
 tables (background knowledge: the canary's first words given), a plot of DS
 and DR against the number of insertions k, and the top extracted sequences.
 
-Reads the rows of :func:`leakjax.attacks.differential.run_canary_experiment`
-only; :func:`write_report` writes summary.json and summary.md.
+Reads the rows of :func:`leakjax.attacks.differential.runner.run` only;
+:func:`write_report` writes summary.json and summary.md.
 
 Which data stands in for the paper's: only WikiText-2 is available here
 (its validation split, ~180k words), so it plays PTB, the paper's low-data

@@ -3,8 +3,8 @@ r"""Embedding inversion of SmolLM2: BEI, HEI, Embed Parrot, DCT defense.
 Reproduces Wan et al. 2024 (Tables 2-6) on a real pretrained model: per-layer
 BEI/HEI, Embed Parrot at one deep layer (by corpus and by token length), and
 the DCT/overlap defense with its perplexity cost. The algorithm lives in
-:mod:`leakjax.attacks.inversion.runner`, the tables and plots in
-:mod:`experiments.embed_parrot_report`.
+:mod:`leakjax.attacks.inversion.runner` (read top-down from its `run`),
+the tables and plots in :mod:`experiments.embed_parrot_report`.
 
 `--ep_variants` picks the Embed Parrot variants: `ep` (the paper's
 architecture) and `ep_skip` (plus a ridge-initialised linear skip, ours).
@@ -25,10 +25,11 @@ from absl import flags
 
 from experiments import common
 from experiments import embed_parrot_report as report
-from leakjax.attacks import inversion
+from leakjax import io
+from leakjax.attacks.inversion import runner
 
 FLAGS = flags.FLAGS
-Config = inversion.InversionExperimentConfig
+Config = runner.InversionConfig
 
 
 def define_flags() -> None:
@@ -65,8 +66,11 @@ def run(
   params=None,
 ) -> dict[str, float]:
   """Runs the experiment, writes the report; returns the summary."""
-  result = inversion.run_experiment(
-    cfg, workdir, cache_dir, model=model, params=params
+  writer = io.ExperimentWriter(
+    workdir, cfg, inputs=runner.writer_inputs(cfg, model=model)
+  )
+  result = runner.run(
+    cfg, writer, cache_dir=cache_dir, model=model, params=params
   )
   report.write_report(cfg, result)
   return result.summary

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from leakjax import io
-from leakjax.attacks.inversion import runner
+from leakjax.attacks.inversion import runner, scoring
 
 # ---------------------------------------------------------- paper numbers
 # Wan et al. 2024, Llama2-7B (32 layers), in %. Table 2: BEI/HEI by layer.
@@ -79,15 +79,13 @@ def _pct(x) -> str:
   return f'{100 * x:.1f}'
 
 
-def write_report(
-  cfg: runner.InversionExperimentConfig, run: runner.InversionRun
-) -> None:
+def write_report(cfg: runner.InversionConfig, run: runner.InversionRun) -> None:
   """Writes `summary.json` and `summary.md` (with plots) of `run`."""
   run.writer.write_summary(run.summary, render_markdown(cfg, run))
 
 
 def render_markdown(
-  cfg: runner.InversionExperimentConfig, run: runner.InversionRun
+  cfg: runner.InversionConfig, run: runner.InversionRun
 ) -> str:
   """The human summary: Tables 2, 4, 5/8 and 6 next to the paper's."""
   summary, tests, layers, deep = run.summary, run.tests, run.layers, run.deep
@@ -181,11 +179,11 @@ def render_markdown(
   }
   for variant in variants:
     for name in names:
-      for lo, hi in runner.BUCKETS:
-        r = bucket_rows.get((variant, name, runner.bucket_name(lo, hi)))
+      for lo, hi in scoring.BUCKETS:
+        r = bucket_rows.get((variant, name, scoring.bucket_name(lo, hi)))
         if r is not None:
           rows.append(
-            [variant, name, runner.bucket_name(lo, hi), r['n']]
+            [variant, name, scoring.bucket_name(lo, hi), r['n']]
             + [_pct(r.get(m)) for m in ('rouge1', 'rougeL', 'f1', 'sbert')]
           )
   for pname, table in (

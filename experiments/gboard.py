@@ -7,8 +7,8 @@ GBoard-shaped CIFG-LSTM pre-trained on public text, the victims are SMS
 recovers their words and sentences from θ0 and θ1 alone.
 
 flags -> :class:`gboard.GboardConfig` (flags generated from its fields) ->
-:func:`leakjax.attacks.gboard.run_gboard_experiment` (the algorithm, in
-`leakjax/attacks/gboard/runner.py`) -> the report
+:func:`leakjax.attacks.gboard.runner.run` (the algorithm, read top-down
+from `leakjax/attacks/gboard/runner.py`) -> the report
 (`experiments/gboard_report.py`: summary.json, summary.md, figures).
 
   python -m experiments.gboard --flagfile=experiments/configs/gboard_sms.flags
@@ -23,7 +23,7 @@ from absl import flags
 
 from experiments import common
 from experiments import gboard_report as report_lib
-from leakjax import sharding
+from leakjax import io, sharding
 from leakjax.attacks import gboard
 from leakjax.attacks.gboard import runner
 
@@ -39,7 +39,8 @@ def run_experiment(
   cfg: gboard.GboardConfig, workdir: str | Path, *, mesh=None
 ) -> dict[str, float]:
   """Runs everything (resuming from `workdir`); writes and returns the summary."""
-  run = gboard.run_gboard_experiment(cfg, workdir, mesh=mesh)
+  writer = io.ExperimentWriter(workdir, cfg, inputs=runner.writer_inputs(cfg))
+  run = runner.run(cfg, writer, mesh=mesh)
   return report_lib.write_report(run, cfg)
 
 

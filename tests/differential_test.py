@@ -14,7 +14,8 @@ import pytest
 from experiments import common
 from leakjax.attacks import differential as dlib
 from leakjax.attacks.differential import canaries as canaries_lib
-from leakjax.attacks.differential import runner
+from leakjax.attacks.differential import corpus as corpus_lib
+from leakjax.attacks.differential import evaluation
 from leakjax.errors import LeakjaxError
 from leakjax.models import LanguageModel, ParamPaths, from_functions, lstm
 from leakjax.tokenization import WordTokenizer
@@ -621,8 +622,8 @@ def test_canaries_follow_the_frequency_profiles(tmp_path):
   corpus = tmp_path / 'corpus.txt'
   write_corpus(corpus)
   cfg = dlib.DifferentialConfig(data=str(corpus), vocab_size=40)
-  sentences = runner.read_sentences(cfg.data, max_sentences=None, seed=0)
-  split = runner.split_corpus(sentences, cfg)
+  sentences = corpus_lib.read_sentences(cfg.data, max_sentences=None, seed=0)
+  split = corpus_lib.split_corpus(sentences, cfg)
   tok = WordTokenizer.build(split.train, 40)
   canaries = dlib.make_canaries(
     tok, split.train, canary_types=cfg.canary_types, seed=0
@@ -641,7 +642,7 @@ def test_canaries_follow_the_frequency_profiles(tmp_path):
   assert canaries_lib.canary_copies(canaries[:2], 3) == (
     [canaries[0].text] * 3 + [canaries[1].text] * 3
   )
-  ids, mask = runner.pack_rows(tok, split.train, 24, seed=0)
+  ids, mask = corpus_lib.pack_rows(tok, split.train, 24, seed=0)
   assert ids.shape[1] == 24 and mask.mean() > 0.9
   assert np.all(ids[:, 0] == tok.bos_id)  # every row starts a sentence
 
@@ -650,7 +651,7 @@ def test_pack_rows_keeps_every_sentence_whole():
   """Best-fit packing: each sentence once, uncut, `<S>` first; rows full."""
   tok = WordTokenizer.build(['a b c d e f g h'], 12)
   sentences = ['a b c', 'd e', 'f g h a b', 'c', 'h g f e d c', 'b a']
-  ids, mask = runner.pack_rows(tok, sentences, 8, seed=3)
+  ids, mask = corpus_lib.pack_rows(tok, sentences, 8, seed=3)
   # 4+3+6+2+7+3 = 25 tokens: best fit decreasing puts 7 | 6+2 | 4+3 | 3.
   assert ids.shape == (4, 8)
   got = []
@@ -695,7 +696,7 @@ def test_experiment_dr_bounds_count_higher_found_sequences():
       value = found_scores[i] + np.float32(0.05 * (i % 3 - 1))
       different = np.any(found.sequences[0] != target[None], -1)
       higher = found_scores > value
-      got = runner.dr_bounds(
+      got = evaluation.dr_bounds(
         found, target, np.asarray([value], np.float32), own, score
       )
       assert got == (

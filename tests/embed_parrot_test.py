@@ -17,7 +17,7 @@ from leakjax import models
 from leakjax import train as train_lib
 from leakjax.attacks.inversion import bei_hei as ei
 from leakjax.attacks.inversion import embed_parrot as ep
-from leakjax.attacks.inversion import runner
+from leakjax.attacks.inversion import hidden_states, runner, scoring, texts
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2, llama
 from leakjax.tokenization import gpt2_tokenizer
@@ -599,11 +599,11 @@ def test_data_flag_replaces_the_corpora(ep_flags):
 
 def test_config_checks_train_corpus_and_variants():
   with pytest.raises(LeakjaxError, match='train_corpus=c'):
-    runner.InversionExperimentConfig(corpora=('a=x', 'b=y'), train_corpus='c')
+    runner.InversionConfig(corpora=('a=x', 'b=y'), train_corpus='c')
   with pytest.raises(LeakjaxError, match='not name=path'):
-    runner.InversionExperimentConfig(corpora=('a',), train_corpus='a')
+    runner.InversionConfig(corpora=('a',), train_corpus='a')
   with pytest.raises(LeakjaxError, match='ep_variants'):
-    runner.InversionExperimentConfig(ep_variants=('ep', 'nope'))
+    runner.InversionConfig(ep_variants=('ep', 'nope'))
 
 
 # ------------------------------------------------------------------ runner
@@ -618,7 +618,7 @@ def test_parse_corpora():
 
 def test_width_batches_sort_pad_and_trim():
   lengths = np.array([5, 40, 3, 17, 9])
-  batches = list(runner.width_batches(lengths, 2, full=48, multiple=16))
+  batches = list(hidden_states.width_batches(lengths, 2, full=48, multiple=16))
   # Length-sorted rows (3, 5, 9, 17, 40); the short last batch is padded by
   # repeating its first row; widths round up to 16 and stop at `full`.
   rows = [b[0].tolist() for b in batches]
@@ -634,8 +634,8 @@ def test_cached_computes_once(tmp_path):
     calls.append(1)
     return {'x': np.arange(3, dtype=np.int32)}
 
-  first = runner.cached(tmp_path / 'a.npz', compute)
-  second = runner.cached(tmp_path / 'a.npz', compute)
+  first = hidden_states.cached(tmp_path / 'a.npz', compute)
+  second = hidden_states.cached(tmp_path / 'a.npz', compute)
   assert len(calls) == 1
   np.testing.assert_array_equal(first['x'], second['x'])
   assert second['x'].dtype == np.int32
@@ -648,7 +648,7 @@ def test_row_summary_ignores_nan():
     'rougeL': np.array([0.25, 0.75]),
     'sbert': np.array([0.8, np.nan]),
   }
-  assert runner.row_summary(scores) == {
+  assert scoring.row_summary(scores) == {
     'f1': 0.75,
     'rouge1': 0.5,
     'rougeL': 0.5,
@@ -744,16 +744,16 @@ def test_model_samples_are_whole_distinct_sentences():
     ' Go now.',
   ]
   model, params = _chain_model(tok, sentences)
-  cfg = runner.InversionExperimentConfig(
+  cfg = runner.InversionConfig(
     max_length=24, train_samples=2, sample_start_id=tok.encode('.')[0]
   )
-  got = runner.model_samples(
+  got = texts.model_samples(
     model, params, cfg, key=jax.random.key(0), batch_size=4
   )
   # 'Go now.' has < 4 words; every row's unfinished last piece is dropped.
   assert sorted(got) == ['A blue bird sings well.', 'The red fox runs fast.']
   with pytest.raises(LeakjaxError, match='no new sentence'):
-    runner.model_samples(
+    texts.model_samples(
       model,
       params,
       dataclasses.replace(cfg, train_samples=3),
@@ -778,7 +778,7 @@ def test_experiment_adds_model_samples_to_the_training_texts(
     calls.append(cfg.train_samples)
     return samples[: cfg.train_samples]
 
-  monkeypatch.setattr(runner, 'model_samples', fake_samples)
+  monkeypatch.setattr(texts, 'model_samples', fake_samples)
   cfg = experiment.Config(
     model='tiny',
     corpora=tuple(_write_corpora(tmp_path).split(',')),

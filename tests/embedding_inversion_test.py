@@ -9,7 +9,7 @@ import pytest
 
 from leakjax import metrics, models
 from leakjax.attacks.inversion import bei_hei as ei
-from leakjax.attacks.inversion import dct, runner
+from leakjax.attacks.inversion import dct, scoring
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2, llama
 from leakjax.tokenization import gpt2_tokenizer
@@ -409,13 +409,13 @@ def test_defended_nll_and_perplexity():
 
 # ----------------------------------------------------------------- metrics
 def test_score_texts():
-  out = runner.score_texts(['the cat sat', 'xyz'], ['the cat sat down', 'abc'])
+  out = scoring.score_texts(['the cat sat', 'xyz'], ['the cat sat down', 'abc'])
   assert list(out) == ['f1', 'rouge1', 'rougeL']
   np.testing.assert_allclose(out['f1'], [0.8, 0.0])
   # rouge-score's tokenizer, no stemming: 'cats' does not match 'cat'.
   np.testing.assert_allclose(out['rouge1'], [6 / 7, 0.0])
   np.testing.assert_allclose(out['rougeL'], [6 / 7, 0.0])
-  out = runner.score_texts(['the cats'], ['the cat'])
+  out = scoring.score_texts(['the cats'], ['the cat'])
   assert out['rouge1'][0] == pytest.approx(0.5)
   with pytest.raises(LeakjaxError):
-    runner.score_texts(['a'], [])
+    scoring.score_texts(['a'], [])

@@ -14,7 +14,7 @@ import pytest
 from experiments import common
 from leakjax import fl, sharding
 from leakjax.attacks import gboard
-from leakjax.attacks.gboard import runner
+from leakjax.attacks.gboard import clients, corpora, runner, sweep
 from leakjax.errors import LeakjaxError
 from leakjax.models import lstm
 
@@ -147,7 +147,7 @@ def test_max_f1_cut_trades_precision_for_recall():
   assert 0 < cut < fdr
   assert f1(np.asarray(z) > cut) > f1(np.asarray(z) > fdr) + 0.05
   assert float(jax.jit(gboard.max_f1_cut)(z)) == pytest.approx(cut)
-  # The former bias rule 'maxf1' left the library (reports/gboard/
+  # The former bias rule 'maxf1' left the library (studies/gboard/
   # noise_detectors/maxf1_rule.py keeps it for comparison).
   with pytest.raises(LeakjaxError):
     gboard.choose_threshold(z, 'maxf1')
@@ -477,9 +477,9 @@ def test_reconstruction_on_a_mesh_matches_one_device(spec):
   words = np.zeros(TINY.vocab_size, bool)
   words[np.unique(ids[:, 1:])] = True  # 11 words: 16 slots, 18 on 3
   kw = dict(length=4, bos_id=1)
-  one = runner.reconstruct_candidates(model, params0, params1, words, **kw)
+  one = sweep.reconstruct_candidates(model, params0, params1, words, **kw)
   mesh = sharding.data_mesh(spec)
-  many = runner.reconstruct_candidates(
+  many = sweep.reconstruct_candidates(
     model, params0, params1, words, mesh=mesh, **kw
   )
   n = mesh.shape['data']
@@ -600,7 +600,7 @@ def test_batch_sum_loss_is_sentence_sum_with_eta_times_batch(batch):
 
   def theta1(loss, eta):
     cfg = types.SimpleNamespace(loss=loss, learning_rate=eta)
-    ((_, params),) = runner.trajectory(
+    ((_, params),) = clients.trajectory(
       model,
       params0,
       ids,
@@ -760,11 +760,11 @@ def test_experiment_smoke(tmp_path):
   for r in rows:
     assert r['stouffer_f1'] <= r['stouffer_oracle_f1'] + 1e-12 <= 1 + 1e-12
   # Client sentences never reach pre-training.
-  corpora = runner.load_corpora(cfg)
-  pool = set(corpora.pool)
-  split = runner.sentence_words
+  texts = corpora.load_corpora(cfg)
+  pool = set(texts.pool)
+  split = corpora.sentence_words
   assert not any(
-    split(s) in pool for s in corpora.public_train + corpora.public_eval
+    split(s) in pool for s in texts.public_train + texts.public_eval
   )
   # config.json gives back the config (reports read runs this way).
   assert runner.load_config(workdir) == cfg
@@ -786,7 +786,7 @@ def test_heldout_pool_avoids_the_first_seeds_pool(tmp_path):
   )
   four = sorted(
     {
-      runner.sentence_words(x)
+      corpora.sentence_words(x)
       for m in data_lib.load_corpus(sms, label=('Label', 'ham'))
       for x in data_lib.split_sentences(m)
     }
@@ -795,18 +795,18 @@ def test_heldout_pool_avoids_the_first_seeds_pool(tmp_path):
   four = [w for w in four if len(w) == 4]
   # Without the option the pool is the seed's first 24 of a permutation of
   # the distinct 4-word sentences, as every committed run drew it.
-  first = runner.load_corpora(base).pool
+  first = corpora.load_corpora(base).pool
   order = np.random.default_rng([0, 1]).permutation(len(four))
   assert first == [four[i] for i in order[:24]]
-  held = runner.load_corpora(
+  held = corpora.load_corpora(
     dataclasses.replace(base, seed=1, heldout_from_seed=0)
   )
   assert len(held.pool) == 24 and not set(held.pool) & set(first)
-  plain = set(runner.load_corpora(dataclasses.replace(base, seed=1)).pool)
+  plain = set(corpora.load_corpora(dataclasses.replace(base, seed=1)).pool)
   assert plain & set(first)  # without the option, seed 1 reuses some
   # A first pool of every distinct sentence leaves none for the second.
   with pytest.raises(LeakjaxError, match='0 distinct client sentences remain'):
-    runner.load_corpora(
+    corpora.load_corpora(
       dataclasses.replace(
         base, client_pool=len(four), seed=1, heldout_from_seed=0
       )
@@ -826,18 +826,18 @@ def test_plan_trajectories():
   assert cfg.epochs == (1, 50, 1000)
 
   def ds(n_k):
-    return runner.Dataset(n_k, 0, [], np.zeros((n_k, 5), np.int32), set())
+    return clients.Dataset(n_k, 0, [], np.zeros((n_k, 5), np.int32), set())
 
   # n_k=16: B=16 and B=32 are full-batch training (run once, as B=full);
   # E=1000 is over the budget (16 * 1000 > 3200).
-  assert runner.plan_trajectories(cfg, ds(16)) == [
+  assert clients.plan_trajectories(cfg, ds(16)) == [
     ('full', 'none', 0.0, [1, 50]),
     ('full', 'dpsgd', 0.01, [1, 50]),
     ('full', 'dpsgd', 0.1, [1, 50]),
   ]
   # n_k=64: E=50 is exactly the budget; the DPSGD run stops at E=20 (only
   # E=1 left); B=16 and B=32 are real mini-batches.
-  assert runner.plan_trajectories(cfg, ds(64)) == [
+  assert clients.plan_trajectories(cfg, ds(64)) == [
     ('full', 'none', 0.0, [1, 50]),
     ('16', 'none', 0.0, [1, 50]),
     ('32', 'none', 0.0, [1, 50]),
@@ -872,7 +872,7 @@ def test_parse_flag_values():
 
 
 def test_sentence_words():
-  assert runner.sentence_words('Ok lar... Joking wif u oni!') == (
+  assert corpora.sentence_words('Ok lar... Joking wif u oni!') == (
     'ok',
     'lar',
     'joking',

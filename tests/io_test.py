@@ -189,17 +189,19 @@ def test_progress_counts_only_computed_units_towards_the_rate():
 def test_side_files_come_from_process_0_only(tmp_path, monkeypatch):
   import jax  # pylint: disable=g-import-not-at-top
 
-  from leakjax.attacks.inversion import runner  # pylint: disable=g-import-not-at-top
+  from leakjax.attacks.inversion import hidden_states  # pylint: disable=g-import-not-at-top
 
   compute = lambda: {'a': np.arange(3.0)}  # noqa: E731
   monkeypatch.setattr(jax, 'process_index', lambda: 1)
   assert not io.is_primary()
-  got = runner.cached(tmp_path / 'states.npz', compute)
+  got = hidden_states.cached(tmp_path / 'states.npz', compute)
   np.testing.assert_array_equal(got['a'], np.arange(3.0))
   assert not (tmp_path / 'states.npz').exists()  # another host's disk
   assert not io.ExperimentWriter(tmp_path / 'w', {'b': 1}).enabled
   monkeypatch.setattr(jax, 'process_index', lambda: 0)
-  runner.cached(tmp_path / 'states.npz', compute)
+  hidden_states.cached(tmp_path / 'states.npz', compute)
   assert (tmp_path / 'states.npz').exists()
-  again = runner.cached(tmp_path / 'states.npz', lambda: {'a': np.zeros(3)})
+  again = hidden_states.cached(
+    tmp_path / 'states.npz', lambda: {'a': np.zeros(3)}
+  )
   np.testing.assert_array_equal(again['a'], np.arange(3.0))  # read back

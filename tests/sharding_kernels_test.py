@@ -30,7 +30,7 @@ import pytest
 
 from leakjax import sharding
 from leakjax.attacks import differential as dlib
-from leakjax.attacks.differential import runner as drun
+from leakjax.attacks.differential import evaluation
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder
 from leakjax.attacks.inversion import bei_hei as ei
@@ -261,7 +261,7 @@ def test_differential_rank_search_rejects_a_mesh_without_data_axis(mesh):
 def test_differential_experiment_shards_ds_and_dr_search(mesh):
   (m, params), (_, params_prime) = _random_lstm(0), _random_lstm(1)
   cfg = dlib.DifferentialConfig(data='', vocab_size=37, min_width=16)
-  one, eight = drun.Attack(m, cfg), drun.Attack(m, cfg, mesh)
+  one, eight = evaluation.Attack(m, cfg), evaluation.Attack(m, cfg, mesh)
   bos = m.tokenizer.bos_id
   ids = np.asarray(
     [[bos, 3, 4, 5, 6, 7], [bos, 9, 8, 7, 6, 5], [bos, 2, 2, 2, 2, 2]], np.int32
@@ -280,7 +280,9 @@ def test_differential_experiment_shards_ds_and_dr_search(mesh):
   # The experiment's jitted search splits the 37 beam rows of step 2 (padded
   # to 40) over 8 devices.
   args = (m, params, params_prime, jnp.asarray([bos, 3], jnp.int32))
-  rows = _head_rows(drun.search_sequences, args, **eight.search_options(3))
+  rows = _head_rows(
+    evaluation.search_sequences, args, **eight.search_options(3)
+  )
   assert max(rows) == 40 // NUM_DEVICES
 
 

@@ -9,8 +9,10 @@ update `D' \\ D`. Read top-down:
 * :mod:`.rank_search` -- :func:`rank_beam_search` (Algorithm 1, kernel) with
   the paper's halving schedule :func:`halving_widths`;
 * :mod:`.canaries` -- the canaries of Sec. 4.4 (:func:`make_canaries`);
-* :mod:`.runner` -- the canary experiment of Sec. 4
-  (:class:`DifferentialConfig`, :func:`run_canary_experiment`).
+* :mod:`.runner` -- the canary experiment of Sec. 4, read top-down from
+  `runner.run(config, writer)` (:class:`DifferentialConfig`), with its
+  corpus (:mod:`.corpus`), M and M' (:mod:`.training`) and the attack of
+  each pair (:mod:`.evaluation`).
 
 >>> from leakjax.attacks import differential as dlib
 >>> ds = dlib.differential_score(model, model, params, params_prime,
@@ -33,7 +35,6 @@ from leakjax.attacks.differential.rank_search import (
   ranked,
 )
 from leakjax.attacks.differential.runner import DifferentialConfig
-from leakjax.attacks.differential.runner import run as run_canary_experiment
 from leakjax.attacks.differential.score import (
   SCORES,
   DifferentialScores,
@@ -62,7 +63,6 @@ __all__ = [
   'rank_beam_search',
   'rank_search',
   'ranked',
-  'run_canary_experiment',
   'runner',
   'score',
   'token_differential_scores',

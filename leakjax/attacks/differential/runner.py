@@ -1,13 +1,11 @@
 r"""The canary experiment of Zanella-Beguelin et al. (CCS 2020), Sec. 4.
 
 Read top-down: :class:`DifferentialConfig` (everything that determines the
-results), the corpus (sentences, the train/held-out/D_extra split, packed
-training rows), the LSTM snapshots, the attack (:class:`Attack`: the jitted
-DS scoring and Algorithm 1 search, optionally sharded), the Prop. 3.3 bounds
-(:func:`dr_bounds`) and :func:`run`, the loop over every (M, M') pair:
+results), then :func:`run`, the loop over every (M, M') pair:
 
 1. Split a corpus into sentences: the training set D, a held-out set (the
-   perplexity column of Table 1) and a pool D_extra (RQ1).
+   perplexity column of Table 1) and a pool D_extra (RQ1)
+   (:mod:`~leakjax.attacks.differential.corpus`).
 2. Build 5-word canaries whose word frequencies follow the paper's profiles
    (:mod:`leakjax.attacks.differential.canaries`) and check that they never
    occur in D.
@@ -15,63 +13,52 @@ DS scoring and Algorithm 1 search, optionally sharded), the Prop. 3.3 bounds
    * retraining: a fresh model trained on D' = D + k copies of the canary
      (Sec. 4.2, "Retraining");
    * continued training: M trained further on D' \ D, the k copies
-     (Sec. 4.2, "Continued Training"), optionally mixed with D_extra (RQ1).
+     (Sec. 4.2, "Continued Training"), optionally mixed with D_extra (RQ1)
+   (:mod:`~leakjax.attacks.differential.training`).
 4. For each (M, M') compute the canary's DS and relative DS (Definition
    3.1), run Algorithm 1 over the whole vocabulary with the width halved at
    each step, and bound the canary's differential rank (Prop. 3.3); with
-   `prefix_lengths` also with the canary's first words given (RQ3).
+   `prefix_lengths` also with the canary's first words given (RQ3)
+   (:mod:`~leakjax.attacks.differential.evaluation`).
 
 In retraining, the four canary types share one D' per k (each canary
 inserted k times), which quarters the training cost; ranks are reported
 both counting every found sequence (`dr`) and ignoring sequences within
 Hamming distance 2 of another planted canary (`dr_own`).
 
-Results go to `workdir` through one :class:`leakjax.io.ExperimentWriter`
-(config.json, results.jsonl; a re-run resumes); tables and plots are the
-caller's (`experiments/differential_report.py`).
+The runner contract (shared with the FILM and DAGER runners):
+`run(config, writer)`. The workdir is the writer's (`writer.workdir`), not
+a config field: config.json holds only what determines the results, so the
+same config in another folder is the same run. M and every M' are trained
+under `<workdir>/models`. The caller opens the writer (config.json,
+results.jsonl; a re-run resumes), best after
+:func:`~leakjax.attacks.differential.corpus.prepare_corpus` has checked the
+corpus, so that a bad corpus never touches the workdir; tables and plots
+are the caller's (`experiments/differential_report.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-import re
 import time
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from absl import logging
 
-from leakjax import data as data_lib
-from leakjax import io, sharding
+from leakjax import io
 from leakjax import train as train_lib
 from leakjax.attacks.differential.canaries import (
   CANARY_LENGTH,
   PROFILES,
   Canary,
-  canary_copies,
-  hamming_close,
   make_canaries,
 )
-from leakjax.attacks.differential.rank_search import (
-  SearchResult,
-  halving_widths,
-  rank_beam_search,
-  ranked,
-)
-from leakjax.attacks.differential.score import (
-  SCORES,
-  differential_rank_lower_bound,
-  differential_score,
-)
+from leakjax.attacks.differential.corpus import PreparedCorpus, prepare_corpus
+from leakjax.attacks.differential.evaluation import Attack, evaluate_pair
+from leakjax.attacks.differential.score import SCORES
+from leakjax.attacks.differential.training import Trainer, plan_snapshots
 from leakjax.errors import LeakjaxError, check_positive
-from leakjax.models import lstm
 from leakjax.models import num_params as count_params
-from leakjax.tokenization import WordTokenizer
 
 METHODS = ('retrain', 'continued', 'continued_extra')
 MODELS = ('ptb_small', 'medium_512', 'wikitext_512')
@@ -229,436 +216,42 @@ class DifferentialConfig:
       check_positive(self, 'max_sentences')
 
 
-# ------------------------------------------------------------------- data
-@dataclasses.dataclass
-class Corpus:
-  """The sentences of one run, split once."""
-
-  train: list[str]  # D
-  eval: list[str]  # held out, for perplexity
-  extra: list[str]  # the D_extra pool (RQ1)
-
-
-def read_sentences(
-  path: str,
-  *,
-  max_sentences: int | None,
-  seed: int,
-  column: str | None = None,
-  label: str | None = None,
-) -> list[str]:
-  """Sentences of a paragraph-per-line corpus, shuffled (seeded).
-
-  WikiText headings (` = Title = `) are dropped and its `<unk>` marker
-  becomes the word `unk` (a word of the vocabulary like any other).
-  """
-  paragraphs = data_lib.load_corpus(path, column=column, label=label)
-  sentences = []
-  for p in paragraphs:
-    if re.fullmatch(r'=.*=', p):  # WikiText heading
-      continue
-    sentences.extend(
-      s.replace('<unk>', 'unk') for s in data_lib.split_sentences(p)
-    )
-  if not sentences:
-    raise LeakjaxError(f'{path} has no sentences', 'pass a text corpus')
-  order = np.random.default_rng([seed, 1]).permutation(len(sentences))
-  sentences = [sentences[i] for i in order]
-  return sentences[:max_sentences] if max_sentences else sentences
-
-
-def split_corpus(sentences: Sequence[str], cfg: DifferentialConfig) -> Corpus:
-  """Held-out sentences first, then D_extra, the rest is D."""
-  n = len(sentences)
-  num_eval = max(1, round(n * cfg.eval_fraction))
-  num_extra = round(n * cfg.extra_fraction)
-  return Corpus(
-    eval=list(sentences[:num_eval]),
-    extra=list(sentences[num_eval : num_eval + num_extra]),
-    train=list(sentences[num_eval + num_extra :]),
-  )
-
-
-def pack_rows(
-  tokenizer: WordTokenizer, sentences: Sequence[str], width: int, *, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-  """Packs whole sentences (`<S>` + words) into rows of `width` tokens.
-
-  Best-fit decreasing: each sentence goes to the fullest row it fits, so
-  rows are ~all real tokens (an LSTM reads rows left to right, so a packed
-  sentence sees the previous one as context, as in PTB-style training on a
-  continuous stream). Sentences longer than `width` are cut.
-
-  Returns:
-    `(ids, mask)` int32 `[rows, width]`, rows shuffled with `seed`.
-  """
-  seqs = [([tokenizer.bos_id] + tokenizer.encode(s))[:width] for s in sentences]
-  seqs = [s for s in seqs if len(s) >= 2]
-  if not seqs:
-    raise LeakjaxError('no sentence has a word', 'check the corpus')
-  seqs.sort(key=len, reverse=True)
-  rows: list[list[int]] = []
-  by_room: list[list[int]] = [[] for _ in range(width + 1)]  # room -> rows
-  for s in seqs:
-    room = next((r for r in range(len(s), width + 1) if by_room[r]), None)
-    if room is None:
-      rows.append(list(s))
-      by_room[width - len(s)].append(len(rows) - 1)
-    else:
-      row = by_room[room].pop()
-      rows[row].extend(s)
-      by_room[room - len(s)].append(row)
-  order = np.random.default_rng(seed).permutation(len(rows))
-  ids = np.full((len(rows), width), tokenizer.pad_id, np.int32)
-  mask = np.zeros((len(rows), width), np.int32)
-  for i, r in enumerate(order):
-    ids[i, : len(rows[r])] = rows[r]
-    mask[i, : len(rows[r])] = 1
-  return ids, mask
-
-
-# ------------------------------------------------------------------ models
-def lstm_config(cfg: DifferentialConfig) -> lstm.LSTMConfig:
-  """The LSTM of `cfg.model`, with any nonzero width/depth override."""
-  base = getattr(lstm.LSTMConfig, cfg.model)(cfg.vocab_size)
-  changes = {
-    k: v
-    for k, v in dict(
-      embed_dim=cfg.embed_dim,
-      hidden_size=cfg.hidden_size,
-      num_layers=cfg.num_layers,
-    ).items()
-    if v
-  }
-  return dataclasses.replace(base, **changes)
-
-
-def train_config(
-  cfg: DifferentialConfig,
-  *,
-  epochs: int,
-  learning_rate: float,
-  seed: int,
-  batch_size: int | None = None,
-  optimizer: str = 'adam',
-  schedule: str = 'linear',
-) -> train_lib.TrainConfig:
-  """The trainer's config: clipped, best-on-held-out, resumable."""
-  return train_lib.TrainConfig(
-    optimizer=optimizer,
-    learning_rate=learning_rate,
-    schedule=schedule,
-    batch_size=batch_size or cfg.batch_size,
-    max_length=None,
-    num_epochs=epochs,
-    grad_clip_norm=5.0,  # Zaremba et al.: clip 5
-    restore_best=True,
-    seed=seed,
-    log_every=50,
-    checkpoint_every=50,
-  )
-
-
-def fit(
-  model,
-  params,
-  rows,
-  eval_rows,
-  config: train_lib.TrainConfig,
-  workdir: Path,
-  *,
-  progress: bool,
-):
-  """train() with a resumable workdir; returns (params, best eval ppl)."""
-  result = train_lib.train(
-    model, params, rows, eval_rows, config, workdir=workdir, progress=progress
-  )
-  ppl = result.best_eval['perplexity'] if result.best_eval else math.nan
-  return result.params, float(ppl)
-
-
-# ----------------------------------------------------------------- attacks
-@functools.partial(jax.jit, static_argnames=('model', 'num_context'))
-def score_sequences(model, params, params_prime, ids, *, num_context: int):
-  """DS and relative DS of `ids` on M (`params`) and M' (`params_prime`).
-
-  M and M' are snapshots of one model, so `model` serves both.
-  """
-  return differential_score(
-    model, model, params, params_prime, ids, num_context=num_context
-  )
-
-
-@functools.partial(
-  jax.jit,
-  static_argnames=('model', 'widths', 'length', 'num_groups', 'score', 'mesh'),
-)
-def search_sequences(
-  model,
-  params,
-  params_prime,
-  context,
-  *,
-  widths: tuple[int, ...],
-  length: int,
-  num_groups: int,
-  score: str,
-  mesh=None,
-) -> SearchResult:
-  """Algorithm 1 over the whole vocabulary for M (`params`) against M'."""
-  return rank_beam_search(
-    model,
-    model,
-    params,
-    params_prime,
-    context,
-    widths=widths,
-    length=length,
-    num_groups=num_groups,
-    score=score,
-    mesh=mesh,
-  )
-
-
-class Attack:
-  """DS scoring and DR searches for one M against many M'.
-
-  Both run the module's jitted kernels (:func:`score_sequences`,
-  :func:`search_sequences`), which compile once per shape for the model and
-  never again for new parameters. With a `mesh` both are data-parallel over
-  its `'data'` axis: the DS batch is padded to a multiple of the
-  axis size and split over it, the search splits its beam rows
-  (`rank_beam_search(mesh=...)`), and the parameters of M and M' are
-  replicated. Results equal the unsharded ones up to float32 rounding.
-  """
-
-  def __init__(self, model, cfg: DifferentialConfig, mesh=None):
-    self.model = model
-    self.cfg = cfg
-    self.mesh = mesh
-    self.bos = model.tokenizer.bos_id
-    self.widths = {
-      n: halving_widths(
-        model.vocab_size, n, min_width=cfg.min_width, num_groups=cfg.num_groups
-      )
-      for n in range(1, CANARY_LENGTH + 1)
-    }
-
-  def scores(self, params, params_prime, ids: np.ndarray, num_context: int):
-    ids, num = sharding.pad_to_multiple(
-      np.asarray(ids, np.int32), sharding.data_size(self.mesh)
-    )
-    s = score_sequences(
-      self.model,
-      *sharding.replicate((params, params_prime), self.mesh),
-      sharding.shard_batch(jnp.asarray(ids), self.mesh),
-      num_context=num_context,
-    )
-    return jax.tree.map(lambda x: x[:num], sharding.to_host(s))
-
-  def search_options(self, length: int) -> dict[str, Any]:
-    """The static arguments of :func:`search_sequences` for `length`."""
-    return dict(
-      widths=self.widths[length],
-      length=length,
-      num_groups=self.cfg.num_groups,
-      score=self.cfg.score,
-      mesh=self.mesh,
-    )
-
-  def search(
-    self, params, params_prime, context: Sequence[int], length: int
-  ) -> SearchResult:
-    result = search_sequences(
-      self.model,
-      *sharding.replicate((params, params_prime), self.mesh),
-      jnp.asarray(context, jnp.int32),
-      **self.search_options(length),
-    )
-    return sharding.to_host(ranked(result, self.cfg.score))
-
-
-def dr_bounds(
-  found: SearchResult,
-  target: np.ndarray,
-  value: np.ndarray,
-  own: np.ndarray,
-  score: str,
-) -> tuple[int, int]:
-  """Prop. 3.3 bounds on the DR of `target [n]` scoring `value [1]`.
-
-  Returns:
-    `(dr, dr_own)`: found sequences other than `target` that score higher,
-    all of them / only those marked `own [S]` (`found` holds one list).
-  """
-  dr = differential_rank_lower_bound(found, target[None], value, score=score)
-  # Not own: scored -inf, so never higher.
-  masked = jnp.where(own[None], getattr(found, score), -jnp.inf)
-  dr_own = differential_rank_lower_bound(
-    found.replace(**{score: masked}), target[None], value, score=score
-  )
-  return int(dr[0]), int(dr_own[0])
-
-
-def evaluate_pair(
-  attack: Attack,
-  params,
-  params_prime,
-  canaries: Sequence[Canary],
-  planted: Sequence[Canary],
-  prefix_lengths: Sequence[int],
-  tokenizer,
-  top: int,
-) -> list[dict[str, Any]]:
-  """DS, relative DS and DR bounds of each canary for one (M, M').
-
-  With a known prefix (RQ3) a canary is searched again only if its bound
-  without the prefix is above 0: if no sequence of T^5 scores above the
-  canary, none with the canary's prefix does either (the prefix's own DS is
-  common to all of them), so its rank given the prefix is 0 as well, as far
-  as the search can tell. Such rows carry `searched: False`.
-  """
-  cfg = attack.cfg
-  rows = []
-  ranked_at_zero = set()
-  for p in sorted(prefix_lengths):
-    # The adversary knows the canary's first p words (RQ3), so each canary
-    # has its own context; without a prefix one search serves all canaries.
-    todo = [c for c in canaries if c.text not in ranked_at_zero]
-    groups = [list(canaries)] if p == 0 else [[c] for c in todo]
-    for c in canaries:
-      if p and c.text in ranked_at_zero:
-        context = [attack.bos] + list(c.ids[:p])
-        s = attack.scores(
-          params,
-          params_prime,
-          np.asarray([context + list(c.ids[p:])], np.int32),
-          len(context),
-        )
-        rows.append(
-          {
-            'canary': c.kind,
-            'text': c.text,
-            'prefix': p,
-            'ds': float(s.ds[0]),
-            'rel_ds': float(s.rel_ds[0]),
-            'dr': 0,
-            'dr_own': 0,
-            'searched': False,
-          }
-        )
-    for group in groups:
-      context = [attack.bos] + list(group[0].ids[:p])
-      start = time.perf_counter()
-      found = attack.search(params, params_prime, context, CANARY_LENGTH - p)
-      search_s = time.perf_counter() - start
-      seqs = np.asarray(found.sequences[0])  # [S, n - p]
-      found_scores = np.asarray(getattr(found, cfg.score)[0])
-      for c in group:
-        ids = np.asarray([context + list(c.ids[p:])], np.int32)
-        s = attack.scores(params, params_prime, ids, len(context))
-        target = np.asarray(c.ids[p:])
-        others = [o.ids[p:] for o in planted if o.text != c.text]
-        own = ~hamming_close(seqs, others)
-        dr, dr_own = dr_bounds(
-          found, target, getattr(s, cfg.score)[:1], own, cfg.score
-        )
-        if p == 0 and dr_own == 0:
-          ranked_at_zero.add(c.text)
-        same = np.all(seqs == target[None], -1)
-        is_found = bool(np.any(same))
-        token_ds = np.asarray(s.token_ds[0, len(context) - 1 :])
-        rows.append(
-          {
-            'canary': c.kind,
-            'text': c.text,
-            'prefix': p,
-            'searched': True,
-            'ds': float(s.ds[0]),
-            'rel_ds': float(s.rel_ds[0]),
-            'token_ds': token_ds.tolist(),
-            'dr': dr,
-            'dr_own': dr_own,
-            'found': is_found,
-            'found_rank': (int(np.argmax(same)) if is_found else None),
-            'num_found': int(len(seqs)),
-            'min_found_score': float(found_scores.min()),
-            'search_seconds': search_s,
-            'top': [
-              {
-                'text': tokenizer.decode(
-                  context[1:] + list(q), skip_special=False
-                ),
-                'ds': float(d),
-                'rel_ds': float(r),
-              }
-              for q, d, r in zip(
-                seqs[:top], found.ds[0][:top], found.rel_ds[0][:top]
-              )
-            ],
-          }
-        )
-  return rows
-
-
-# --------------------------------------------------------------- experiment
-@dataclasses.dataclass
-class DifferentialRun:
-  """What :func:`run` leaves for the report."""
-
-  writer: io.ExperimentWriter  # the workdir's writer; `.results`: all rows
-  canaries: list[Canary]  # the planted canaries, one per canary type
-  base_ppl: float  # M's held-out perplexity
-  train_words: int  # words in D
-  num_params: int  # parameters of the LSTM
-
-  @property
-  def results(self) -> list[dict[str, Any]]:
-    """One row per (method, k, canary, prefix), as in results.jsonl."""
-    return self.writer.results
-
-
 def run(
-  cfg: DifferentialConfig,
-  workdir: str | Path,
+  config: DifferentialConfig,
+  writer: io.ExperimentWriter,
   *,
+  corpus: PreparedCorpus | None = None,
   progress: bool = True,
   mesh=None,
 ) -> DifferentialRun:
-  """Runs everything (resuming from `workdir`); returns the results.
+  """Runs everything (resuming from the writer's rows); returns the results.
 
-  Writes config.json and one results.jsonl row per (M', canary, prefix);
-  the summary and tables are the caller's. `mesh` (see
-  :func:`leakjax.sharding.data_mesh`) shards DS scoring and the DR search;
-  it does not change the results, so it is not part of `cfg`.
+  Writes one results.jsonl row per (M', canary, prefix); the summary and
+  tables are the caller's.
+
+  Args:
+    config: the experiment.
+    writer: the run's writer (opened on the workdir with `config` and
+      :func:`writer_inputs`); rows it already holds are not recomputed,
+      and M and every M' are trained under `writer.workdir / 'models'`.
+    corpus: `prepare_corpus(config)`, when the caller has it already
+      (it read the corpus to check it before opening the writer); None:
+      read here.
+    progress: show the training progress bars.
+    mesh: `--mesh` (see :func:`leakjax.sharding.data_mesh`): shards DS
+      scoring and the DR search; it does not change the results, so it is
+      not part of `config`.
+
+  Returns:
+    The rows (`writer.results`) and the facts the report needs.
   """
-  workdir = io.as_path(workdir)
-  io.check_workdir(workdir)
-  # The corpus is read and checked before the workdir is touched.
-  sentences = read_sentences(
-    cfg.data,
-    max_sentences=cfg.max_sentences,
-    seed=cfg.seed,
-    column=cfg.data_column,
-    label=cfg.data_label,
-  )
-  corpus = split_corpus(sentences, cfg)
-  tokenizer = WordTokenizer.build(corpus.train, cfg.vocab_size)
-  if tokenizer.vocab_size != cfg.vocab_size:
-    raise LeakjaxError(
-      f'the training set has only {tokenizer.vocab_size - 2} distinct'
-      f' words, fewer than vocab_size={cfg.vocab_size} - 2',
-      'lower --vocab_size',
-    )
-  writer = io.ExperimentWriter(
-    workdir, cfg, inputs={'data': cfg.data, 'texts': list(sentences)}
-  )
+  data = corpus if corpus is not None else prepare_corpus(config)
   canaries = make_canaries(
-    tokenizer,
-    corpus.train,
-    canary_types=cfg.canary_types,
-    phrases=cfg.canaries,
-    seed=cfg.seed,
+    data.tokenizer,
+    data.corpus.train,
+    canary_types=config.canary_types,
+    phrases=config.canaries,
+    seed=config.seed,
   )
   for c in canaries:
     logging.info(
@@ -668,118 +261,33 @@ def run(
       c.quintiles,
       c.counts,
     )
-  train_words = sum(len(tokenizer.split(s)) for s in corpus.train)
-  rows_d = pack_rows(tokenizer, corpus.train, cfg.row_width, seed=cfg.seed)
-  rows_eval = pack_rows(tokenizer, corpus.eval, cfg.row_width, seed=cfg.seed)
-  mconfig = lstm_config(cfg)
-  models_dir = workdir / 'models'
-
-  # M on D. Every snapshot is the one `model` with its own params.
-  model = lstm.make_model(mconfig, tokenizer)
-  fresh = lambda seed: lstm.init_model(
-    mconfig, key=jax.random.key(seed), tokenizer=tokenizer
-  )[1]
-  base_cfg = train_config(
-    cfg, epochs=cfg.epochs, learning_rate=cfg.learning_rate, seed=cfg.seed
+  train_words = sum(len(data.tokenizer.split(s)) for s in data.corpus.train)
+  trainer = Trainer.create(
+    config, data, writer.workdir / 'models', progress=progress
   )
   start = time.perf_counter()
-  params, base_ppl = fit(
-    model,
-    fresh(cfg.seed),
-    rows_d,
-    rows_eval,
-    base_cfg,
-    models_dir / 'base',
-    progress=progress,
-  )
+  params, base_ppl = trainer.train_base()
   base_seconds = time.perf_counter() - start
-  attack = Attack(model, cfg, mesh)
+  attack = Attack(trainer.model, config, mesh)
   logging.info(
     'M: perplexity %.1f (%d parameters), %.0f s',
     base_ppl,
     count_params(params),
     base_seconds,
   )
-
-  def snapshots():
-    """(method, k, canaries planted) for every M', cheapest first."""
-    for method in sorted(cfg.methods, key=lambda m: m == 'retrain'):
-      for k in cfg.insertions:
-        if method == 'retrain':
-          if k in (cfg.retrain_insertions or cfg.insertions):
-            yield method, k, list(canaries)
-        else:
-          for c in canaries:
-            yield method, k, [c]
-
-  def make_prime(method: str, k: int, group: Sequence[Canary]):
-    name = f'{method}_k{k}' + (
-      '' if method == 'retrain' else f'_{group[0].kind}'
-    )
-    if method == 'retrain':  # fresh init and data order on D'
-      seed = cfg.seed + 1000 + k
-      rows = pack_rows(
-        tokenizer,
-        corpus.train + canary_copies(group, k),
-        cfg.row_width,
-        seed=seed,
-      )
-      tc = train_config(
-        cfg, epochs=cfg.epochs, learning_rate=cfg.learning_rate, seed=seed
-      )
-      return fit(
-        model,
-        fresh(seed),
-        rows,
-        rows_eval,
-        tc,
-        models_dir / name,
-        progress=progress,
-      )
-    update = canary_copies(group, k)
-    if method == 'continued_extra':
-      update += corpus.extra[: cfg.extra_sentences]
-    ids, mask, _ = data_lib.encode_corpus(
-      tokenizer, update, cfg.row_width, add_bos=True
-    )
-    tc = train_config(
-      cfg,
-      epochs=cfg.continue_epochs,
-      learning_rate=cfg.continue_learning_rate,
-      optimizer=cfg.continue_optimizer,
-      schedule='constant',
-      seed=cfg.seed + k,
-      batch_size=min(cfg.continue_batch_size, len(ids)),
-    )
-    rows = (ids, mask)
-    params_prime, _ = fit(
-      model, params, rows, None, tc, models_dir / name, progress=progress
-    )
-    ppl = train_lib.evaluate(
-      model,
-      params_prime,
-      [
-        data_lib.take_batch(*rows_eval, r)
-        for r in data_lib.batch_indices(
-          len(rows_eval[0]), cfg.batch_size, seed=0, shuffle=False
-        )
-      ],
-    )
-    return params_prime, float(ppl['perplexity'])
-
-  plan = list(snapshots())
+  plan = list(plan_snapshots(config, canaries))
   counter = io.Progress(len(plan))
   for method, k, group in plan:
     key = dict(method=method, k=k, planted=[c.kind for c in group])
     if all(
       writer.done(**key, canary=c.kind, prefix=p)
       for c in group
-      for p in cfg.prefix_lengths
+      for p in config.prefix_lengths
     ):
       counter.skipped()
       continue
     start = time.perf_counter()
-    params_prime, ppl = make_prime(method, k, group)
+    params_prime, ppl = trainer.train_prime(params, method, k, group)
     train_s = time.perf_counter() - start
     rows = evaluate_pair(
       attack,
@@ -787,9 +295,9 @@ def run(
       params_prime,
       group,
       group,
-      cfg.prefix_lengths,
-      tokenizer,
-      cfg.top,
+      config.prefix_lengths,
+      data.tokenizer,
+      config.top,
     )
     counter.computed()
     for row in rows:
@@ -818,22 +326,35 @@ def run(
   )
 
 
+@dataclasses.dataclass
+class DifferentialRun:
+  """What :func:`run` leaves for the report."""
+
+  writer: io.ExperimentWriter  # the workdir's writer; `.results`: all rows
+  canaries: list[Canary]  # the planted canaries, one per canary type
+  base_ppl: float  # M's held-out perplexity
+  train_words: int  # words in D
+  num_params: int  # parameters of the LSTM
+
+  @property
+  def results(self) -> list[dict[str, Any]]:
+    """One row per (method, k, canary, prefix), as in results.jsonl."""
+    return self.writer.results
+
+
+def writer_inputs(
+  config: DifferentialConfig, corpus: PreparedCorpus
+) -> dict[str, Any]:
+  """The run's inputs by name, for :class:`leakjax.io.ExperimentWriter`:
+  the corpus path and its sentences (their sha256 go to provenance.json)."""
+  return {'data': config.data, 'texts': list(corpus.sentences)}
+
+
 __all__ = [
   'METHODS',
   'MODELS',
-  'Attack',
-  'Corpus',
   'DifferentialConfig',
   'DifferentialRun',
-  'dr_bounds',
-  'evaluate_pair',
-  'fit',
-  'lstm_config',
-  'pack_rows',
-  'read_sentences',
   'run',
-  'score_sequences',
-  'search_sequences',
-  'split_corpus',
-  'train_config',
+  'writer_inputs',
 ]

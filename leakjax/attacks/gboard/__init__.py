@@ -64,7 +64,7 @@ locally trained θ1 (Sec. 2.2). Everything here reads only those two:
    :func:`best_match_ratios`.
 
 Modules (every name of the first four is re-exported here, so `gboard.X`
-works for all; the runner's helpers are `gboard.runner.X`):
+works for all; the experiment's helpers live in its own modules):
 
 * :mod:`~leakjax.attacks.gboard.update` -- reading the update: output bias,
   tied output rows, θ snapshots, FedSGD scaling, the client;
@@ -74,9 +74,11 @@ works for all; the runner's helpers are `gboard.runner.X`):
   and :func:`recover_words_auto`;
 * :mod:`~leakjax.attacks.gboard.reconstruct` -- the reconstruction kernel
   and the keep rules;
-* :mod:`~leakjax.attacks.gboard.runner` -- the experiment on SMS messages
-  (corpus split, θ0, victim clients, attacks, the run loop):
-  :class:`GboardConfig`, :func:`run_gboard_experiment`.
+* :mod:`~leakjax.attacks.gboard.runner` -- the experiment on SMS messages,
+  read top-down from `runner.run(config, writer)`: :class:`GboardConfig`,
+  then the corpora and θ0 (:mod:`~leakjax.attacks.gboard.corpora`), the
+  victim clients (:mod:`~leakjax.attacks.gboard.clients`) and the attack
+  sweep (:mod:`~leakjax.attacks.gboard.sweep`).
 
 All array functions are pure and jit-able. The parameters are explicit
 arguments; the model holds none and is compared by value, so it is a
@@ -107,11 +109,7 @@ from leakjax.attacks.gboard.reconstruct import (
   relative_perplexity_change,
   select_sentences,
 )
-from leakjax.attacks.gboard.runner import (
-  GboardConfig,
-  GboardRun,
-  run_gboard_experiment,
-)
+from leakjax.attacks.gboard.runner import GboardConfig, GboardRun
 from leakjax.attacks.gboard.thresholds import (
   THRESHOLD_RULES,
   candidate_mask,
@@ -178,7 +176,6 @@ __all__ = [
   'relative_perplexity_change',
   'rescued_words',
   'robust_noise_scale',
-  'run_gboard_experiment',
   'row_residual_scores',
   'row_update_scores',
   'save_snapshot',

@@ -5,8 +5,11 @@
   layer i;
 * :mod:`dct` -- the DCT/overlap defense (Sec. 5.3.1) and its perplexity;
 * :mod:`embed_parrot` -- the Embed Parrot model (Sec. 4.3) and its training;
-* :mod:`runner` -- the experiment (Tables 2-6): config, target passes,
-  hidden-state cache, scoring, the resumable run loop.
+* :mod:`runner` -- the experiment (Tables 2-6), read top-down from
+  `runner.run(config, writer)`: :class:`InversionConfig`, the texts
+  (:mod:`texts`), the target's cached hidden states (:mod:`hidden_states`),
+  the BEI/HEI and defense sweeps (:mod:`sweeps`), Embed Parrot's training
+  and scores (:mod:`parrot_runs`), the result rows (:mod:`scoring`).
 
 >>> states = layer_states(model, params, ids, mask, (0, 25))  # doctest: +SKIP
 >>> guess = hei_ids(states[1], model.word_embeddings(params))  # doctest: +SKIP
@@ -36,18 +39,14 @@ from leakjax.attacks.inversion.embed_parrot import (
   train,
   train_config,
 )
-from leakjax.attacks.inversion.runner import (
-  InversionExperimentConfig,
-  InversionRun,
-  run_experiment,
-)
+from leakjax.attacks.inversion.runner import InversionConfig, InversionRun
 
 __all__ = [
   'DCTDefense',
   'EmbedParrot',
   'EmbedParrotConfig',
   'EmbedParrotLoss',
-  'InversionExperimentConfig',
+  'InversionConfig',
   'InversionRun',
   'LAST',
   'apply_dct_defense',
@@ -63,7 +62,6 @@ __all__ = [
   'make_dct_defense',
   'parse_layer',
   'predict_batches',
-  'run_experiment',
   'runner',
   'train',
   'train_config',
