@@ -9,6 +9,8 @@ to stderr and exit with status 2 before writing any output.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 
@@ -49,6 +51,104 @@ def check_gradient(grads, what: str = 'the gradient') -> None:
       f'{what} is zero everywhere',
       'was the client step taken (non-empty batch, nonzero learning rate)?',
     )
+
+
+def _where(path: tuple) -> str:
+  return '/'.join(str(k) for k in path)
+
+
+def _kind(node) -> str:
+  if isinstance(node, Mapping):
+    return 'dict'
+  if isinstance(node, (list, tuple)):
+    return type(node).__name__
+  return 'array' if hasattr(node, 'shape') else type(node).__name__
+
+
+def _shape(leaf) -> tuple[int, ...]:
+  # `.shape` first: a jax.ShapeDtypeStruct has one but is no array.
+  return tuple(leaf.shape) if hasattr(leaf, 'shape') else np.shape(leaf)
+
+
+def _mismatch(tree, reference, path: tuple):
+  """`(path, problem)` of the first place `tree` differs from `reference`."""
+  if isinstance(reference, Mapping):
+    if not isinstance(tree, Mapping):
+      return path, f'is a {_kind(tree)} where {{ref}} has a dict'
+    for key in reference:
+      if key not in tree:
+        return path + (key,), 'is missing'
+    for key in tree:
+      if key not in reference:
+        return path + (key,), 'is not in {ref}'
+    items = [(key, tree[key], reference[key]) for key in reference]
+  elif isinstance(reference, (list, tuple)):
+    if not isinstance(tree, (list, tuple)):
+      return path, f'is a {_kind(tree)} where {{ref}} has a {_kind(reference)}'
+    if len(tree) != len(reference):
+      return path, f'has {len(tree)} entries where {{ref}} has {len(reference)}'
+    items = list(zip(range(len(tree)), tree, reference))
+  elif reference is None:
+    return None if tree is None else (path, 'is not None in {ref}')
+  else:
+    if isinstance(tree, (Mapping, list, tuple)) or tree is None:
+      return path, f'is a {_kind(tree)} where {{ref}} has an array'
+    got, want = _shape(tree), _shape(reference)
+    if got != want:
+      return path, f'has shape {got} where {{ref}} has {want}'
+    return None
+  for key, sub, ref in items:
+    found = _mismatch(sub, ref, path + (key,))
+    if found is not None:
+      return found
+  return None
+
+
+def check_like(
+  tree, reference, what: str = 'the gradient', like: str = 'params'
+) -> None:
+  """Raises LeakjaxError unless `tree` has `reference`'s structure and shapes.
+
+  Nested dicts (any Mapping), lists and tuples are compared key by key and
+  leaves by shape (not dtype, not values), and the first place they differ
+  is named. The usual Flax slip, a gradient wrapped as `{'params': grads}`
+  against the bare params, gets its own message.
+  """
+  if (
+    isinstance(tree, Mapping)
+    and list(tree) == ['params']
+    and isinstance(reference, Mapping)
+    and 'params' not in reference
+  ):
+    raise LeakjaxError(
+      f"{what} is {{'params': ...}} but {like} has no 'params' key (did you"
+      " pass {'params': grads}?)",
+      "pass grads['params']",
+    )
+  found = _mismatch(tree, reference, ())
+  if found is None:
+    return
+  path, problem = found
+  at = f' at {_where(path)!r}' if path else ''
+  raise LeakjaxError(
+    f'{what}{at} {problem.format(ref=like)}',
+    f'pass a pytree shaped like {like} (the gradient of these parameters)',
+  )
+
+
+def check_methods(obj, names, what: str, fix: str) -> None:
+  """Raises LeakjaxError unless `obj` has each of `names` (callable unless
+  the name ends in '_id': an attribute such as `bos_id`)."""
+  for name in names:
+    value = getattr(obj, name, _MISSING)
+    if value is _MISSING or (not name.endswith('_id') and not callable(value)):
+      kind = 'attribute' if name.endswith('_id') else 'method'
+      raise LeakjaxError(
+        f'{what} ({type(obj).__name__}) has no {kind} {name!r}', fix
+      )
+
+
+_MISSING = object()
 
 
 def check_token_ids(ids, vocab_size: int, what: str = 'token ids') -> None:
@@ -94,6 +194,8 @@ __all__ = [
   'check_finite',
   'check_gradient',
   'check_length',
+  'check_like',
+  'check_methods',
   'check_positive',
   'check_token_ids',
 ]

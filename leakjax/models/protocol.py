@@ -1,8 +1,9 @@
-"""The model protocol every leakjax attack uses, and constructors for your own.
+"""The model protocol every leakjax attack uses.
 
 A language model is pure functions over an explicit params pytree plus a few
 static facts. :class:`LanguageModel` is the contract; :class:`Model` is the one
 implementation, built by our families (:func:`leakjax.models.load`) and by
+:mod:`leakjax.models.custom` (both exported by :mod:`leakjax.models`):
 
 * :func:`from_functions` -- your own `logits(params, ids, mask)` (and, if you
   have them, `init_cache` / `decode`; without them decoding recomputes the
@@ -28,7 +29,6 @@ rows may sit at different positions.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import flax.struct
@@ -53,10 +53,16 @@ class ParamPaths:
     lm_head: an untied output projection laid out `[dim, vocab]` (a Dense
       kernel); None when the head is tied to `word_embeddings` or absent.
     output_bias: the output bias `[vocab]` (the LSTM families), or None.
-    attention_inputs: for the first blocks, in order, the kernels `[dim, out]`
-      that read the block's (normalised) input: Llama's q/k/v projections,
-      GPT-2's fused `c_attn`. Span tests (the tied bag of words, DAGER) use
-      the gradients of these; `()` when the model declares none.
+    attention_inputs: for the first blocks, in order, the paths of the
+      kernels that read the block's (normalised) input: Llama's q/k/v
+      projections `[dim, dim]`, Flax's stock `[dim, heads, head_dim]`
+      DenseGeneral kernels, GPT-2's fused `c_attn` `[dim, 3 * dim]`. Span
+      tests (the tied bag of words, DAGER) use the gradients of these, as
+      :meth:`Model.attention_input_kernels` lays them out; `()` when the
+      model declares none.
+    attention_parts: parallel to `attention_inputs`, per kernel '' (its
+      trailing axes are flattened) or the order of a fused kernel's q/k/v
+      slices along axis 1 ('qkv', ...); `()` when every kernel is plain.
     last_layers: the subtrees whose gradient FILM's reordering scores (the
       last block and the final norm: one backward pass through one block);
       `()` means every parameter.
@@ -68,6 +74,13 @@ class ParamPaths:
   output_bias: ParamPath | None = None
   attention_inputs: tuple[tuple[ParamPath, ...], ...] = ()
   last_layers: tuple[ParamPath, ...] = ()
+  attention_parts: tuple[tuple[str, ...], ...] = ()
+
+  def parts(self, block: int, kernel: int) -> str:
+    """'' for a plain kernel, else the fused kernel's slice order."""
+    if block < len(self.attention_parts):
+      return self.attention_parts[block][kernel]
+    return ''
 
 
 @flax.struct.dataclass
@@ -406,7 +419,8 @@ class Model:
     if self.hidden_fn is None:
       raise LeakjaxError(
         'this model declares no hidden_states function',
-        'pass hidden_states= to from_functions / from_flax',
+        'pass hidden_states= to from_functions or'
+        ' hidden_states_method= to from_flax',
       )
     _check_concrete_ids(ids, self.vocab_size)
     return self.hidden_fn(params, ids, mask)
@@ -416,7 +430,7 @@ class Model:
     if self.head_fn is None:
       raise LeakjaxError(
         'this model declares no lm_head function',
-        'pass lm_head= to from_functions / from_flax',
+        'pass lm_head= to from_functions or lm_head_method= to from_flax',
       )
     return self.head_fn(params, hidden)
 
@@ -437,7 +451,8 @@ class Model:
     if self.block_input_fn is None:
       raise LeakjaxError(
         'this model declares no block_inputs function',
-        'pass block_inputs= to from_functions / from_flax',
+        'pass block_inputs= (a function, or in from_flax a method name) to'
+        ' from_functions / from_flax',
       )
     return self.block_input_fn(params, ids, mask, layer)
 
@@ -464,6 +479,32 @@ class Model:
     return self.block_decode_fn(params, cache, ids, layer)
 
   # ----------------------------------------------------------- parameters
+  def attention_input_kernels(self, tree, block: int) -> jax.Array | None:
+    """Block `block`'s declared attention-input kernels as one `[dim, out]`.
+
+    `tree` is the params or a params-shaped gradient. Each kernel declared
+    at `paths.attention_inputs[block]` is reshaped to `[dim, -1]` (Flax's
+    `[dim, heads, head_dim]` to `[dim, heads * head_dim]`), a fused one's
+    q/k/v slices put in q, k, v order, and the kernels laid side by side
+    along axis 1: the one layout the span tests read (reshaping keeps the
+    column space, all they use). None when the block declares none.
+    """
+    paths = self.paths.attention_inputs
+    if len(paths) <= block or not paths[block]:
+      return None
+    mats = []
+    for i, path in enumerate(paths[block]):
+      kernel = get_path(tree, path)
+      dim = kernel.shape[0]
+      parts = self.paths.parts(block, i)
+      if parts:  # [dim, n * out] or [dim, n, ...] -> q | k | v
+        kernel = kernel.reshape(dim, len(parts), -1)
+        kernel = kernel[
+          :, [parts.index(p) for p in sorted(parts, key='qkv'.index)]
+        ]
+      mats.append(kernel.reshape(dim, -1))
+    return jnp.concatenate(mats, axis=1)
+
   def word_embeddings(self, params) -> jax.Array:
     """The input embedding matrix `[vocab, dim]`."""
     return get_path(params, self.paths.word_embeddings)
@@ -473,208 +514,6 @@ class Model:
     return dataclasses.replace(self, **changes)
 
 
-# ------------------------------------------------------------ constructors
-def _check_paths(
-  word_embeddings,
-  position_embeddings,
-  lm_head,
-  output_bias,
-  attention_inputs,
-  last_layers=(),
-) -> ParamPaths:
-  def path(p, what):
-    if p is None:
-      return None
-    if isinstance(p, str):
-      p = tuple(p.split('/'))
-    p = tuple(p)
-    if not p or not all(isinstance(k, str) and k for k in p):
-      raise LeakjaxError(
-        f'{what} must be a path of dict keys, got {p!r}',
-        "e.g. ('embed', 'embedding') or 'embed/embedding'",
-      )
-    return p
-
-  if word_embeddings is None:
-    raise LeakjaxError(
-      'word_embeddings is required', 'give the path of the [vocab, dim] matrix'
-    )
-  return ParamPaths(
-    word_embeddings=path(word_embeddings, 'word_embeddings'),
-    position_embeddings=path(position_embeddings, 'position_embeddings'),
-    lm_head=path(lm_head, 'lm_head'),
-    output_bias=path(output_bias, 'output_bias'),
-    attention_inputs=tuple(
-      tuple(path(p, 'attention_inputs') for p in layer)
-      for layer in attention_inputs
-    ),
-    last_layers=tuple(path(p, 'last_layers') for p in last_layers),
-  )
-
-
-def from_functions(
-  logits: Callable[..., jax.Array],
-  *,
-  vocab_size: int,
-  word_embeddings: ParamPath | str,
-  hidden_size: int | None = None,
-  num_layers: int | None = None,
-  max_length: int | None = None,
-  tie_word_embeddings: bool = False,
-  decode: Callable[..., Any] | None = None,
-  init_cache: Callable[..., Any] | None = None,
-  hidden_states: Callable[..., jax.Array] | None = None,
-  lm_head: Callable[..., jax.Array] | None = None,
-  first_layer_inputs: Callable[..., FirstLayerInputs] | None = None,
-  block_inputs: Callable[..., jax.Array] | None = None,
-  position_embeddings: ParamPath | str | None = None,
-  lm_head_path: ParamPath | str | None = None,
-  output_bias: ParamPath | str | None = None,
-  attention_inputs: tuple = (),
-  last_layers: tuple = (),
-  tokenizer: Any = None,
-) -> Model:
-  """A :class:`Model` from your own pure functions.
-
-  Args:
-    logits: `(params, ids [b, t], mask [b, t] or None) -> [b, t, vocab]`.
-      It must be causal (position t sees tokens <= t) for decoding.
-    vocab_size: number of token ids.
-    word_embeddings: path of the input embedding `[vocab, dim]` in params.
-    hidden_size, num_layers, max_length: facts some attacks read.
-    tie_word_embeddings: whether the head reuses `word_embeddings`.
-    decode, init_cache: `(params, cache, ids) -> (logits, cache)` and
-      `(params, batch_size, max_length) -> cache`, both or neither; without
-      them decoding writes the new tokens after the prefix and re-runs
-      `logits` over the whole buffer (exact, O(n) per step).
-    hidden_states: `(params, ids, mask) -> [layers + 1, b, t, d]` (needed by
-      embedding inversion).
-    lm_head: `(params, hidden [..., d]) -> [..., vocab]`.
-    first_layer_inputs: `params -> FirstLayerInputs` (needed by span tests).
-    block_inputs: `(params, ids, mask, layer) -> [b, t, d]`, the normalised
-      input of block `layer` (needed by DAGER's layer-2 search; see
-      :meth:`Model.block_inputs`).
-    position_embeddings, lm_head_path, output_bias, attention_inputs,
-      last_layers: paths, see :class:`ParamPaths`.
-    tokenizer: host-side tokenizer, or None.
-
-  The model compares by these functions' identity: define them once (not a
-  new lambda per call) so that jitted attacks compile once.
-  """
-  return Model(
-    vocab_size=vocab_size,
-    logits_fn=logits,
-    paths=_check_paths(
-      word_embeddings,
-      position_embeddings,
-      lm_head_path,
-      output_bias,
-      attention_inputs,
-      last_layers,
-    ),
-    hidden_size=hidden_size,
-    num_layers=num_layers,
-    max_length=max_length,
-    tie_word_embeddings=tie_word_embeddings,
-    decode_fn=decode,
-    init_cache_fn=init_cache,
-    hidden_fn=hidden_states,
-    head_fn=lm_head,
-    first_layer_fn=first_layer_inputs,
-    block_input_fn=block_inputs,
-    tokenizer=tokenizer,
-  )
-
-
-def _takes_mask(fn) -> bool:
-  """Whether a module method accepts a second argument after `ids`."""
-  params = [
-    p
-    for p in inspect.signature(fn).parameters.values()
-    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-  ]
-  return len(params) >= 3  # self, ids, mask
-
-
-def _flax_call(module, method, takes_mask, params, ids, mask=None):
-  args = (ids, mask) if takes_mask else (ids,)
-  return module.apply({'params': params}, *args, method=method)
-
-
-def _flax_method(module, name, params, *args):
-  return module.apply({'params': params}, *args, method=name)
-
-
-def _flax_decode(module, name, params, cache, ids):
-  return module.apply({'params': params}, cache, ids, method=name)
-
-
-def from_flax(
-  module,
-  *,
-  vocab_size: int,
-  word_embeddings: ParamPath | str,
-  method: str = '__call__',
-  decode_method: str | None = None,
-  init_cache: Callable[..., Any] | None = None,
-  hidden_states_method: str | None = None,
-  lm_head_method: str | None = None,
-  **facts,
-) -> Model:
-  """A :class:`Model` from your own Flax linen module.
-
-  Args:
-    module: a linen module; `module.apply({'params': params}, ids)` (or
-      `(ids, mask)` if its method takes a second argument) returns logits
-      `[b, t, vocab]`. Linen modules compare by value, so two equal modules
-      give equal models.
-    vocab_size: number of token ids.
-    word_embeddings: path of the input embedding in params.
-    method: the name of the logits method.
-    decode_method: name of a method `(cache, ids) -> (logits, cache)`; with
-      it, `init_cache(params, batch_size, max_length)` is required.
-    init_cache: see above.
-    hidden_states_method, lm_head_method: names of methods `(ids, mask)
-      -> [layers + 1, b, t, d]` and `(hidden) -> logits`, or None.
-    **facts: the other keyword arguments of :func:`from_functions`
-      (hidden_size, num_layers, max_length, tie_word_embeddings, paths,
-      first_layer_inputs, block_inputs, tokenizer).
-  """
-  fn = getattr(type(module), method, None)
-  if fn is None:
-    raise LeakjaxError(
-      f'{type(module).__name__} has no method {method!r}',
-      'pass method= the name of the logits method',
-    )
-  takes_mask = _takes_mask(fn)
-  decode = None
-  if decode_method is not None:
-    decode = Bound(_flax_decode, (module, decode_method))
-  hidden = None
-  if hidden_states_method is not None:
-    hidden = Bound(
-      _flax_call,
-      (
-        module,
-        hidden_states_method,
-        _takes_mask(getattr(type(module), hidden_states_method)),
-      ),
-    )
-  head = None
-  if lm_head_method is not None:
-    head = Bound(_flax_method, (module, lm_head_method))
-  return from_functions(
-    Bound(_flax_call, (module, method, takes_mask)),
-    vocab_size=vocab_size,
-    word_embeddings=word_embeddings,
-    decode=decode,
-    init_cache=init_cache,
-    hidden_states=hidden,
-    lm_head=head,
-    **facts,
-  )
-
-
 __all__ = [
   'Bound',
   'FirstLayerInputs',
@@ -682,8 +521,6 @@ __all__ = [
   'Model',
   'ParamPaths',
   'PrefixCache',
-  'from_flax',
-  'from_functions',
   'get_path',
   'lm_loss',
   'num_params',

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Bool, Float, Int
 
+from leakjax import checks
 from leakjax.errors import LeakjaxError
 
 if TYPE_CHECKING:
@@ -102,7 +103,12 @@ def differential_score(
 
   Returns:
     :class:`DifferentialScores`.
+
+  Raises:
+    LeakjaxError: the two models differ in vocabulary (declared, or the
+      rows of their word embeddings; shapes only, so also under jit).
   """
+  checks.check_same_vocabulary(model, model_prime, params, params_prime)
   if num_context < 1:
     raise LeakjaxError(
       f'num_context must be >= 1, got {num_context}',
