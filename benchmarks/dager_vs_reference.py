@@ -364,7 +364,7 @@ def run_ours(model, params, texts, b, repeats, pass_flops, peak_flops):
   )
   jax.block_until_ready(grads)
   grad_seconds = time.perf_counter() - start
-  config = dager.DagerConfig(
+  config = dager.DagerAttackConfig(
     max_live=b + 8, max_done=2 * b + 8, max_length=width
   )
 

@@ -1,10 +1,14 @@
 r"""DAGER: exact batch recovery from attention-gradient spans (Petrov et al. 2024).
 
-Flags (one per field of :class:`leakjax.attacks.dager.runner.
-DagerExperimentConfig`, help from its docstring) -> a frozen config -> one
+Flags (one per field of :class:`leakjax.attacks.dager.runner.DagerConfig`,
+help from its docstring) -> a frozen config -> one
 :func:`leakjax.attacks.dager.runner.run` (FILM's sentence preprocessing,
 optional fine-tuning, consecutive client batches, the attack per batch) ->
 :mod:`experiments.dager_report` (summary.json, summary.md, the plot).
+
+`--attacks=film` compares with FILM on the same gradients. A paper package
+never imports another, so this entry point, which may, hands FILM's
+pipeline to the DAGER runner (:func:`film_baseline`).
 
   python -m experiments.dager --flagfile=experiments/configs/dager_quick.flags
   python -m experiments.dager --data=PATH --workdir=W --batch_sizes=1,4,16
@@ -17,16 +21,37 @@ from pathlib import Path
 
 from absl import flags
 
-from experiments import common, dager_report, film_data
-from leakjax import data as data_lib
-from leakjax import io, models, sharding
+from experiments import common, dager_report
+from leakjax import io, sharding
+from leakjax.attacks import film
 from leakjax.attacks.dager import runner
 
-DagerExperimentConfig = runner.DagerExperimentConfig
+DagerConfig = runner.DagerConfig
+
+
+def film_baseline(cfg: DagerConfig) -> runner.Baseline:
+  """FILM's pipeline (:func:`leakjax.attacks.film.recover`) as the DAGER
+  runner's 'film' attack: `film_beams` beams, n-gram size 2, β = 1,
+  `film_steps` phrase and token reordering steps, FILM's other settings at
+  their defaults."""
+  film_cfg = film.FilmConfig(
+    num_beams=(cfg.film_beams,),
+    phrase_steps=cfg.film_steps,
+    token_steps=cfg.film_steps,
+  )
+  attack = film.runner.attack_config(film_cfg, cfg.film_beams, 2, 1.0)
+
+  def recover(model, params, grads, *, key, mesh=None) -> list[str]:
+    result = film.recover(
+      model, params, grads, config=attack, key=key, mesh=mesh
+    )
+    return list(result.sentences)
+
+  return recover
 
 
 def run_experiment(
-  cfg: DagerExperimentConfig,
+  cfg: DagerConfig,
   workdir: str | Path,
   *,
   progress: bool = True,
@@ -38,27 +63,25 @@ def run_experiment(
   attacks' candidate batches over its devices; it changes no result, so it
   is not part of the config.
   """
-  texts = (
-    data_lib.load_corpus(cfg.data, column=cfg.data_column, label=cfg.data_label)
-    if cfg.data
-    else list(film_data.SENTENCES)
-  )
+  # The corpus is read (and checked) before the workdir is touched.
+  texts = runner.load_texts(cfg)
   writer = io.ExperimentWriter(
-    workdir,
-    cfg,
-    inputs={
-      'data': cfg.data,
-      'texts': texts,
-      'model': models.source_path(cfg.model),
-    },
+    workdir, cfg, inputs=runner.writer_inputs(cfg, texts)
   )
-  dager_run = runner.run(cfg, texts, writer, progress=progress, mesh=mesh)
+  dager_run = runner.run(
+    cfg,
+    writer,
+    texts=texts,
+    baselines={'film': film_baseline(cfg)},
+    progress=progress,
+    mesh=mesh,
+  )
   return dager_report.write(writer, cfg, dager_run)
 
 
 def define_flags() -> None:
   common.define_common_flags('/tmp/leakjax_dager')
-  common.define_config_flags(DagerExperimentConfig)
+  common.define_config_flags(DagerConfig)
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)
 
@@ -66,7 +89,7 @@ def define_flags() -> None:
 def main(argv):
   del argv
   f = flags.FLAGS
-  cfg = common.config_from_flags(DagerExperimentConfig)
+  cfg = common.config_from_flags(DagerConfig)
   mesh = sharding.data_mesh(f.mesh)
   start = time.perf_counter()
   summary = run_experiment(cfg, f.workdir, mesh=mesh)

@@ -27,7 +27,7 @@ def _key_params(cfg, b, defense, attack):
   return params
 
 
-def summarize(cfg: runner.DagerExperimentConfig, rows: list[dict], extra: dict):
+def summarize(cfg: runner.DagerConfig, rows: list[dict], extra: dict):
   groups: dict[tuple, list[dict]] = {}
   for r in rows:
     groups.setdefault((r['b'], r['defense'], r['attack']), []).append(r)

@@ -1,7 +1,7 @@
 r"""FILM: recover private sentences from federated gradients (Gupta et al. 2022).
 
-Flags (one per field of :class:`leakjax.attacks.film.runner.
-FilmExperimentConfig`, help from its docstring) -> a frozen config -> one
+Flags (one per field of :class:`leakjax.attacks.film.runner.FilmConfig`,
+help from its docstring) -> a frozen config -> one
 :func:`leakjax.attacks.film.runner.run` (Appendix B.1 preprocessing,
 fine-tuning to θ^t, client gradients, the attack of Sec. 4 per batch) ->
 :mod:`experiments.film_report` (summary.json, summary.md, the plot).
@@ -21,16 +21,15 @@ from pathlib import Path
 
 from absl import flags
 
-from experiments import common, film_data, film_report
-from leakjax import data as data_lib
-from leakjax import io, models, sharding
+from experiments import common, film_report
+from leakjax import io, sharding
 from leakjax.attacks.film import runner
 
-FilmExperimentConfig = runner.FilmExperimentConfig
+FilmConfig = runner.FilmConfig
 
 
 def run_experiment(
-  cfg: FilmExperimentConfig,
+  cfg: FilmConfig,
   workdir: str | Path,
   *,
   progress: bool = True,
@@ -38,29 +37,25 @@ def run_experiment(
   microbatch: int | None = None,
 ) -> dict[str, float]:
   """Runs (or resumes) the experiment into `workdir`; returns the summary."""
-  texts = (
-    data_lib.load_corpus(cfg.data, column=cfg.data_column, label=cfg.data_label)
-    if cfg.data
-    else list(film_data.SENTENCES)
-  )
+  # The corpus is read (and checked) before the workdir is touched.
+  texts = runner.load_texts(cfg)
   writer = io.ExperimentWriter(
-    workdir,
-    cfg,
-    inputs={
-      'data': cfg.data,
-      'texts': texts,
-      'model': models.source_path(cfg.model),
-    },
+    workdir, cfg, inputs=runner.writer_inputs(cfg, texts)
   )
   film_run = runner.run(
-    cfg, texts, writer, progress=progress, mesh=mesh, microbatch=microbatch
+    cfg,
+    writer,
+    texts=texts,
+    progress=progress,
+    mesh=mesh,
+    microbatch=microbatch,
   )
   return film_report.write(writer, cfg, film_run)
 
 
 def define_flags() -> None:
   common.define_common_flags('/tmp/leakjax_film')
-  common.define_config_flags(FilmExperimentConfig)
+  common.define_config_flags(FilmConfig)
   flags.DEFINE_integer(
     'grad_microbatch',
     32,
@@ -76,7 +71,7 @@ def main(argv):
   del argv
   f = flags.FLAGS
   mesh = sharding.data_mesh(f.mesh)
-  cfg = common.config_from_flags(FilmExperimentConfig)
+  cfg = common.config_from_flags(FilmConfig)
   start = time.perf_counter()
   summary = run_experiment(
     cfg, f.workdir, mesh=mesh, microbatch=f.grad_microbatch or None

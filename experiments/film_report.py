@@ -93,7 +93,7 @@ def _best(rows, field):
 
 
 def summarize(
-  cfg: runner.FilmExperimentConfig, rows: list[dict], extra: dict
+  cfg: runner.FilmConfig, rows: list[dict], extra: dict
 ) -> tuple[dict[str, float], str, list]:
   summary: dict[str, float] = {}
   figures = []

@@ -21,7 +21,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -454,6 +454,51 @@ def split_sentences(text: str) -> list[str]:
   return sentences
 
 
+def preprocess_sentences(
+  texts: Sequence[str],
+  tokenizer,
+  *,
+  max_tokens: int,
+  require_entity: bool = False,
+  max_perplexity: float | None = None,
+  perplexity_fn: Callable[[list[str]], Sequence[float]] | None = None,
+  max_sentences: int | None = None,
+  min_sentences: int = 1,
+) -> list[str]:
+  """The private sentences of FILM's experiments (Gupta et al., App. B.1).
+
+  The texts' sentences (:func:`split_sentences`), each once, with fewer
+  than `max_tokens` tokens; with `require_entity`, only those with a named
+  entity (spaCy, :func:`leakjax.metrics.named_entities`); with both
+  `max_perplexity` and `perplexity_fn` (texts -> perplexities), only those
+  below it; then the first `max_sentences` (None: all).
+
+  Raises:
+    LeakjaxError: fewer than `min_sentences` (the largest batch) survive.
+  """
+  seen, kept = set(), []
+  for s in (s for t in texts for s in split_sentences(t)):
+    if s not in seen and len(tokenizer.encode(s)) < max_tokens:
+      seen.add(s)
+      kept.append(s)
+  if require_entity:
+    from leakjax import metrics  # pylint: disable=g-import-not-at-top
+
+    ents = metrics.named_entities(kept)
+    kept = [s for s, e in zip(kept, ents, strict=True) if e]
+  if max_perplexity is not None and perplexity_fn is not None and kept:
+    ppl = perplexity_fn(kept)
+    kept = [s for s, p in zip(kept, ppl, strict=True) if p < max_perplexity]
+  kept = kept[:max_sentences]
+  if len(kept) < min_sentences:
+    raise LeakjaxError(
+      f'only {len(kept)} sentences survive preprocessing (Appendix B.1),'
+      f' fewer than the largest batch size {min_sentences}',
+      'use more data, smaller --batch_sizes or relax --require_entity',
+    )
+  return kept
+
+
 # ---------------------------------------------------------------- splitting
 def train_eval_split(
   items: Sequence[Any], eval_fraction: float, *, seed: int
@@ -635,6 +680,7 @@ def batches(
 __all__ = [
   'load_corpus',
   'split_sentences',
+  'preprocess_sentences',
   'train_eval_split',
   'encode_corpus',
   'batch_indices',

@@ -255,6 +255,28 @@ def check_vocab(tokenizer, vocab_size: int, what: str = 'model') -> None:
     )
 
 
+# Characters that end a sentence (FILM's truncation, Sec. 4.4 footnote 6;
+# the sentence ends DAGER's hybrid searches beside the bag).
+SENTENCE_END = '.!?'
+
+
+def sentence_end_mask(tokenizer, vocab_size: int | None = None) -> np.ndarray:
+  """bool `[V]`: tokens whose text is only sentence-ending punctuation.
+
+  Args:
+    tokenizer: anything with `token_strings()` (the text of every id).
+    vocab_size: the mask's length (the model's embedding rows); default:
+      the tokenizer's number of tokens. Ids past the tokenizer's are False.
+  """
+  strings = tokenizer.token_strings()
+  size = vocab_size or len(strings)
+  out = np.zeros((size,), bool)
+  for i, s in enumerate(strings[:size]):
+    s = s.strip()
+    out[i] = bool(s) and all(ch in SENTENCE_END for ch in s)
+  return out
+
+
 # ----------------------------------------------------------------- words
 UNK, BOS = '<UNK>', '<S>'
 _WORD_RE = re.compile(r"[A-Za-z0-9]+(?:'[A-Za-z]+)?|[^\sA-Za-z0-9]")

@@ -7,13 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from leakjax import attacks
-from leakjax.attacks import differential, film
+from leakjax.attacks import common, differential, film
 from leakjax.attacks.film import beam_search, reorder
 
 
 def test_exported_names_are_the_library_objects():
   assert attacks.recover is film.pipeline.recover
-  assert attacks.extract_bag is film.bag.extract_bag
+  assert attacks.extract_bag is common.bag.extract_bag
+  assert attacks.FilmAttackConfig is film.pipeline.FilmAttackConfig
   assert attacks.bag_beam_search is beam_search.bag_beam_search
   assert attacks.rank_beam_search is differential.rank_beam_search
   assert attacks.reorder_scores is reorder.candidate_scores

@@ -20,13 +20,13 @@ import pytest
 from experiments import common
 from leakjax import errors, fl, io
 from leakjax.attacks import dager
-from leakjax.attacks.dager.runner import DagerExperimentConfig
+from leakjax.attacks.common import bag as bow
+from leakjax.attacks.dager.runner import DagerConfig
 from leakjax.attacks.differential.runner import DifferentialConfig
-from leakjax.attacks.film import bag as bow
 from leakjax.attacks.film import beam_search as bs
-from leakjax.attacks.film.runner import FilmExperimentConfig
+from leakjax.attacks.film.runner import FilmConfig
 from leakjax.attacks.gboard import GboardConfig
-from leakjax.attacks.inversion.runner import InversionExperimentConfig
+from leakjax.attacks.inversion.runner import InversionConfig
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2
 
@@ -100,8 +100,20 @@ def test_missing_flagfile_is_refused(tmp_path):
     common.check_flagfiles([f'--flagfile={tmp_path / "none.flags"}'])
 
 
+def committed_flagfiles(pattern: str) -> list[Path]:
+  """The flagfiles of experiments/configs and of the studies' ablations."""
+  return sorted(
+    [
+      *(ROOT / 'experiments' / 'configs').glob(pattern),
+      *(ROOT / 'studies').glob(f'*/configs/{pattern}'),
+    ]
+  )
+
+
 def test_good_flagfiles_pass():
-  for path in (ROOT / 'experiments' / 'configs').glob('*.flags'):
+  paths = committed_flagfiles('*.flags')
+  assert paths
+  for path in paths:
     common.check_flagfiles([f'--flagfile={path}'])
 
 
@@ -123,8 +135,8 @@ for path in sys.argv[2:]:
 @pytest.mark.parametrize(
   'module, config',
   [
-    ('film', 'FilmExperimentConfig'),
-    ('dager', 'DagerExperimentConfig'),
+    ('film', 'FilmConfig'),
+    ('dager', 'DagerConfig'),
     ('differential', ''),
     ('gboard', ''),
     ('embed_parrot', ''),
@@ -132,7 +144,7 @@ for path in sys.argv[2:]:
 )
 def test_committed_flagfiles_pass_the_config_checks(module, config):
   """Each committed flagfile builds its config (the size checks pass)."""
-  paths = sorted((ROOT / 'experiments' / 'configs').glob(f'{module}_*.flags'))
+  paths = committed_flagfiles(f'{module}_*.flags')
   assert paths
   code = _BUILD_CONFIGS.format(module=module)
   done = subprocess.run(
@@ -320,13 +332,13 @@ def test_word_vocabulary_needs_a_word():
 )
 def test_embed_parrot_config_sizes(field, value):
   with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least'):
-    InversionExperimentConfig(**{field: value})
+    InversionConfig(**{field: value})
 
 
 def test_embed_parrot_test_fraction():
   for bad in (0.0, 1.0, -0.1):
     with pytest.raises(LeakjaxError, match='--test_fraction=.* must be in'):
-      InversionExperimentConfig(test_fraction=bad)
+      InversionConfig(test_fraction=bad)
 
 
 @pytest.mark.parametrize(
@@ -343,12 +355,12 @@ def test_embed_parrot_test_fraction():
 )
 def test_film_config_sizes(field, value):
   with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least'):
-    FilmExperimentConfig(**{field: value})
+    FilmConfig(**{field: value})
 
 
 def test_film_eval_fraction():
   with pytest.raises(LeakjaxError, match='--eval_fraction=1.0 must be in'):
-    FilmExperimentConfig(eval_fraction=1.0)
+    FilmConfig(eval_fraction=1.0)
 
 
 @pytest.mark.parametrize(
@@ -357,7 +369,7 @@ def test_film_eval_fraction():
 )
 def test_dager_config_sizes(field, value):
   with pytest.raises(LeakjaxError, match=f'--{field}=.* must be at least'):
-    DagerExperimentConfig(**{field: value})
+    DagerConfig(**{field: value})
 
 
 @pytest.mark.parametrize(

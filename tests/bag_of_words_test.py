@@ -1,4 +1,4 @@
-"""Tests of leakjax.attacks.film.bag (FILM Sec. 4.2, 6.3)."""
+"""Tests of leakjax.attacks.common.bag and .span (FILM Sec. 4.2, 6.3)."""
 
 import dataclasses
 import functools
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from leakjax import fl
-from leakjax.attacks.film import bag as bow
+from leakjax.attacks.common import bag as bow
+from leakjax.attacks.common import span as span_lib
 from leakjax.errors import LeakjaxError
 from leakjax.models import FirstLayerInputs, get_path, gpt2, llama
 
@@ -158,7 +159,7 @@ def test_layer_norm_span_residuals_match_brute_force():
   used = [(3, 0), (7, 1), (11, 4), (3, 5)]
   x_used = np.stack([ln(emb[a] + pos[b]) for a, b in used])
   g1 = x_used.T @ rng.normal(0, 1, (len(used), 24))  # [d, out], rank 4
-  res, rank, valid = bow.layer_norm_span_residuals(
+  res, rank, valid = span_lib.layer_norm_span_residuals(
     jnp.asarray(g1),
     jnp.asarray(emb),
     jnp.asarray(pos),
@@ -198,7 +199,7 @@ def test_tied_bag_is_the_same_under_jit():
   ids, mask = batch([5, 5, 5], seed=7)
   grads = fl.client_gradient(model, params, ids, mask)
   rows = get_path(grads, model.paths.word_embeddings)
-  res, _, valid = bow.span_residuals(model, params, grads)
+  res, _, valid = span_lib.span_residuals(model, params, grads)
   w = model.word_embeddings(params)
   eager = bow.tied_bag(rows, w, res, valid)
   jitted = jax.jit(bow.tied_bag)(rows, w, res, valid)
@@ -230,7 +231,9 @@ def test_span_residuals_keep_the_family_arithmetic_bit_for_bit():
   g1 = jnp.concatenate(
     [attn[n]['kernel'] for n in ('q_proj', 'k_proj', 'v_proj')], axis=1
   )
-  np.testing.assert_array_equal(bow.first_layer_input_grad(model, grads), g1)
+  np.testing.assert_array_equal(
+    span_lib.first_layer_input_grad(model, grads), g1
+  )
   w32 = params['embed']['embedding'].astype(jnp.float32)
   x = (
     params['layers_0']['attn_norm']['scale']
@@ -239,17 +242,19 @@ def test_span_residuals_keep_the_family_arithmetic_bit_for_bit():
       jnp.mean(w32 * w32, -1, keepdims=True) + model.config.rms_norm_eps
     )
   )
-  want = bow.input_span_residuals(g1, x)
-  got = bow.span_residuals(model, params, grads)
+  want = span_lib.input_span_residuals(g1, x)
+  got = span_lib.span_residuals(model, params, grads)
   for a, b in zip(got, want, strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # GPT-2: LN(w_v + p_t) over the positions of the longest sentence.
   model, params = tiny_gpt2(tied=True)
   grads = fl.client_gradient(model, params, ids, mask)
   g1 = grads['h_0']['attn']['c_attn']['kernel']
-  np.testing.assert_array_equal(bow.first_layer_input_grad(model, grads), g1)
+  np.testing.assert_array_equal(
+    span_lib.first_layer_input_grad(model, grads), g1
+  )
   ln = params['h_0']['ln_1']
-  want = bow.layer_norm_span_residuals(
+  want = span_lib.layer_norm_span_residuals(
     g1,
     params['wte']['embedding'],
     params['wpe']['embedding'][:7],
@@ -257,7 +262,7 @@ def test_span_residuals_keep_the_family_arithmetic_bit_for_bit():
     ln['bias'],
     model.config.layer_norm_epsilon,
   )
-  got = bow.span_residuals(model, params, grads, 7)
+  got = span_lib.span_residuals(model, params, grads, 7)
   for a, b in zip(got, want, strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -269,8 +274,8 @@ def test_model_without_attention_inputs_has_no_span_test():
   )
   ids, mask = batch([6, 4, 7], seed=5)
   grads = fl.client_gradient(model, params, ids, mask)
-  assert bow.first_layer_input_grad(bare, grads) is None
-  assert bow.span_residuals(bare, params, grads) is None
+  assert span_lib.first_layer_input_grad(bare, grads) is None
+  assert span_lib.span_residuals(bare, params, grads) is None
   bag = bow.extract_bag(bare, params, grads, method='tied')
   assert not bool(bag.evidence.span_valid)  # test 3 instead of test 1
 
@@ -292,7 +297,7 @@ def test_unsupported_first_layer_inputs_are_a_clear_error():
   ids, mask = batch([6, 4, 7], seed=5)
   grads = fl.client_gradient(model, params, ids, mask)
   with pytest.raises(LeakjaxError, match="kind 'layer'"):
-    bow.span_residuals(odd, params, grads)
+    span_lib.span_residuals(odd, params, grads)
 
 
 BAG_MASK = jax.jit(bow.bag_mask, static_argnames=('model', 'method', 'config'))

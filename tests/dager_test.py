@@ -26,13 +26,14 @@ import pytest
 
 from leakjax import fl, models, sharding
 from leakjax.attacks import dager
+from leakjax.attacks.common import span as span_lib
 from leakjax.attacks.dager import search as sr
 from leakjax.errors import LeakjaxError
 from leakjax.models import get_path, gpt2, llama
 
 V, D = 101, 32
 FAMILIES = ('gpt2', 'llama')
-CONFIG = dager.DagerConfig(max_live=8, max_done=8, max_length=10, chunk=8)
+CONFIG = dager.DagerAttackConfig(max_live=8, max_done=8, max_length=10, chunk=8)
 TOLERANCE = sr.SpanConfig().layer2_tolerance
 
 # Jitted: one compile beats op-by-op dispatch on a 2-core CI machine.
@@ -127,7 +128,7 @@ def test_span_of_and_residuals_match_numpy_svd():
   x = rng.standard_normal((n, d)).astype(np.float32)
   delta = rng.standard_normal((n, out)).astype(np.float32)
   g = x.T @ delta  # ∂L/∂W of y = x W over the n rows of x
-  span = jax.jit(dager.span_of)(jnp.asarray(g))
+  span = jax.jit(span_lib.span_of)(jnp.asarray(g))
   assert int(span.rank) == n
   assert bool(span.valid)
   assert float(span.log_gap) > 3  # float32 noise floor vs O(1) values
@@ -136,13 +137,13 @@ def test_span_of_and_residuals_match_numpy_svd():
   np.testing.assert_array_equal(basis[:, n:], 0.0)
   np.testing.assert_allclose(basis @ basis.T, q @ q.T, atol=1e-4)
   # The inputs lie in the span.
-  np.testing.assert_array_less(np.asarray(dager.residuals(span, x)), 1e-4)
+  np.testing.assert_array_less(np.asarray(span_lib.residuals(span, x)), 1e-4)
   # Random vectors, and in-span vectors plus a growing random part (so the
   # residuals spread over (0, 1)), with a leading batch axis.
   y = rng.standard_normal((3, 8, d))
   y[1] = rng.standard_normal((8, n)) @ x + 0.1 * y[1]
   y[2] = rng.standard_normal((8, n)) @ x + np.linspace(0, 3, 8)[:, None] * y[2]
-  got = np.asarray(dager.residuals(span, jnp.asarray(y, jnp.float32)))
+  got = np.asarray(span_lib.residuals(span, jnp.asarray(y, jnp.float32)))
   want = numpy_residuals(y, q)
   assert got.shape == (3, 8)
   assert want.min() < 0.1 and want.max() > 0.8
@@ -162,7 +163,7 @@ def test_span_of_detects_the_rank_limit(n, max_rank_fraction, valid):
   d, out = 48, 96
   x = rng.standard_normal((n, d)).astype(np.float32)
   delta = rng.standard_normal((n, out)).astype(np.float32)
-  span = dager.span_of(
+  span = span_lib.span_of(
     jnp.asarray(x.T @ delta), max_rank_fraction=max_rank_fraction
   )
   assert bool(span.valid) == valid
@@ -255,7 +256,7 @@ def test_block_decode_in_two_chunks_equals_block_inputs(build, layer):
 def test_extension_residuals_match_brute_force(family, length):
   model, params = tiny(family)
   rows = BATCHES['equal']
-  span2 = dager.span_of(
+  span2 = span_lib.span_of(
     dager.block_gradient(model, gradient(family, 'equal'), 1)
   )
   assert int(span2.rank) == len(inputs_of(rows)) and bool(span2.valid)
@@ -283,7 +284,7 @@ def test_extension_residuals_match_brute_force(family, length):
     axis=1,
   )
   x = block_inputs(model, params, jnp.asarray(seqs), 1)[:, -1]
-  want = np.asarray(dager.residuals(span2, x)).reshape(2, -1)
+  want = np.asarray(span_lib.residuals(span2, x)).reshape(2, -1)
   np.testing.assert_allclose(got, want, atol=1e-4)
   # The span test separates the true next token from every other one.
   for row, prefix in enumerate(prefixes.tolist()):

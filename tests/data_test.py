@@ -256,6 +256,31 @@ def test_split_sentences(text, expected):
   assert data.split_sentences(text) == expected
 
 
+def test_preprocess_sentences_keeps_short_distinct_sentences():
+  tok = WordTokenizer.build(['a'], 10)  # every word counts as one token
+  texts = [
+    'One two three. One two three. A much longer sentence than four words.',
+    'Four five six. Seven eight.',
+  ]
+  kept = data.preprocess_sentences(texts, tok, max_tokens=4)
+  assert kept == ['One two three.', 'Four five six.', 'Seven eight.']
+  assert (
+    data.preprocess_sentences(texts, tok, max_tokens=4, max_sentences=2)
+    == kept[:2]
+  )
+  # The perplexity filter needs both the bound and the function.
+  ppl = lambda ts: [1.0 if t.startswith('Seven') else 9.0 for t in ts]
+  assert data.preprocess_sentences(
+    texts, tok, max_tokens=4, max_perplexity=5.0, perplexity_fn=ppl
+  ) == ['Seven eight.']
+  assert (
+    data.preprocess_sentences(texts, tok, max_tokens=4, perplexity_fn=ppl)
+    == kept
+  )
+  with pytest.raises(LeakjaxError, match='largest batch size 4'):
+    data.preprocess_sentences(texts, tok, max_tokens=4, min_sentences=4)
+
+
 # ---------------------------------------------------------------- splitting
 def test_train_eval_split_is_deterministic_partition():
   items = [f'item {i}' for i in range(50)]

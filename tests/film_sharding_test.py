@@ -181,7 +181,7 @@ def test_recover_with_mesh_equals_one_device(mesh):
   grads = jax.jit(functools.partial(fl.client_gradient, model))(
     params, jnp.asarray(ids), jnp.asarray(mask)
   )
-  config = film.FilmConfig(
+  config = film.FilmAttackConfig(
     # 6 beams and 5 candidates: both padded to 8 on the mesh.
     beam=bs.BeamSearchConfig(num_beams=6, length=8, prior_penalty=100.0),
     reorder=ro.ReorderConfig(phrase_steps=2, token_steps=3, num_candidates=5),

@@ -17,10 +17,10 @@ from experiments import film as film_exp
 from leakjax import fl, metrics, models
 from leakjax import train as train_lib
 from leakjax.attacks import film
-from leakjax.attacks.film import bag as bow
+from leakjax.attacks.common import bag as bow
+from leakjax.attacks.film import bag_only, client, runner
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
-from leakjax.attacks.film import runner
 from leakjax.models import get_path, gpt2
 from leakjax.tokenization import gpt2_tokenizer
 
@@ -63,7 +63,7 @@ def test_film_recovers_a_memorised_sentence_from_its_gradient():
   tok = model.tokenizer
   ids, mask = tok.encode_batch([SECRETS[0]], add_bos=True)
   grads = fl.client_gradient(model, params, jnp.asarray(ids), jnp.asarray(mask))
-  config = film.FilmConfig(
+  config = film.FilmAttackConfig(
     beam=bs.BeamSearchConfig(num_beams=4, length=12, prior_penalty=100.0),
     reorder=ro.ReorderConfig(phrase_steps=2, token_steps=2, num_candidates=4),
     repetitions=2,
@@ -106,7 +106,7 @@ def test_client_batches_are_padded_to_a_token_bucket():
   model, params = memorising_model()  # n_positions = 32
   defense = fl.Defense()
   key = jax.random.key(0)
-  grads, ids, mask = runner.client_gradient(
+  grads, ids, mask = client.client_gradient(
     model, params, SECRETS[:2], defense, key
   )
   plain_ids, plain_mask = model.tokenizer.encode_batch(
@@ -117,7 +117,7 @@ def test_client_batches_are_padded_to_a_token_bucket():
   np.testing.assert_array_equal(ids[:, : plain_ids.shape[1]], plain_ids)
   np.testing.assert_array_equal(mask[:, : plain_ids.shape[1]], plain_mask)
   assert not mask[:, plain_ids.shape[1] :].any()
-  assert runner.true_tokens(ids, mask) == runner.true_tokens(
+  assert client.true_tokens(ids, mask) == client.true_tokens(
     plain_ids, plain_mask
   )
   plain = fl.client_gradient(
@@ -141,8 +141,33 @@ def test_client_batches_are_padded_to_a_token_bucket():
     tokenizer=model.tokenizer,
   )
   text = ' '.join(['word'] * 26)
-  _, ids, _ = runner.client_gradient(short, short_params, [text], defense, key)
+  _, ids, _ = client.client_gradient(short, short_params, [text], defense, key)
   assert ids.shape[1] == 30
+
+
+def test_the_client_gradient_compiles_once_per_model_and_defense(monkeypatch):
+  """The runner jits `fl.client_gradient` at each call; jax.jit's cache
+  (function, static arguments, shapes) keeps that to one trace."""
+  model, params = memorising_model()
+  traces = []
+  plain = fl.client_gradient
+
+  @functools.wraps(plain)  # the same signature: `model` stays static
+  def counted(*args, **kwargs):
+    traces.append(kwargs.get('defense'))
+    return plain(*args, **kwargs)
+
+  monkeypatch.setattr(fl, 'client_gradient', counted)
+  for texts in (SECRETS[:2], SECRETS[1:], SECRETS[::2]):
+    _, ids, _ = client.client_gradient(
+      model, params, texts, fl.Defense(), jax.random.key(0)
+    )
+    assert ids.shape == (2, 16)
+  assert len(traces) == 1
+  client.client_gradient(
+    model, params, SECRETS[:2], fl.gradient_pruning(0.5), jax.random.key(0)
+  )
+  assert len(traces) == 2
 
 
 def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
@@ -167,7 +192,7 @@ def test_frozen_embeddings_end_to_end_with_sentence_ends():
   mask = np.ones_like(ids)
   period = tok.encode('.')[0]
   assert period == ids[0, -1] and period not in ids[0, :-1]
-  config = film.FilmConfig(
+  config = film.FilmAttackConfig(
     beam=bs.BeamSearchConfig(num_beams=4, length=12),
     reorder=ro.ReorderConfig(phrase_steps=0, token_steps=0, num_candidates=4),
   )
@@ -197,7 +222,7 @@ def test_frozen_embeddings_end_to_end_with_sentence_ends():
 
 
 SMOKE = dict(
-  model=runner.GPT2_TINY,
+  model=models.GPT2_TINY,
   batch_sizes=(2,),
   num_batches=1,
   train_steps=1,
@@ -217,7 +242,7 @@ SMOKE = dict(
 def test_experiment_frozen_embeddings_past_the_span_rank(tmp_path):
   """At b = 8 the tiny model's 64-wide first layer sees more inputs than
   the span test can separate: an empty bag, a zero row, not a crash."""
-  cfg = runner.FilmExperimentConfig(
+  cfg = runner.FilmConfig(
     **{**SMOKE, 'batch_sizes': (1, 8), 'defenses': ('freeze',)}
   )
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
@@ -230,7 +255,7 @@ def test_experiment_frozen_embeddings_past_the_span_rank(tmp_path):
 
 
 def test_experiment_smoke_and_resume(tmp_path):
-  cfg = runner.FilmExperimentConfig(**SMOKE)
+  cfg = runner.FilmConfig(**SMOKE)
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
   rows = [
     json.loads(x) for x in (tmp_path / 'results.jsonl').read_text().splitlines()
@@ -247,7 +272,7 @@ def test_experiment_smoke_and_resume(tmp_path):
   assert '| b=2 | 1 |' in md and 'paper' in md  # Table-10 layout
   assert (tmp_path / 'film_vs_batch_size.png').stat().st_size > 1000
   assert json.loads((tmp_path / 'config.json').read_text())['model'] == (
-    runner.GPT2_TINY
+    models.GPT2_TINY
   )
   # Resuming recomputes nothing and gives the same summary.
   again = film_exp.run_experiment(cfg, tmp_path, progress=False)
@@ -268,7 +293,7 @@ def test_experiment_smoke_and_resume(tmp_path):
 def test_experiment_early_stopping(tmp_path):
   # Sec. 6.1: train "until the loss on the evaluation set increased". A
   # learning rate this large makes the held-out loss go up at once.
-  cfg = runner.FilmExperimentConfig(
+  cfg = runner.FilmConfig(
     **{
       **SMOKE,
       'train_steps': 8,
@@ -302,7 +327,7 @@ def test_experiment_early_stopping(tmp_path):
 
 
 def test_experiment_bag_mode_with_defenses(tmp_path):
-  cfg = runner.FilmExperimentConfig(
+  cfg = runner.FilmConfig(
     **{**SMOKE, 'batch_sizes': (2,)}, mode='bag', defenses=('none', 'dp:10')
   )
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
@@ -327,7 +352,7 @@ def test_experiment_bag_mode_with_defenses(tmp_path):
 
 def test_experiment_utility_mode_trains_under_each_defense(tmp_path):
   defenses = ('none', 'freeze', 'prune:0.9', 'dp:1')
-  cfg = runner.FilmExperimentConfig(
+  cfg = runner.FilmConfig(
     **{**SMOKE, 'train_steps': 3, 'eval_fraction': 0.25, 'learning_rate': 0.01},
     mode='utility',
     defenses=defenses,
@@ -344,7 +369,7 @@ def test_experiment_utility_mode_trains_under_each_defense(tmp_path):
   assert len({round(v, 6) for v in ppl.values()}) == len(ppl)
   assert rows['dp:1']['noise_multiplier'] > 1 and rows['none']['steps'] == 3
   # The frozen run trained everything but the (tied) embedding matrix.
-  model, start = runner.load_model(cfg)
+  model, start = models.load_model(cfg.model, init=cfg.init, seed=cfg.seed)
   trained, trained_params = models.load(
     tmp_path / 'utility' / 'freeze' / 'model'
   )
@@ -356,18 +381,16 @@ def test_experiment_utility_mode_trains_under_each_defense(tmp_path):
   # Resuming recomputes nothing.
   assert film_exp.run_experiment(cfg, tmp_path, progress=False) == summary
   with pytest.raises(Exception, match='--mode=utility'):
-    runner.FilmExperimentConfig(
-      mode='utility', train_steps=0, eval_fraction=0.1
-    )
+    runner.FilmConfig(mode='utility', train_steps=0, eval_fraction=0.1)
 
 
 def test_bad_defense_and_config_errors():
   with pytest.raises(Exception, match='bad defense'):
-    runner.parse_defense('prune:2')
+    client.parse_defense('prune:2')
   with pytest.raises(Exception, match='unknown --mode'):
-    runner.FilmExperimentConfig(mode='nope')
-  assert runner.parse_defense('dp:8') == ('dp', 8.0)
-  cfg = runner.FilmExperimentConfig(batch_sizes=(1, 4), beta=(0.0, 1.0))
+    runner.FilmConfig(mode='nope')
+  assert client.parse_defense('dp:8') == ('dp', 8.0)
+  cfg = runner.FilmConfig(batch_sizes=(1, 4), beta=(0.0, 1.0))
   keys = [p['key'] for p in runner.sweep_points(cfg)]
   assert keys[0] == {'b': 1, 'beta': 0.0} and len(keys) == 4
   assert dataclasses.replace(cfg, seed=1) != cfg
@@ -375,7 +398,7 @@ def test_bad_defense_and_config_errors():
 
 def test_summary_with_entity_free_batches():
   # NERR is None where a batch has no named entity (--norequire_entity).
-  cfg = runner.FilmExperimentConfig(**{**SMOKE, 'batch_sizes': (1,)})
+  cfg = runner.FilmConfig(**{**SMOKE, 'batch_sizes': (1,)})
   rows = [
     {
       'b': 1,
@@ -400,7 +423,7 @@ def test_summary_with_entity_free_batches():
 
 
 def test_frozen_embedding_table_and_one_panel_per_defense():
-  cfg = runner.FilmExperimentConfig(
+  cfg = runner.FilmConfig(
     **{**SMOKE, 'batch_sizes': (1, 64), 'defenses': ('none', 'freeze')}
   )
 
@@ -459,7 +482,7 @@ HAND_WRITTEN_FLAGS = {'workdir', 'mesh', 'distributed', 'grad_microbatch'}
 def test_flags_are_the_config_fields():
   if 'grad_microbatch' not in flags.FLAGS:
     film_exp.define_flags()
-  fields = {f.name: f for f in dataclasses.fields(runner.FilmExperimentConfig)}
+  fields = {f.name: f for f in dataclasses.fields(runner.FilmConfig)}
   assert set(fields) <= set(flags.FLAGS)
   for name, field in fields.items():
     if name in ('data', 'seed'):  # common flags, same meaning everywhere
@@ -483,7 +506,7 @@ def test_flags_are_the_config_fields():
     flags.FLAGS(
       ['film', '--flagfile=experiments/configs/film_quickstart.flags']
     )
-    cfg = common.config_from_flags(runner.FilmExperimentConfig)
+    cfg = common.config_from_flags(runner.FilmConfig)
   finally:
     flags.FLAGS.unparse_flags()
   assert cfg.batch_sizes == (1, 4, 16) and cfg.num_beams == (8,)
@@ -495,25 +518,23 @@ def test_oracle_norm_threshold_and_batches():
   # Rows 0 and 2 are the true bag; row 3 has a larger norm than row 2, so
   # the best-F1 cut takes the top 3 (P 2/3, R 1) over the top 1 (P 1, R 1/2).
   rows = np.array([[5.0, 0], [0, 0.1], [1.0, 0], [0, 2.0]])
-  p, r = runner.oracle_norm_threshold(rows, {0, 2})
+  p, r = bag_only.oracle_norm_threshold(rows, {0, 2})
   assert (p, r) == pytest.approx((2 / 3, 1.0))
-  assert runner.oracle_norm_threshold(rows, {0}) == (1.0, 1.0)
-  a = runner.draw_batch(10, 4, 0, seed=0)
-  assert a == runner.draw_batch(10, 4, 0, seed=0) == sorted(set(a))
-  assert a != runner.draw_batch(10, 4, 1, seed=0) and len(a) == 4
+  assert bag_only.oracle_norm_threshold(rows, {0}) == (1.0, 1.0)
+  a = client.draw_batch(10, 4, 0, seed=0)
+  assert a == client.draw_batch(10, 4, 0, seed=0) == sorted(set(a))
+  assert a != client.draw_batch(10, 4, 1, seed=0) and len(a) == 4
 
 
 def test_preprocess_appendix_b1():
   tok = gpt2_tokenizer()
-  cfg = runner.FilmExperimentConfig(
-    batch_sizes=(1,), require_entity=False, max_tokens=6
-  )
+  cfg = runner.FilmConfig(batch_sizes=(1,), require_entity=False, max_tokens=6)
   texts = ['Short one. Short one. This sentence is far too long to keep.']
-  assert runner.preprocess(texts, tok, cfg) == ['Short one.']
+  assert runner.private_sentences(cfg, texts, tok) == ['Short one.']
   ppl = lambda ts: np.array([10.0] * len(ts))
   strict = dataclasses.replace(cfg, max_perplexity=5.0)
   with pytest.raises(Exception, match='survive preprocessing'):
-    runner.preprocess(texts, tok, strict, ppl)
+    runner.private_sentences(strict, texts, tok, ppl)
 
 
 def test_paper_table3_counts_match_the_runner():

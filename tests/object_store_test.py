@@ -147,7 +147,7 @@ def test_model_directory_on_a_bucket_is_marked_complete(bucket, tmp_path):
 def test_experiment_on_a_bucket_writes_what_a_local_run_writes(
   bucket, tmp_path
 ):
-  cfg = runner.DagerExperimentConfig(
+  cfg = runner.DagerConfig(
     model='gpt2-tiny', max_tokens=20, batch_sizes=(1,), num_batches=1
   )
   local = dager_exp.run_experiment(cfg, tmp_path, progress=False)

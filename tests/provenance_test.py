@@ -118,8 +118,8 @@ def test_film_experiment_refuses_an_edited_corpus(tmp_path):
   corpus = tmp_path / 'corpus.txt'
   sentences = [f'Anna Berg met client number {i} in Oslo.' for i in range(12)]
   corpus.write_text('\n'.join(sentences) + '\n')
-  cfg = runner.FilmExperimentConfig(
-    model=runner.GPT2_TINY,
+  cfg = runner.FilmConfig(
+    model=models.GPT2_TINY,
     data=str(corpus),
     require_entity=False,
     batch_sizes=(1,),

@@ -33,12 +33,15 @@ def row(*anchors: str) -> str:
 
 
 def flag_header(name: str) -> str:
-  """The comment lines of experiments/configs/NAME.flags, joined."""
+  """The comment lines of NAME.flags (in experiments/configs, or among a
+  study's ablations in studies/*/configs), joined."""
+  (path,) = [
+    *ROOT.glob(f'experiments/configs/{name}.flags'),
+    *ROOT.glob(f'studies/*/configs/{name}.flags'),
+  ]
   return ' '.join(
     line.lstrip('#').strip()
-    for line in (ROOT / f'experiments/configs/{name}.flags')
-    .read_text()
-    .splitlines()
+    for line in path.read_text().splitlines()
     if line.startswith('#')
   )
 
@@ -684,7 +687,7 @@ def test_film_dp_bound_report():
 def test_film_dp_pooled_report():
   # reports/film_bag/defenses/README.md's whole-gradient bound against
   # dp_pooled.json, and the oracle's curve against a direct count.
-  from reports.film_bag.defenses import dp_pooled
+  from studies.film_bag.defenses import dp_pooled
 
   here = ROOT / 'reports/film_bag/defenses'
   text = ' '.join((here / 'README.md').read_text('utf-8').split())
@@ -844,7 +847,7 @@ def test_film_untied_pruning_report():
 def test_embed_parrot_lora_report():
   # reports/embed_parrot/README.md's LoRA table and perplexity against
   # lora.json, the paper's columns against the script's Table 10 copy.
-  from reports.embed_parrot import lora as lora_report
+  from studies.embed_parrot import lora as lora_report
 
   here = ROOT / 'reports/embed_parrot'
   text = ' '.join((here / 'README.md').read_text('utf-8').split())

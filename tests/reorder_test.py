@@ -204,23 +204,6 @@ def test_reorder_only_improves_and_reports_the_final_score():
   assert np.array_equal(np.asarray(again.tokens), toks)
 
 
-def test_sentence_end_mask():
-  class Tok:
-    def token_strings(self):
-      return ['a', '.', ' ?', '!.', ',', ' the', '...', '']
-
-  assert ro.sentence_end_mask(Tok()).tolist() == [
-    False,
-    True,
-    True,
-    True,
-    False,
-    False,
-    True,
-    False,
-  ]
-
-
 def test_a_padded_buffer_changes_no_result():
   """A buffer padded past `max_length` reorders exactly as the unpadded one.
 

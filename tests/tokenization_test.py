@@ -112,3 +112,23 @@ def test_word_tokenizer_errors(tmp_path):
     tokenization.WordTokenizer.load(tmp_path / 'bad.json')
   with pytest.raises(LeakjaxError, match='does not exist'):
     tokenization.WordTokenizer.load(tmp_path / 'missing.json')
+
+
+def test_sentence_end_mask():
+  class Tok:
+    def token_strings(self):
+      return ['a', '.', ' ?', '!.', ',', ' the', '...', '']
+
+  assert tokenization.sentence_end_mask(Tok()).tolist() == [
+    False,
+    True,
+    True,
+    True,
+    False,
+    False,
+    True,
+    False,
+  ]
+  # A model with more rows than tokens: the extra ids end nothing.
+  padded = tokenization.sentence_end_mask(Tok(), vocab_size=10)
+  assert padded.shape == (10,) and not padded[8:].any()

@@ -10,6 +10,7 @@ FILM (Gupta et al., NeurIPS 2022), sentences from a client's gradient:
 * :func:`bag_mask` -- kernel: bool `[V]` bag of words from the gradient
   (untied nonzero rows, DP threshold, tied span/sign/norm tests);
   :func:`extract_bag` is its host wrapper (a :class:`Bag` of NumPy ids);
+  both in :mod:`common`, since DAGER's hybrid reads the bag too;
 * :func:`bag_beam_search` -- kernel: beam search restricted to a bag;
 * :func:`reorder_scores` -- kernel: gradient-matching + LM scores of
   candidate orderings;
@@ -34,29 +35,30 @@ Embedding inversion (Wan et al. 2024): :func:`bei_ids`, :func:`hei_ids`,
 ...                                 ids)                        # doctest: +SKIP
 
 One package per paper, each read top-down from its `runner` (the
-experiment's algorithm: data, training, the sweep):
-:mod:`film` (`bag`, `beam_search`, `reorder`, `pipeline`),
+experiment's algorithm: data, training, the sweep; `run(config, writer)`):
+:mod:`film` (`beam_search`, `reorder`, `pipeline`),
+:mod:`dager` (`search`, `pipeline`, `hybrid`),
 :mod:`gboard` (`update`, `thresholds`, `mixture`, `reconstruct`),
 :mod:`differential` (`score`, `rank_search`, `canaries`),
-:mod:`inversion` (`bei_hei`, `dct`, `embed_parrot`). The metrics that
-score what an attack recovered are in :mod:`leakjax.metrics`.
+:mod:`inversion` (`bei_hei`, `dct`, `embed_parrot`). No paper imports
+another: what two of them read off a gradient (the span of a projection
+gradient, the bag of words) is in :mod:`common`. The metrics that score
+what an attack recovered are in :mod:`leakjax.metrics`.
 """
 
-from leakjax.attacks import differential, film, gboard, inversion
+from leakjax.attacks import common, differential, film, gboard, inversion
+from leakjax.attacks.common import Bag, bag_mask, extract_bag
 from leakjax.attacks.differential import (
   differential_rank_lower_bound,
   differential_score,
   rank_beam_search,
 )
 from leakjax.attacks.film import (
-  Bag,
   BeamSearchConfig,
-  FilmConfig,
+  FilmAttackConfig,
   FilmResult,
   ReorderConfig,
   bag_beam_search,
-  bag_mask,
-  extract_bag,
   recover,
   reorder_scores,
 )
@@ -77,7 +79,7 @@ from leakjax.attacks.inversion import (
 __all__ = [
   'Bag',
   'BeamSearchConfig',
-  'FilmConfig',
+  'FilmAttackConfig',
   'FilmResult',
   'ReorderConfig',
   'apply_dct_defense',
@@ -85,6 +87,7 @@ __all__ = [
   'bag_mask',
   'bei_hei_ids',
   'bei_ids',
+  'common',
   'differential',
   'differential_rank_lower_bound',
   'differential_score',

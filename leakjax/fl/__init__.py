@@ -2,7 +2,8 @@
 
 What an eavesdropper sees is what a client sends:
 
-* :func:`client_gradient` -- FedSGD, the gradient of one padded batch;
+* :func:`client_gradient` -- FedSGD, the gradient of one padded batch
+  (pure: the caller jits it with `static_argnames=CLIENT_GRADIENT_STATIC`);
 * :func:`client_update` -- FedAvg local training (E epochs, batch B, any
   optax optimizer) in one `lax.scan`, returning θ1 and Δ = θ1 − θ0;
 * :class:`Defense` -- :func:`freeze_embeddings` (FILM Sec. 5),
@@ -25,6 +26,8 @@ What an eavesdropper sees is what a client sends:
 from leakjax.fl.accounting import epsilon, sigma_for_epsilon
 from leakjax.fl.batching import ClientData, client_data, stack_clients
 from leakjax.fl.client import (
+  CLIENT_GRADIENT_STATIC,
+  CLIENT_UPDATE_STATIC,
   ClientConfig,
   ClientResult,
   client_gradient,
@@ -49,6 +52,8 @@ from leakjax.fl.simulation import (
 )
 
 __all__ = [
+  'CLIENT_GRADIENT_STATIC',
+  'CLIENT_UPDATE_STATIC',
   'ClientConfig',
   'ClientData',
   'ClientResult',

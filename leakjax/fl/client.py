@@ -13,7 +13,7 @@ Both work for any :class:`leakjax.models.Model` and apply a
 They are pure; the caller owns `jit` (model and config are static, and
 hashable, so new params of the same shapes never recompile):
 
->>> update = jax.jit(client_update, static_argnames=('model', 'config'))  # doctest: +SKIP
+>>> update = jax.jit(client_update, static_argnames=CLIENT_UPDATE_STATIC)  # doctest: +SKIP
 >>> result = update(model, params, ids, mask,                 # doctest: +SKIP
 ...                 ClientConfig(epochs=5, batch_size=32), key=jax.random.key(0))
 
@@ -48,6 +48,11 @@ from leakjax.models.protocol import Model, lm_loss
 
 PyTree = Any
 NO_DEFENSE = Defense()
+# The static arguments of each function under `jax.jit` (hashable, no
+# arrays): every caller jits them the same way, e.g.
+# `jax.jit(client_gradient, static_argnames=CLIENT_GRADIENT_STATIC)`.
+CLIENT_GRADIENT_STATIC = ('model', 'defense', 'dropout', 'microbatch')
+CLIENT_UPDATE_STATIC = ('model', 'config')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -604,4 +609,11 @@ def client_update(
   )
 
 
-__all__ = ['ClientConfig', 'ClientResult', 'client_gradient', 'client_update']
+__all__ = [
+  'CLIENT_GRADIENT_STATIC',
+  'CLIENT_UPDATE_STATIC',
+  'ClientConfig',
+  'ClientResult',
+  'client_gradient',
+  'client_update',
+]

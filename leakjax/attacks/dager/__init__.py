@@ -3,23 +3,25 @@
 Petrov et al., "DAGER: Exact Gradient Inversion for Large Language Models",
 NeurIPS 2024 (arXiv 2405.15586). Read top-down from :mod:`runner`:
 
-* :mod:`span` -- the span of a projection gradient, and distances to it;
 * :mod:`search` -- the kernels: the layer-1 token filter and the layer-2
-  sequence search (one `lax.while_loop`);
+  sequence search (one `lax.while_loop`), on the span of a projection
+  gradient (:mod:`leakjax.attacks.common.span`);
 * :mod:`pipeline` -- :func:`recover` on one gradient, with the last token
   of each sentence read off the head gradient;
 * :mod:`hybrid` -- past the rank limit, FILM's bag and beam search scored
   by block 2's span (:func:`hybrid.recover`);
-* :mod:`runner` -- the experiment: batches, FedSGD gradients, metrics.
+* :mod:`runner` -- the experiment (:class:`DagerConfig`, :func:`run`):
+  batches, FedSGD gradients, metrics.
 """
 
-from leakjax.attacks.dager import hybrid
+from leakjax.attacks.dager import hybrid, runner
 from leakjax.attacks.dager.pipeline import (
-  DagerConfig,
+  DagerAttackConfig,
   DagerResult,
   complete_last_tokens,
   recover,
 )
+from leakjax.attacks.dager.runner import DagerConfig, DagerRun, run
 from leakjax.attacks.dager.search import (
   SearchState,
   SpanConfig,
@@ -28,21 +30,21 @@ from leakjax.attacks.dager.search import (
   sequence_search,
   token_filter,
 )
-from leakjax.attacks.dager.span import Span, residuals, span_of
 
 __all__ = [
+  'DagerAttackConfig',
   'DagerConfig',
   'DagerResult',
+  'DagerRun',
   'SearchState',
-  'Span',
   'SpanConfig',
   'block_gradient',
   'hybrid',
   'complete_last_tokens',
   'recover',
-  'residuals',
+  'run',
+  'runner',
   'sequence_search',
   'search_step',
-  'span_of',
   'token_filter',
 ]

@@ -39,17 +39,17 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from leakjax import sharding
+from leakjax import checks, sharding
+from leakjax.attacks.common.span import span_of
 from leakjax.attacks.dager import search as sr
-from leakjax.attacks.dager.span import span_of
-from leakjax.errors import LeakjaxError, check_gradient
+from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model, get_path
 
 PyTree = Any
 
 
 @dataclasses.dataclass(frozen=True)
-class DagerConfig:
+class DagerAttackConfig:
   """The attack's settings (hashable).
 
   Attributes:
@@ -77,7 +77,7 @@ class DagerConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise LeakjaxError(
-          f'DagerConfig.{name} must be a positive int, got {value!r}'
+          f'DagerAttackConfig.{name} must be a positive int, got {value!r}'
         )
 
 
@@ -268,7 +268,7 @@ def recover(
   params: PyTree,
   grads: PyTree,
   *,
-  config: DagerConfig = DagerConfig(),
+  config: DagerAttackConfig = DagerAttackConfig(),
   mesh=None,
 ) -> DagerResult:
   """DAGER on one observed gradient (module docstring).
@@ -289,9 +289,23 @@ def recover(
     A :class:`DagerResult`.
 
   Raises:
-    LeakjaxError: `grads` holds NaN/inf or is zero everywhere.
+    LeakjaxError: before any work, when `grads` holds NaN/inf, is zero
+      everywhere or is not shaped like `params`, when `params` do not fit
+      the model's facts, when the model lacks a fact DAGER reads (the
+      attention inputs of two blocks, `first_layer_inputs`, `block_inputs`;
+      `hidden_states` and `lm_head` to complete the last token), or when its
+      tokenizer has no `decode`.
   """
-  check_gradient(grads)
+  last = ('hidden_states', 'lm_head') if config.complete_last_token else ()
+  checks.check_inputs(
+    model,
+    params,
+    grads,
+    attack='DAGER',
+    attention_blocks=2,
+    needs=('first_layer_inputs', 'block_inputs') + last,
+    tokenizer=('decode',),
+  )
   seconds = {}
   t0 = time.perf_counter()
   mask, _, rank1, valid1 = _layer1(model, params, grads, config.span)
@@ -373,7 +387,7 @@ def recover(
 
 
 __all__ = [
-  'DagerConfig',
+  'DagerAttackConfig',
   'DagerResult',
   'complete_last_tokens',
   'head_path',

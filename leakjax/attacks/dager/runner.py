@@ -2,15 +2,17 @@ r"""DAGER experiment runner: exact batch recovery from FedSGD gradients.
 
 Read top-down from :func:`run`:
 
-1. The private corpus is FILM's (Gupta et al. 2022, Appendix B.1 sentence
-   split, fewer than `max_tokens` tokens: :func:`leakjax.attacks.film.
-   runner.preprocess`, without the named-entity filter).
-2. The model is the pretrained one at t = 0, or after `train_steps` of
-   FILM's fine-tuning on those sentences (:func:`leakjax.attacks.film.runner.
-   fine_tune`; the attacked batches are then ones the model has seen).
+1. The private corpus (:func:`load_texts`) is split into FILM's sentences
+   (Gupta et al. 2022, Appendix B.1: sentence split, fewer than
+   `max_tokens` tokens, without the named-entity filter;
+   :func:`private_sentences`).
+2. The model (:func:`leakjax.models.load_model`) is the pretrained one at
+   t = 0, or after `train_steps` of FILM's fine-tuning on those sentences
+   (:func:`fine_tune`; the attacked batches are then ones the model has
+   seen).
 3. For each b, `num_batches` *consecutive* batches (batch k holds sentences
    `[k b, (k + 1) b)` after `first_batch` batches): the client sends its
-   gradient (FedSGD) or its FedAvg update (:func:`client_view`), optionally
+   gradient (FedSGD) or its FedAvg update (:func:`leakjax.attacks.dager.client.client_view`), optionally
    defended; the attacker runs :func:`leakjax.attacks.dager.recover` on it
    (and, with `film` in `attacks`, FILM's pipeline on the same gradient).
 4. One row per (b, batch, defense, attack): full-batch ROUGE-1/2/L (each
@@ -24,31 +26,39 @@ embedding/head gets no gradient); `noise:S` (N(0, S^2) added once to what is
 sent, GBoard Algorithm 4); `fedavg:E:B` (E local epochs of batch B with
 learning rate `fedavg_lr`; the attacker sees `-Δ / (η · steps)`, DAGER's
 FedAvg setting, Petrov et al. Table 4).
+
+The runner contract (shared with the other papers' runners):
+`run(config, writer)`, the writer opened by the caller with
+:func:`writer_inputs`. A paper package imports no other, so the FILM
+comparison comes in from the caller: `experiments/dager.py` passes FILM's
+pipeline as `baselines={'film': ...}` (a :data:`Baseline`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from leakjax import fl, io, metrics
-from leakjax.attacks.dager import hybrid, pipeline, search
-from leakjax.attacks.film import pipeline as film_pipeline
-from leakjax.attacks.film import runner as film_runner
+from leakjax import data as data_lib
+from leakjax import io, metrics, models, quickstart_corpus
+from leakjax import train as train_lib
+from leakjax.attacks.dager import client, hybrid, pipeline, search
 from leakjax.errors import LeakjaxError, check_positive
 
 ATTACKS = ('dager', 'film', 'hybrid')
+# Attacks of this package; the others are baselines passed to `run`.
+OWN_ATTACKS = ('dager', 'hybrid')
+# Another paper's attack on one observed gradient:
+# `(model, params, grads, *, key, mesh) -> recovered sentences`.
+Baseline = Callable[..., Sequence[str]]
 
 
 @dataclasses.dataclass(frozen=True)
-class DagerExperimentConfig:
+class DagerConfig:
   """Everything that determines the experiment's results.
 
   Attributes:
@@ -73,12 +83,14 @@ class DagerExperimentConfig:
     first_batch: skip this many batches of each b first.
     defenses: 'none', 'freeze', 'noise:S' or 'fedavg:E:B'.
     fedavg_lr: local learning rate of the FedAvg defense.
-    attacks: 'dager', 'film' (FILM's pipeline on the same gradient) and/or
+    attacks: 'dager', 'film' (FILM's pipeline on the same gradient, a
+      baseline the caller passes to :func:`run`) and/or
       'hybrid' (FILM's bag and beam search scored by block 2's span and
       the head gradient, :mod:`leakjax.attacks.dager.hybrid`, b sentences
       per batch).
-    film_beams: FILM's beam width (the comparison: 32, Sec. 7).
-    film_steps: FILM's phrase and token reordering steps, each.
+    film_beams: FILM's beam width (the comparison: 32, Sec. 7; read by the
+      caller that builds the 'film' baseline).
+    film_steps: FILM's phrase and token reordering steps, each (the same).
     hybrid_beams: the hybrid's beams per sentence.
     hybrid_shortlist: candidates per beam and step the hybrid scores by
       the span.
@@ -230,82 +242,189 @@ class DagerExperimentConfig:
           f'unknown attack {attack!r}', f'use one of {", ".join(ATTACKS)}'
         )
     for spec in self.defenses:
-      parse_defense(spec)
+      client.parse_defense(spec)
 
 
-def parse_defense(spec: str) -> tuple[str, tuple[float, ...]]:
-  """'none' | 'freeze' | 'noise:S' | 'fedavg:E:B' -> (kind, values)."""
-  kind, _, rest = spec.partition(':')
-  try:
-    values = tuple(float(v) for v in rest.split(':')) if rest else ()
-  except ValueError:
-    values = (math.nan,)
-  ok = (
-    (kind in ('none', 'freeze') and not values)
-    or (kind == 'noise' and len(values) == 1 and values[0] >= 0)
-    or (
-      kind == 'fedavg'
-      and len(values) == 2
-      and all(v >= 1 and v == int(v) for v in values)
-    )
-  )
-  if not ok:
-    raise LeakjaxError(
-      f'bad defense {spec!r}', 'use none, freeze, noise:<std> or fedavg:<E>:<B>'
-    )
-  return kind, values
+def run(
+  config: DagerConfig,
+  writer: io.ExperimentWriter,
+  *,
+  texts: Sequence[str] | None = None,
+  baselines: Mapping[str, Baseline] | None = None,
+  progress: bool = True,
+  mesh=None,
+) -> DagerRun:
+  """Runs (or resumes) the experiment.
 
+  Args:
+    config: the experiment.
+    writer: where the rows go (opened on the workdir with `config` and
+      :func:`writer_inputs`); rows it already holds are not recomputed.
+    texts: `load_texts(config)`, when the caller has read them already
+      (for :func:`writer_inputs`); None: read here.
+    baselines: the attacks of `config.attacks` that are not this
+      package's (`'film'`), by name: each a :data:`Baseline`, called on
+      the same gradient as DAGER (`experiments/dager.py` passes FILM's
+      pipeline with `film_beams` and `film_steps`).
+    progress: show the fine-tuning progress bar.
+    mesh: `--mesh` (see :func:`attack_batch`); it changes no result, so it
+      is not part of `config`.
 
-def consecutive_batches(
-  sentences: Sequence[str], b: int, num: int, first: int = 0
-) -> list[tuple[int, list[str]]]:
-  """Batches `first .. first + num - 1` of b consecutive sentences."""
-  out = []
-  for k in range(first, first + num):
-    rows = list(sentences[k * b : (k + 1) * b])
-    if len(rows) < b:
+  Returns:
+    The rows and the facts the report needs.
+
+  Raises:
+    LeakjaxError: an attack of `config.attacks` is neither this package's
+      nor in `baselines`.
+  """
+  cfg = config
+  baselines = dict(baselines or {})
+  for attack in cfg.attacks:
+    if attack not in OWN_ATTACKS and attack not in baselines:
       raise LeakjaxError(
-        f'{len(sentences)} sentences hold no batch {k} of size {b}',
-        'use more data, fewer --num_batches or smaller --batch_sizes',
+        f"the {attack!r} attack is another paper's and no baseline for it"
+        ' was passed',
+        f'run experiments.dager, or pass baselines={{{attack!r}: ...}}',
       )
-    out.append((k, rows))
-  return out
-
-
-_CLIENT_UPDATE = jax.jit(fl.client_update, static_argnames=('model', 'config'))
-_CLIENT_GRADIENT = jax.jit(
-  fl.client_gradient, static_argnames=('model', 'defense', 'microbatch')
-)
-
-
-def client_view(model, params, ids, mask, spec: str, cfg, *, key):
-  """What the client sends under defense `spec`, as a gradient."""
-  kind, values = parse_defense(spec)
-  if kind == 'fedavg':
-    epochs, batch = int(values[0]), int(values[1])
-    config = fl.ClientConfig(
-      epochs=epochs, batch_size=batch, learning_rate=cfg.fedavg_lr
+  texts = load_texts(cfg) if texts is None else texts
+  start = time.perf_counter()
+  model, params = models.load_model(cfg.model, seed=cfg.seed)
+  logging.info('model %s loaded in %.1f s', model, time.perf_counter() - start)
+  sentences = private_sentences(cfg, texts, model.tokenizer)
+  extra: dict[str, Any] = {
+    'num_sentences': len(sentences),
+    'hidden_size': model.hidden_size,
+  }
+  if cfg.train_steps:
+    params, trained = fine_tune(
+      model,
+      params,
+      sentences,
+      cfg,
+      writer.workdir / 'train',
+      progress=progress,
     )
-    result = _CLIENT_UPDATE(model, params, ids, mask, config, key=key)
-    steps = epochs * -(-ids.shape[0] // batch)
-    scale = -1.0 / (cfg.fedavg_lr * steps)
-    return jax.tree.map(lambda d: d * scale, result.update)
-  defense = {
-    'none': fl.Defense(),
-    'freeze': fl.freeze_embeddings(model) if kind == 'freeze' else None,
-    'noise': fl.single_noise(values[0]) if kind == 'noise' else None,
-  }[kind]
-  return _CLIENT_GRADIENT(
+    extra.update(trained)
+  points = [
+    (b, spec, attack)
+    for b in cfg.batch_sizes
+    for spec in cfg.defenses
+    for attack in cfg.attacks
+  ]
+  counter = io.Progress(len(points) * cfg.num_batches)
+  for b, spec, attack in points:
+    for index, batch in client.consecutive_batches(
+      sentences, b, cfg.num_batches, cfg.first_batch
+    ):
+      match = dict(b=b, batch=index, defense=spec, attack=attack)
+      if writer.done(**match) is not None:
+        counter.skipped()
+        continue
+      row = attack_batch(
+        model, params, batch, b, index, spec, attack, cfg, baselines, mesh
+      )
+      writer.add_result(row)
+      counter.computed()
+      logging.info(
+        '[%s] %s b=%d batch %d %s: ROUGE-L %.3f exact %.2f in %.1f s',
+        counter.describe(),
+        attack,
+        b,
+        index,
+        spec,
+        row['rougeL'],
+        row['exact'],
+        row['seconds'],
+      )
+  return DagerRun(results=writer.results, extra=extra)
+
+
+@dataclasses.dataclass
+class DagerRun:
+  """What :func:`run` leaves for the report.
+
+  Attributes:
+    results: every results row (resumed ones included).
+    extra: facts for the report (`num_sentences`, `hidden_size`, and after
+      fine-tuning `trained_steps`, `stopped_early`).
+  """
+
+  results: list[dict[str, Any]]
+  extra: dict[str, Any]
+
+
+# ------------------------------------------------------------------- data
+def load_texts(config: DagerConfig) -> list[str]:
+  """The private corpus of `config` (`data`, `data_column`, `data_label`;
+  no `data`: the embedded sentences of the FILM quickstart)."""
+  if not config.data:
+    return list(quickstart_corpus.SENTENCES)
+  return data_lib.load_corpus(
+    config.data, column=config.data_column, label=config.data_label
+  )
+
+
+def writer_inputs(config: DagerConfig, texts: Sequence[str]) -> dict[str, Any]:
+  """The run's inputs by name, for :class:`leakjax.io.ExperimentWriter`:
+  the corpus, its texts and the model file (their sha256 go to
+  provenance.json)."""
+  return {
+    'data': config.data,
+    'texts': list(texts),
+    'model': models.source_path(config.model),
+  }
+
+
+def private_sentences(
+  config: DagerConfig, texts: Sequence[str], tokenizer
+) -> list[str]:
+  """FILM's sentences (Appendix B.1) without the named-entity filter
+  (:func:`leakjax.data.preprocess_sentences`), the first `max_sentences`."""
+  return data_lib.preprocess_sentences(
+    texts,
+    tokenizer,
+    max_tokens=config.max_tokens,
+    max_sentences=config.max_sentences,
+  )
+
+
+def fine_tune(
+  model,
+  params,
+  sentences: Sequence[str],
+  config: DagerConfig,
+  workdir,
+  *,
+  progress: bool = True,
+) -> tuple[Any, dict[str, Any]]:
+  """θ^t: FILM's fine-tuning (Sec. 6.1: AdamW, linear decay from
+  `learning_rate`) for `train_steps` steps on all the sentences (no
+  held-out split, so no early stopping); returns `(params, extra)`."""
+  steps = config.train_steps
+  train_config = train_lib.TrainConfig(
+    learning_rate=config.learning_rate,
+    batch_size=config.train_batch_size,
+    num_steps=steps,
+    max_length=config.max_tokens + 1,
+    seed=config.seed,
+    log_every=max(1, steps // 10),
+    eval_every=max(1, steps // 4),
+    early_stopping_patience=None,
+    restore_best=False,
+  )
+  result = train_lib.train(
     model,
     params,
-    ids,
-    mask,
-    defense=defense,
-    key=key,
-    # 32 sentences at a time: the same gradient up to float rounding, in
-    # bounded memory (SmolLM2 at b = 128 in one pass needs ~16 GB).
-    microbatch=min(ids.shape[0], 32),
+    list(sentences),
+    None,
+    train_config,
+    workdir=workdir,
+    progress=progress,
   )
+  return result.params, {
+    'trained_steps': result.step,
+    'stopped_early': result.stopped_early,
+  }
 
 
 def batch_scores(
@@ -341,30 +460,7 @@ def batch_scores(
   return out
 
 
-def batch_key(cfg, b: int, index: int) -> jax.Array:
-  """The key of batch `index` of size b: the client's noise and FILM's
-  draws."""
-  return jax.random.key(cfg.seed * 1_000_003 + b * 1009 + index)
-
-
-def batch_gradient(model, params, texts, b, index, spec, cfg):
-  """What the client of batch `index` (`texts`, size b) sends under
-  defense `spec`, with the batch's token ids and mask (padded to one
-  width for every batch: padding changes no gradient, and one width is
-  one compile)."""
-  ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
-  width = max(ids.shape[1], cfg.max_length or cfg.max_tokens + 1)
-  ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
-  mask = np.pad(mask, ((0, 0), (0, width - mask.shape[1])))
-  key = batch_key(cfg, b, index)
-  grads = client_view(
-    model, params, jnp.asarray(ids), jnp.asarray(mask), spec, cfg, key=key
-  )
-  jax.block_until_ready(grads)
-  return grads, ids, mask
-
-
-def hybrid_config(cfg: DagerExperimentConfig) -> hybrid.HybridConfig:
+def hybrid_config(cfg: DagerConfig) -> hybrid.HybridConfig:
   """The hybrid's settings from the experiment's flags."""
   return hybrid.HybridConfig(
     beams=cfg.hybrid_beams,
@@ -403,17 +499,20 @@ def attack_batch(
   index,
   spec,
   attack,
-  cfg: DagerExperimentConfig,
-  film_config: film_pipeline.FilmConfig | None = None,
+  cfg: DagerConfig,
+  baselines: Mapping[str, Baseline] | None = None,
   mesh=None,
 ) -> dict[str, Any]:
   """One row: the attack `attack` on batch `index` under defense `spec`.
 
-  `film_config` is FILM's settings (for `attack='film'`). `mesh` (from
-  `--mesh`) splits DAGER's sequence search and FILM's beams over its
-  `'data'` axis; the hybrid runs on one device. No result depends on it.
+  `baselines` holds the attacks of other papers by name (`'film'`: see
+  :func:`run`). `mesh` (from `--mesh`) splits DAGER's sequence search and
+  the baselines' work (FILM's beams) over its `'data'` axis; the hybrid
+  runs on one device. No result depends on it.
   """
-  grads, ids, mask = batch_gradient(model, params, texts, b, index, spec, cfg)
+  grads, ids, mask = client.batch_gradient(
+    model, params, texts, b, index, spec, cfg
+  )
   lengths = mask.sum(1)
   true_ids = [ids[r, : lengths[r]].tolist() for r in range(len(texts))]
   row: dict[str, Any] = {
@@ -425,7 +524,7 @@ def attack_batch(
   }
   start = time.perf_counter()
   if attack == 'dager':
-    config = pipeline.DagerConfig(
+    config = pipeline.DagerAttackConfig(
       span=search.SpanConfig(
         layer1_tolerance=cfg.layer1_tolerance,
         layer2_tolerance=cfg.layer2_tolerance,
@@ -474,15 +573,12 @@ def attack_batch(
       stage_seconds=result.seconds,
     )
   else:
-    result = film_pipeline.recover(
-      model,
-      params,
-      grads,
-      config=film_config,
-      key=batch_key(cfg, b, index),
-      mesh=mesh,
+    baseline = (baselines or {})[attack]
+    predictions = list(
+      baseline(
+        model, params, grads, key=client.batch_key(cfg, b, index), mesh=mesh
+      )
     )
-    predictions = list(result.sentences)
     pred_ids = [model.tokenizer.encode(s) for s in predictions]
     bos = getattr(model.tokenizer, 'bos_id', None)
     if bos is not None:
@@ -495,118 +591,18 @@ def attack_batch(
   return row
 
 
-@dataclasses.dataclass
-class DagerRun:
-  """What :func:`run` leaves for the report.
-
-  Attributes:
-    results: every results row (resumed ones included).
-    extra: facts for the report (`num_sentences`, `hidden_size`, and after
-      fine-tuning `trained_steps`, `eval_ppl`).
-  """
-
-  results: list[dict[str, Any]]
-  extra: dict[str, Any]
-
-
-def film_experiment_config(
-  cfg: DagerExperimentConfig,
-) -> film_runner.FilmExperimentConfig:
-  """FILM's experiment config for the model, sentence preprocessing,
-  fine-tuning and FILM attack of `cfg` (the parts the two share)."""
-  return film_runner.FilmExperimentConfig(
-    model=cfg.model,
-    max_sentences=cfg.max_sentences,
-    max_tokens=cfg.max_tokens,
-    require_entity=False,
-    eval_fraction=0.0,
-    train_steps=cfg.train_steps,
-    train_batch_size=cfg.train_batch_size,
-    learning_rate=cfg.learning_rate,
-    batch_sizes=(1,),
-    num_beams=(cfg.film_beams,),
-    phrase_steps=cfg.film_steps,
-    token_steps=cfg.film_steps,
-    seed=cfg.seed,
-  )
-
-
-def run(
-  cfg: DagerExperimentConfig,
-  texts: Sequence[str],
-  writer: io.ExperimentWriter,
-  *,
-  progress: bool = True,
-  mesh=None,
-) -> DagerRun:
-  """Runs (or resumes) the experiment on the private corpus `texts`
-  (`mesh`: see :func:`attack_batch`)."""
-  start = time.perf_counter()
-  fcfg = film_experiment_config(cfg)
-  film_config = film_runner.film_config(fcfg, cfg.film_beams, 2, 1.0)
-  model, params = film_runner.load_model(fcfg)
-  logging.info('model %s loaded in %.1f s', model, time.perf_counter() - start)
-  sentences = film_runner.preprocess(texts, model.tokenizer, fcfg)
-  extra: dict[str, Any] = {
-    'num_sentences': len(sentences),
-    'hidden_size': model.hidden_size,
-  }
-  if cfg.train_steps:
-    params, trained = film_runner.fine_tune(
-      model,
-      params,
-      sentences,
-      [],
-      fcfg,
-      writer.workdir / 'train',
-      progress=progress,
-    )
-    extra.update(trained)
-  points = [
-    (b, spec, attack)
-    for b in cfg.batch_sizes
-    for spec in cfg.defenses
-    for attack in cfg.attacks
-  ]
-  counter = io.Progress(len(points) * cfg.num_batches)
-  for b, spec, attack in points:
-    for index, batch in consecutive_batches(
-      sentences, b, cfg.num_batches, cfg.first_batch
-    ):
-      match = dict(b=b, batch=index, defense=spec, attack=attack)
-      if writer.done(**match) is not None:
-        counter.skipped()
-        continue
-      row = attack_batch(
-        model, params, batch, b, index, spec, attack, cfg, film_config, mesh
-      )
-      writer.add_result(row)
-      counter.computed()
-      logging.info(
-        '[%s] %s b=%d batch %d %s: ROUGE-L %.3f exact %.2f in %.1f s',
-        counter.describe(),
-        attack,
-        b,
-        index,
-        spec,
-        row['rougeL'],
-        row['exact'],
-        row['seconds'],
-      )
-  return DagerRun(results=writer.results, extra=extra)
-
-
 __all__ = [
   'ATTACKS',
-  'DagerExperimentConfig',
+  'OWN_ATTACKS',
+  'Baseline',
+  'DagerConfig',
   'DagerRun',
   'attack_batch',
-  'batch_gradient',
   'batch_scores',
+  'fine_tune',
   'hybrid_config',
-  'client_view',
-  'film_experiment_config',
-  'consecutive_batches',
-  'parse_defense',
+  'load_texts',
+  'private_sentences',
   'run',
+  'writer_inputs',
 ]

@@ -7,7 +7,7 @@ Petrov et al., "DAGER: Exact Gradient Inversion for Large Language Models"
    attention projections read `x̂ = norm(e_v + p_t)` for token `v` at
    position `t` (rotary models: `norm(e_v)`, one test per token). A token
    is a candidate iff some `x̂` lies in the span of the gradient of those
-   projections (:mod:`leakjax.attacks.dager.span`). All `V` tokens (times
+   projections (:mod:`leakjax.attacks.common.span`). All `V` tokens (times
    the positions for learned position embeddings) are tested at once.
 2. **Layer-2 sequence search** (:func:`search_step`, :func:`sequence_search`): under
    causal attention, the input of block 2 at position `i` depends only on
@@ -52,10 +52,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from leakjax import sharding
-from leakjax.attacks.dager.span import Span, residuals, span_of
-from leakjax.attacks.film import bag as bow
+from leakjax.attacks.common.span import (
+  Span,
+  residuals,
+  span_of,
+  span_residuals,
+)
 from leakjax.errors import LeakjaxError
-from leakjax.models.protocol import Model, get_path
+from leakjax.models.protocol import Model
 
 PyTree = Any
 
@@ -69,7 +73,7 @@ class SpanConfig:
       relative residual to the span is below this.
     layer2_tolerance: an extension passes the layer-2 test below this.
     min_gap_decades: the spectrum's drop at the rank for a valid span
-      (:func:`leakjax.attacks.dager.span.span_of`).
+      (:func:`leakjax.attacks.common.span.span_of`).
     max_rank_fraction: rank limit as a fraction of the width d.
 
   Measured on the pretrained SmolLM2-135M, FILM Enron batches, b = 4 and
@@ -89,15 +93,16 @@ class SpanConfig:
 
 def block_gradient(model: Model, grads: PyTree, block: int) -> jax.Array:
   """`[d, out]`: the gradients of block `block`'s attention input kernels,
-  side by side (the model's `paths.attention_inputs[block]`)."""
-  paths = model.paths.attention_inputs
-  if len(paths) <= block or not paths[block]:
+  side by side (the model's `paths.attention_inputs[block]`, laid out by
+  :meth:`leakjax.models.Model.attention_input_kernels`)."""
+  kernels = model.attention_input_kernels(grads, block)
+  if kernels is None:
     raise LeakjaxError(
       f'the model declares no attention input kernels for block {block}',
       'declare attention_inputs (the q/k/v kernels of the first two blocks)'
       ' through from_functions / from_flax',
     )
-  return jnp.concatenate([get_path(grads, p) for p in paths[block]], axis=1)
+  return kernels
 
 
 def token_filter(
@@ -130,7 +135,7 @@ def token_filter(
     min_gap_decades=config.min_gap_decades,
     max_rank_fraction=config.max_rank_fraction,
   )
-  out = bow.span_residuals(
+  out = span_residuals(
     model, params, grads, num_positions=num_positions, span=span
   )
   if out is None:

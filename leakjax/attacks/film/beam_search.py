@@ -445,6 +445,16 @@ def bag_beam_search(
     prompt_mask = jnp.ones(prompts.shape[:2], bool)
   if bag_mask is None:
     bag_mask = jnp.ones(bag_ids.shape, bool)
+  # A static size, so checked under jit too; the mask only when concrete.
+  if not bag_ids.size or (
+    not isinstance(bag_mask, jax.core.Tracer) and not np.any(bag_mask)
+  ):
+    raise LeakjaxError(
+      f'the bag of words is empty (bag_ids of shape {bag_ids.shape}, no'
+      ' unmasked entry)',
+      'the beam search needs at least one candidate token: pass a non-empty'
+      ' bag [M], e.g. extract_bag(...).ids',
+    )
   if (prior is None) != (prior_lengths is None):
     raise LeakjaxError('pass prior and prior_lengths together')
   # Eager calls check the user's ids (the real entries only); under jit

@@ -3,7 +3,8 @@
 The pipeline of Sec. 4, on one observed gradient and the model θ^t it was
 taken at:
 
-1. bag of words (Sec. 4.2, :mod:`leakjax.attacks.film.bag`);
+1. bag of words (Sec. 4.2, :mod:`leakjax.attacks.common.bag`, shared with
+   DAGER's hybrid);
 2. beam search over the bag from capitalised start words (Sec. 4.3,
    :func:`leakjax.attacks.film.beam_search.bag_beam_search`), repeated with a
    penalty on the n-grams of earlier results to recover several sentences
@@ -12,7 +13,7 @@ taken at:
    :mod:`leakjax.attacks.film.reorder`).
 
 >>> model, params = leakjax.models.load('smollm2-135m')       # doctest: +SKIP
->>> result = recover(model, params, grads, config=FilmConfig(),
+>>> result = recover(model, params, grads, config=FilmAttackConfig(),
 ...                  key=jax.random.key(0))                   # doctest: +SKIP
 >>> result.sentences[0]                                       # +SKIP
 'Volume mgmt is trying to clear up these issues.'
@@ -39,22 +40,23 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from leakjax import sharding
-from leakjax.attacks.film import bag as bow
+from leakjax import checks, sharding
+from leakjax.attacks.common import bag as bow
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model, get_path
+from leakjax.tokenization import sentence_end_mask
 
 PyTree = Any
 
 
 @dataclasses.dataclass(frozen=True)
-class FilmConfig:
+class FilmAttackConfig:
   """The attack's settings (hashable).
 
   Attributes:
-    bag_method: see :func:`leakjax.attacks.film.bag.extract_bag`.
+    bag_method: see :func:`leakjax.attacks.common.bag.extract_bag`.
     tied: thresholds of the tied-embedding bag method.
     beam: beam-search settings (FILM Sec. 4.3, 7: k = 32, n = 2).
     reorder: reordering settings (Sec. 4.4); None skips reordering.
@@ -130,7 +132,7 @@ class FilmResult:
       is FILM's single-sentence answer).
     num_prompts: how many start prompts were searched.
     sentence_ends: token ids searched beside the bag
-      (`FilmConfig.frozen_sentence_ends`); empty when none were added.
+      (`FilmAttackConfig.frozen_sentence_ends`); empty when none were added.
   """
 
   bag: bow.Bag
@@ -260,7 +262,7 @@ def recover(
   params: PyTree,
   grads: PyTree,
   *,
-  config: FilmConfig,
+  config: FilmAttackConfig,
   key: jax.Array,
   noise_std: float | None = None,
   bag: bow.Bag | None = None,
@@ -272,7 +274,7 @@ def recover(
     model: the attacked model (with its tokenizer).
     params: θ^t, where the client took the gradient.
     grads: the observed gradient (pytree like `params`).
-    config: a :class:`FilmConfig`.
+    config: a :class:`FilmAttackConfig`.
     key: a `jax.random.key` (reordering).
     noise_std: per-coordinate DP noise std, for the DP bag threshold.
     bag: use this bag instead of extracting one (ablations).
@@ -296,6 +298,13 @@ def recover(
       'FILM needs the model tokenizer (capitalised prompts and decoding)',
       'load the model with its tokenizer',
     )
+  checks.check_inputs(
+    model,
+    params,
+    grads,
+    attack='FILM',
+    tokenizer=('bos_id', 'decode', 'token_strings'),
+  )
   if bag is None:
     bag = bow.extract_bag(
       model,
@@ -372,7 +381,7 @@ def recover(
     rcfg = config.reorder
     fixed = min(rcfg.fixed_prefix, prompt_arr.shape[-1])
     rcfg = dataclasses.replace(rcfg, fixed_prefix=max(1, fixed))
-    is_end = jnp.asarray(ro.sentence_end_mask(tok, model.vocab_size))
+    is_end = jnp.asarray(sentence_end_mask(tok, model.vocab_size))
     for i, rec in enumerate(recoveries[: config.reorder_top]):
       # Insertions may add up to 8 tokens; the buffer is padded to a
       # multiple of _LENGTH_BUCKET so that batches of different lengths
@@ -431,7 +440,7 @@ def _decode(tokenizer, tokens) -> str:
 
 
 __all__ = [
-  'FilmConfig',
+  'FilmAttackConfig',
   'FilmResult',
   'Recovery',
   'recover',

@@ -51,8 +51,6 @@ from leakjax.models.protocol import LanguageModel, lm_loss
 
 PyTree = Any
 ParamPath = tuple[str, ...]
-# Characters that end a sentence (truncation, footnote 6 of Sec. 4.4).
-SENTENCE_END = '.!?'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,7 +379,8 @@ def reorder(
     bag_ids: int32 `[M]`, the recovered bag (insertions draw from it).
     key: a `jax.random.key`.
     config: a :class:`ReorderConfig`.
-    is_end: bool `[V]`, sentence-ending tokens (:func:`sentence_end_mask`);
+    is_end: bool `[V]`, sentence-ending tokens
+      (:func:`leakjax.tokenization.sentence_end_mask`);
       None skips truncation.
     bag_mask: bool `[M]`, valid entries of `bag_ids`.
     grad_paths: parameter subset of the gradient norm.
@@ -482,17 +481,6 @@ def reorder(
   return lax.while_loop(cond, body, init)
 
 
-def sentence_end_mask(tokenizer, vocab_size: int | None = None) -> np.ndarray:
-  """bool `[V]`: tokens whose text is only sentence-ending punctuation."""
-  strings = tokenizer.token_strings()
-  size = vocab_size or len(strings)
-  out = np.zeros((size,), bool)
-  for i, s in enumerate(strings[:size]):
-    s = s.strip()
-    out[i] = bool(s) and all(ch in SENTENCE_END for ch in s)
-  return out
-
-
 __all__ = [
   'ReorderConfig',
   'ReorderState',
@@ -502,7 +490,6 @@ __all__ = [
   'pad_sequences',
   'permute_phrases',
   'reorder',
-  'sentence_end_mask',
   'split_params',
   'truncate_at_punctuation',
 ]

@@ -1,0 +1,1 @@
+"""Studies of DAGER and the FILM-DAGER hybrid: reports/dager/."""

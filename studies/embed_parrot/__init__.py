@@ -1,0 +1,1 @@
+"""Studies of embedding inversion (Embed Parrot): reports/embed_parrot/."""

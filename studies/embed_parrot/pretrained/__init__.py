@@ -1,0 +1,1 @@
+"""Embed Parrot with a pretrained decoder: reports/embed_parrot/pretrained/."""

@@ -1,0 +1,1 @@
+"""Studies of FILM's bag of words: reports/film_bag/."""

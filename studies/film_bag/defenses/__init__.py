@@ -1,0 +1,1 @@
+"""FILM's bag of words under client defenses: reports/film_bag/defenses/."""

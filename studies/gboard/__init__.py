@@ -1,0 +1,1 @@
+"""Studies of the GBoard attack: reports/gboard/."""

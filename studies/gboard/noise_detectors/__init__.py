@@ -1,0 +1,1 @@
+"""The noisy regime's word detectors: reports/gboard/noise_detectors/."""
