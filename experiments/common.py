@@ -242,14 +242,30 @@ def _flag_kind(annotation) -> tuple[str, type | None]:
   raise TypeError(f'no flag type for {annotation!r}')
 
 
+def _nested(hint) -> type | None:
+  """The dataclass a field holds (a nested config), else None."""
+  return hint if dataclasses.is_dataclass(hint) else None
+
+
+def _field_default(field: dataclasses.Field):
+  default = field.default
+  if default is dataclasses.MISSING:
+    default = field.default_factory()  # type: ignore[misc]
+  return default
+
+
 def define_config_flags(cls, *, skip: Sequence[str] = ()) -> None:
   """One absl flag per field of the frozen config dataclass `cls`.
 
   The flag's name, type and default are the field's; its help is the
   field's entry in the class docstring's `Attributes:` block, so the flags
-  cannot drift from the config. Tuple fields are comma-separated lists.
+  cannot drift from the config. Tuple fields are comma-separated lists. A
+  field holding a nested config dataclass (`hybrid: HybridConfig`) gives
+  one flag `--<field>_<name>` per field of the nested class, with its
+  default and its help from the nested class's docstring; the nested
+  class's own dataclass fields get none (they keep their defaults).
   Fields already defined as flags (e.g. by :func:`define_common_flags`) and
-  those in `skip` are left alone.
+  those in `skip` (nested ones by their flag name) are left alone.
   """
   docs = _attribute_docs(cls)
   hints = typing.get_type_hints(cls)
@@ -258,35 +274,92 @@ def define_config_flags(cls, *, skip: Sequence[str] = ()) -> None:
       continue
     if field.name not in docs:
       raise TypeError(f'{cls.__name__}.{field.name} has no docstring entry')
-    kind, element = _flag_kind(hints[field.name])
-    default = field.default
-    if default is dataclasses.MISSING:
-      default = field.default_factory()  # type: ignore[misc]
-    if kind == 'list':
-      default = None if default is None else [str(x) for x in default]
-      flags.DEFINE_list(field.name, default, docs[field.name])
-    else:
-      getattr(flags, f'DEFINE_{kind}')(field.name, default, docs[field.name])
+    nested = _nested(hints[field.name])
+    if nested is None:
+      _define_flag(
+        field.name, hints[field.name], _field_default(field), docs[field.name]
+      )
+      continue
+    inner_docs = _attribute_docs(nested)
+    inner_hints = typing.get_type_hints(nested)
+    inner_default = _field_default(field)
+    for inner in dataclasses.fields(nested):
+      name = f'{field.name}_{inner.name}'
+      if name in skip or name in FLAGS or _nested(inner_hints[inner.name]):
+        continue
+      if inner.name not in inner_docs:
+        raise TypeError(
+          f'{nested.__name__}.{inner.name} has no docstring entry'
+        )
+      _define_flag(
+        name,
+        inner_hints[inner.name],
+        getattr(inner_default, inner.name),
+        inner_docs[inner.name],
+      )
 
 
-def config_from_flags(cls, **overrides):
-  """`cls(**{field: FLAGS.field})`, list flags parsed to typed tuples."""
+def _define_flag(name: str, hint, default, doc: str) -> None:
+  kind, _ = _flag_kind(hint)
+  if kind == 'list':
+    default = None if default is None else [str(x) for x in default]
+    flags.DEFINE_list(name, default, doc)
+  else:
+    getattr(flags, f'DEFINE_{kind}')(name, default, doc)
+
+
+def _flag_value(name: str, hint, preset: dict, key: str):
+  """The flag `name`'s value, typed; a preset's value where the flag was
+  not given (`preset[key]`)."""
+  flag = FLAGS[name]
+  if not flag.present and key in preset:
+    return preset[key]
+  value = flag.value
+  kind, element = _flag_kind(hint)
+  if kind == 'list' and value is not None:
+    try:
+      value = tuple(element(x) for x in value)
+    except ValueError:
+      raise LeakjaxError(
+        f'--{name}={",".join(value)}: each item must be a {element.__name__}'
+      ) from None
+  return value
+
+
+def config_from_flags(cls, *, preset: dict | None = None, **overrides):
+  """`cls(**{field: FLAGS.field})`, list flags parsed to typed tuples, a
+  nested config rebuilt from its `--<field>_<name>` flags.
+
+  `preset` (e.g. :func:`leakjax.attacks.dager.presets.overrides`) gives
+  the values of the flags not set on the command line or in a flagfile
+  (a nested config's as a dict); `overrides` win over both.
+  """
+  preset = dict(preset or {})
   hints = typing.get_type_hints(cls)
   values = {}
   for field in dataclasses.fields(cls):
-    if field.name in overrides or field.name not in FLAGS:
+    if field.name in overrides:
       continue
-    value = FLAGS[field.name].value
-    kind, element = _flag_kind(hints[field.name])
-    if kind == 'list' and value is not None:
-      try:
-        value = tuple(element(x) for x in value)
-      except ValueError:
-        raise LeakjaxError(
-          f'--{field.name}={",".join(value)}: each item must be a'
-          f' {element.__name__}'
-        ) from None
-    values[field.name] = value
+    nested = _nested(hints[field.name])
+    if nested is None:
+      if field.name in FLAGS:
+        values[field.name] = _flag_value(
+          field.name, hints[field.name], preset, field.name
+        )
+      continue
+    inner_preset = dict(preset.get(field.name, {}))
+    inner_hints = typing.get_type_hints(nested)
+    base = _field_default(field)
+    inner = {}
+    for f in dataclasses.fields(nested):
+      name = f'{field.name}_{f.name}'
+      if name in FLAGS and not _nested(inner_hints[f.name]):
+        inner[f.name] = _flag_value(
+          name, inner_hints[f.name], inner_preset, f.name
+        )
+      elif f.name in inner_preset:
+        inner[f.name] = inner_preset[f.name]
+    values[field.name] = dataclasses.replace(base, **inner)
   return cls(**values, **overrides)
 
 

@@ -6,12 +6,17 @@ help from its docstring) -> a frozen config -> one
 optional fine-tuning, consecutive client batches, the attack per batch) ->
 :mod:`experiments.dager_report` (summary.json, summary.md, the plot).
 
-`--attacks=film` compares with FILM on the same gradients. A paper package
+`--preset=NAME` (:mod:`leakjax.attacks.dager.presets`: `paper`, DAGER's
+protocol; `strongest`, the default: exact DAGER below the rank limit, the
+strongest hybrid past it) sets the defaults; explicit flags override it,
+and config.json records its name. `--attacks=film` compares with FILM on
+the same gradients. A paper package
 never imports another, so this entry point, which may, hands FILM's
 pipeline to the DAGER runner (:func:`film_baseline`).
 
   python -m experiments.dager --flagfile=experiments/configs/dager_quick.flags
   python -m experiments.dager --data=PATH --workdir=W --batch_sizes=1,4,16
+  python -m experiments.dager --data=film-enron --batch_sizes=64
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from absl import flags
 from experiments import common, dager_report
 from leakjax import io, sharding
 from leakjax.attacks import film
-from leakjax.attacks.dager import runner
+from leakjax.attacks.dager import presets, runner
 
 DagerConfig = runner.DagerConfig
 
@@ -79,17 +84,38 @@ def run_experiment(
   return dager_report.write(writer, cfg, dager_run)
 
 
+# Set from the experiment's own flags (`max_length`, the layer tolerances).
+SKIPPED = ('hybrid_max_length',)
+
+
 def define_flags() -> None:
   common.define_common_flags('/tmp/leakjax_dager')
-  common.define_config_flags(DagerConfig)
+  flags.DEFINE_enum(
+    'preset',
+    presets.DEFAULT,
+    list(presets.PRESETS),
+    'Named preset that sets the defaults (leakjax.attacks.dager.presets):'
+    " paper (DAGER's protocol) or strongest (exact DAGER below the rank"
+    ' limit, the strongest hybrid past it); explicit flags override it.',
+  )
+  common.define_config_flags(DagerConfig, skip=SKIPPED)
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)
+
+
+def config_from_flags() -> DagerConfig:
+  """The config of the parsed flags: `--preset`'s values where a flag was
+  not given."""
+  f = flags.FLAGS
+  return common.config_from_flags(
+    DagerConfig, preset=presets.overrides(f.preset)
+  )
 
 
 def main(argv):
   del argv
   f = flags.FLAGS
-  cfg = common.config_from_flags(DagerConfig)
+  cfg = config_from_flags()
   mesh = sharding.data_mesh(f.mesh)
   start = time.perf_counter()
   summary = run_experiment(cfg, f.workdir, mesh=mesh)

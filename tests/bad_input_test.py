@@ -144,7 +144,13 @@ for path in sys.argv[2:]:
 )
 def test_committed_flagfiles_pass_the_config_checks(module, config):
   """Each committed flagfile builds its config (the size checks pass)."""
-  paths = committed_flagfiles(f'{module}_*.flags')
+  # A flagfile of a setting that left the library records what ran; its
+  # header says so, and it builds no config any more.
+  paths = [
+    p
+    for p in committed_flagfiles(f'{module}_*.flags')
+    if 'This setting left the library' not in p.read_text()
+  ]
   assert paths
   code = _BUILD_CONFIGS.format(module=module)
   done = subprocess.run(

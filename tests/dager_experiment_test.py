@@ -12,7 +12,7 @@ from experiments import common
 from experiments import dager as dager_exp
 from leakjax import io
 from leakjax.attacks.dager import client as dager_client
-from leakjax.attacks.dager import runner
+from leakjax.attacks.dager import hybrid, presets, runner
 from leakjax.errors import LeakjaxError
 from leakjax.models import get_path
 from leakjax.tokenization import gpt2_tokenizer
@@ -20,21 +20,52 @@ from leakjax.tokenization import gpt2_tokenizer
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+HYBRID_FIELDS = {f.name for f in dataclasses.fields(hybrid.HybridConfig)}
+# Flagfiles that set a setting that left the library (their headers say
+# where its evidence is): they record what ran and parse no more.
+REMOVED = 'This setting left the library'
+
+
 def tiny_hybrid(**changes) -> runner.DagerConfig:
   """The hybrid on the small GPT-2 (20 tokens, 8 shortlisted), with
-  `changes`."""
+  `changes` (`hybrid_<field>` for the hybrid's own)."""
+  inner = {'shortlist': 8}
+  for key in list(changes):
+    name = key.removeprefix('hybrid_')
+    if key.startswith('hybrid_') and name in HYBRID_FIELDS:
+      inner[name] = changes.pop(key)
   return runner.DagerConfig(
     model='gpt2-tiny',
     max_tokens=20,
     attacks=('hybrid',),
-    hybrid_shortlist=8,
+    hybrid=hybrid.HybridConfig(**inner),
     **changes,
+  )
+
+
+def parsed(values, argv) -> runner.DagerConfig:
+  """The experiment's config of `argv`, parsed afresh into `values`."""
+  values.unparse_flags()
+  values(argv)
+  return dager_exp.config_from_flags()
+
+
+def committed_flagfiles() -> list[str]:
+  """The dager flagfiles that still parse (not those of removed settings)."""
+  return sorted(
+    str(p.relative_to(REPO))
+    for folder in ('experiments/configs', 'studies/dager/configs')
+    for p in (REPO / folder).glob('dager*.flags')
+    if REMOVED not in p.read_text()
   )
 
 
 def test_flags_are_the_config_fields(fresh_flags):
   dager_exp.define_flags()
-  fields = {f.name for f in dataclasses.fields(runner.DagerConfig)}
+  fields = {f.name for f in dataclasses.fields(runner.DagerConfig)} - {'hybrid'}
+  fields |= {
+    f'hybrid_{name}' for name in HYBRID_FIELDS - {'span', 'max_length'}
+  }
   common_flags = {
     'workdir',
     'data',
@@ -50,23 +81,19 @@ def test_flags_are_the_config_fields(fresh_flags):
     'data_label',
     'seed',
   }
-  fresh_flags(['prog'])
-  cfg = common.config_from_flags(runner.DagerConfig)
-  assert cfg == runner.DagerConfig()
+  cfg = parsed(fresh_flags, ['prog', '--preset=paper'])
+  assert cfg == runner.DagerConfig(preset='paper')
+  # The nested config's flags keep their names and rebuild it.
+  cfg = parsed(
+    fresh_flags, ['prog', '--preset=paper', '--hybrid_beams=4', '--hybrid_cuts']
+  )
+  assert cfg.hybrid == hybrid.HybridConfig(beams=4, cuts=True)
 
 
-@pytest.mark.parametrize(
-  'path',
-  sorted(
-    str(p.relative_to(REPO))
-    for folder in ('experiments/configs', 'studies/dager/configs')
-    for p in (REPO / folder).glob('dager*.flags')
-  ),
-)
+@pytest.mark.parametrize('path', committed_flagfiles())
 def test_committed_flagfiles_parse(fresh_flags, path):
   dager_exp.define_flags()
-  fresh_flags(['prog', f'--flagfile={REPO / path}'])
-  cfg = common.config_from_flags(runner.DagerConfig)
+  cfg = parsed(fresh_flags, ['prog', f'--flagfile={REPO / path}'])
   assert cfg.model == 'smollm2-135m'
   # The report's batch sizes, each flagfile its own workdir.
   assert cfg.batch_sizes and set(cfg.batch_sizes) <= {1, 4, 16, 32, 64, 128}
@@ -155,20 +182,6 @@ def test_hybrid_attack_runs_through_the_experiment(tmp_path):
   assert 0 < summary['rouge1@attack=hybrid,b=1'] <= 1
 
 
-def test_hybrid_explaining_away_runs_through_the_experiment(tmp_path):
-  # Two searches: the second reads head rows with the first sentence's
-  # share subtracted (dager_hybrid_test.py checks the shares).
-  cfg = tiny_hybrid(
-    batch_sizes=(2,),
-    num_batches=1,
-    hybrid_head_explain=True,
-  )
-  summary = dager_exp.run_experiment(cfg, tmp_path, progress=False)
-  (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
-  assert row['num_recovered'] == len(row['recovered']) == 2
-  assert 0 < summary['rouge1@attack=hybrid,b=2'] <= 1
-
-
 def test_hybrid_start_allocation_runs_through_the_experiment(tmp_path):
   # With --hybrid_start_dims each search starts with the first token
   # allocated to it, and the row records both; --hybrid_prior_start and
@@ -189,33 +202,9 @@ def test_hybrid_start_allocation_runs_through_the_experiment(tmp_path):
   for seq, first in zip(row['searched_ids'], row['start_ids']):
     assert seq[1] == first
   with pytest.raises(LeakjaxError, match='start_dims'):
-    runner.DagerConfig(hybrid_start_dims=-1)
-  with pytest.raises(LeakjaxError, match='hybrid_weight_evidence'):
-    runner.DagerConfig(hybrid_weight_evidence=-1.0)
-
-
-def test_hybrid_refinement_runs_through_the_experiment(tmp_path):
-  # The cuts chosen and one sweep of single-token edits made on whitened
-  # rows (dager_hybrid_test.py checks that the edits repair a broken
-  # batch): the objective never falls, and the row records it.
-  cfg = tiny_hybrid(
-    batch_sizes=(2,),
-    num_batches=1,
-    hybrid_refine=1,
-    hybrid_refine_proposals=4,
-    hybrid_cuts=True,
-    hybrid_select_whiten=True,
-  )
-  dager_exp.run_experiment(cfg, tmp_path, progress=False)
-  (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
-  assert row['num_recovered'] == len(row['recovered']) == 2
-  objective = row['refined']['objective']
-  assert len(objective) == 2 and objective[1] >= objective[0]
-  assert {'select', 'refine'} <= set(row['stage_seconds'])
-  with pytest.raises(LeakjaxError, match='hybrid_refine_proposals'):
-    runner.DagerConfig(hybrid_refine_proposals=0)
-  with pytest.raises(LeakjaxError, match='hybrid_refine_lm'):
-    runner.DagerConfig(hybrid_refine_lm=-1.0)
+    tiny_hybrid(hybrid_start_dims=-1)
+  with pytest.raises(LeakjaxError, match='weight_evidence'):
+    tiny_hybrid(hybrid_weight_evidence=-1.0)
 
 
 def test_fedavg_view_of_one_full_batch_step_is_the_fedsgd_gradient():
@@ -269,18 +258,116 @@ def test_data_column_and_label_choose_the_private_rows(tmp_path):
 
 
 def test_hybrid_settings_are_checked():
-  with pytest.raises(LeakjaxError, match='hybrid_oversample'):
-    runner.DagerConfig(hybrid_oversample=0.5)
-  with pytest.raises(LeakjaxError, match='hybrid_select_weight'):
-    runner.DagerConfig(hybrid_select_weight=-1.0)
-  with pytest.raises(LeakjaxError, match='hybrid_pool_beams'):
-    runner.DagerConfig(hybrid_beams=4, hybrid_pool_beams=5)
-  with pytest.raises(LeakjaxError, match='hybrid_end_head_quantile'):
-    runner.DagerConfig(hybrid_end_head_quantile=1.5)
-  with pytest.raises(LeakjaxError, match='hybrid_head_norm_power'):
-    runner.DagerConfig(hybrid_head_norm_power=-0.5)
-  with pytest.raises(LeakjaxError, match='hybrid_weight_start'):
-    runner.DagerConfig(hybrid_weight_start=-1.0)
+  with pytest.raises(LeakjaxError, match='oversample'):
+    tiny_hybrid(hybrid_oversample=0.5)
+  with pytest.raises(LeakjaxError, match='select_weight'):
+    tiny_hybrid(hybrid_select_weight=-1.0)
+  with pytest.raises(LeakjaxError, match='pool_beams'):
+    tiny_hybrid(hybrid_beams=4, hybrid_pool_beams=5)
+  with pytest.raises(LeakjaxError, match='weight_start'):
+    tiny_hybrid(hybrid_weight_start=-1.0)
+
+
+def test_config_json_of_the_committed_reports_loads():
+  # Flat `hybrid_<field>` keys (as the committed reports wrote them) and
+  # the nested dict that config.json now holds give the same config.
+  old = json.loads(
+    (REPO / 'reports/dager/hybrid_evidence_oversample/config.json').read_text()
+  )
+  cfg = runner.config_from_json(old)
+  assert cfg.hybrid.oversample == 1.5 and cfg.hybrid.prior_start == 0
+  nested = json.loads(json.dumps(io.jsonable(cfg)))
+  assert runner.config_from_json(nested) == cfg
+  with pytest.raises(LeakjaxError, match='left the library'):
+    runner.config_from_json(dict(old, hybrid_head_explain=True))
+
+
+def test_presets_fill_the_config_and_explicit_flags_override(fresh_flags):
+  dager_exp.define_flags()
+  strongest = parsed(fresh_flags, ['prog'])
+  assert strongest == presets.config('strongest')
+  assert strongest.preset == 'strongest' and strongest.hybrid_past_limit
+  assert strongest.attacks == ('dager', 'hybrid')
+  assert (
+    strongest.hybrid.start_dims,
+    strongest.hybrid.prior_start,
+    strongest.hybrid.weight_evidence,
+    strongest.hybrid.oversample,
+    strongest.hybrid.cuts,
+    strongest.hybrid.select_weight,
+    strongest.hybrid.select_whiten,
+  ) == (64, 0, 30.0, 1.5, True, 1.0, True)
+  paper = parsed(fresh_flags, ['prog', '--preset=paper'])
+  assert paper == presets.config('paper') == runner.DagerConfig(preset='paper')
+  differ = {
+    f.name
+    for f in dataclasses.fields(runner.DagerConfig)
+    if getattr(paper, f.name) != getattr(strongest, f.name)
+  }
+  assert differ == {'attacks', 'hybrid', 'hybrid_past_limit', 'preset'}
+  cfg = parsed(
+    fresh_flags, ['prog', '--hybrid_oversample=2', '--attacks=hybrid']
+  )
+  assert cfg.hybrid.oversample == 2.0 and cfg.attacks == ('hybrid',)
+  assert cfg.hybrid.start_dims == 64  # the preset's, not overridden
+  with pytest.raises(LeakjaxError, match='unknown preset'):
+    presets.config('best')
+
+
+def test_strongest_runs_the_hybrid_only_past_the_rank_limit(fresh_flags):
+  # The quick run (b = 1, 4, 16, no --attacks) under the default preset:
+  # its batches stay below the rank limit, so no hybrid row is written
+  # and its summary is DAGER's alone. SmolLM2's width is 576; the
+  # committed quick batches hold at most 386 input positions, the b = 64
+  # ones at least 1,341.
+  dager_exp.define_flags()
+  cfg = parsed(
+    fresh_flags,
+    ['prog', f'--flagfile={REPO / "experiments/configs/dager_quick.flags"}'],
+  )
+  assert cfg.hybrid_past_limit and 'hybrid' in cfg.attacks
+  rows = [
+    json.loads(x) for x in (REPO / 'reports/dager/quick/results.jsonl').open()
+  ]
+  assert {r['b'] for r in rows} == set(cfg.batch_sizes)
+  span = runner.hybrid_config(cfg).span
+  for r in rows:
+    assert not runner.past_rank_limit(r['num_tokens'], 576, span)
+  # A full-width batch (b = 16 sentences of the longest, 41 tokens) is
+  # past it; so is every b = 64 batch.
+  assert runner.past_rank_limit(16 * 41, 576, span)
+  held = REPO / 'reports/dager/hybrid_evidence_oversample_heldout'
+  for line in (held / 'results.jsonl').open():
+    assert runner.past_rank_limit(json.loads(line)['num_tokens'], 576, span)
+  assert not runner.past_rank_limit(558, 576) and runner.past_rank_limit(
+    559, 576
+  )
+
+
+def test_the_strongest_flagfile_is_the_preset(fresh_flags):
+  # dager_hybrid_evidence_oversample.flags names the preset in place of
+  # its 7 hybrid flags; the config is the same field for field.
+  dager_exp.define_flags()
+  path = REPO / 'experiments/configs/dager_hybrid_evidence_oversample.flags'
+  short = parsed(fresh_flags, ['prog', f'--flagfile={path}'])
+  assert (
+    parsed(
+      fresh_flags,
+      [
+        'prog',
+        f'--flagfile={path}',
+        '--hybrid_start_dims=64',
+        '--hybrid_prior_start=0',
+        '--hybrid_weight_evidence=30',
+        '--hybrid_oversample=1.5',
+        '--hybrid_cuts',
+        '--hybrid_select_weight=1',
+        '--hybrid_select_whiten',
+      ],
+    )
+    == short
+  )
+  assert short.attacks == ('hybrid',) and short.batch_sizes == (64,)
 
 
 def test_film_attack_runs_through_the_experiment(tmp_path):

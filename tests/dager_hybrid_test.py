@@ -132,7 +132,7 @@ def search(family, taken_rows, config=CONFIG):
     jnp.asarray(taken),
     jnp.asarray(taken_len),
     jnp.asarray(BOS, jnp.int32),
-    config=config,
+    config=config.search,
   )
   assert np.isfinite(float(score))
   return np.asarray(row)[: int(length)].tolist()
@@ -197,9 +197,9 @@ def test_beams_are_ranked_and_lead_with_the_search_sentence(family):
     jnp.zeros((1,), jnp.int32),
     jnp.asarray(BOS, jnp.int32),
   )
-  row, length, score = hybrid.hybrid_search(*args, config=CONFIG)
+  row, length, score = hybrid.hybrid_search(*args, config=CONFIG.search)
   rows, lengths, keys = map(
-    np.asarray, hybrid.hybrid_beams(*args, config=CONFIG)
+    np.asarray, hybrid.hybrid_beams(*args, config=CONFIG.search)
   )
   assert rows.shape == (CONFIG.beams, CONFIG.max_length)
   np.testing.assert_array_equal(rows[0], np.asarray(row))
@@ -233,6 +233,36 @@ def test_search_compiles_once_for_new_taken_rows():
   assert hybrid.hybrid_search._cache_size() == size
 
 
+def test_host_settings_never_recompile_the_search():
+  # The kernel's static config holds only what it reads: the selection's
+  # and the host loop's settings give the same SearchConfig, so the search
+  # compiles once and returns the same sentence, bit for bit.
+  first = search('gpt2', [])
+  size = hybrid.hybrid_search._cache_size()
+  host = dataclasses.replace(
+    CONFIG,
+    oversample=2.0,
+    cuts=True,
+    pool_beams=2,
+    select_weight=1.0,
+    select_whiten=True,
+    start_dims=4,
+    head_samples=8,
+    bag_bucket=16,
+  )
+  assert host.search == CONFIG.search and hash(host.search) == hash(
+    CONFIG.search
+  )
+  assert search('gpt2', [], config=host) == first
+  assert hybrid.hybrid_search._cache_size() == size
+  # A setting the kernel reads does compile anew.
+  search('gpt2', [], config=dataclasses.replace(CONFIG, weight_span=0.5))
+  assert hybrid.hybrid_search._cache_size() == size + 1
+  assert set(f.name for f in dataclasses.fields(hybrid.SearchConfig)) < set(
+    f.name for f in dataclasses.fields(hybrid.HybridConfig)
+  )
+
+
 def test_config_and_recover_refuse_bad_input():
   with pytest.raises(LeakjaxError, match='shortlist'):
     hybrid.HybridConfig(shortlist=0)
@@ -244,12 +274,8 @@ def test_config_and_recover_refuse_bad_input():
     hybrid.HybridConfig(head_samples=1)
   with pytest.raises(LeakjaxError, match='head_shrinkage'):
     hybrid.HybridConfig(head_shrinkage=-0.1)
-  with pytest.raises(LeakjaxError, match='head_norm_power'):
-    hybrid.HybridConfig(head_norm_power=-1.0)
-  with pytest.raises(LeakjaxError, match='end_head_quantile'):
-    hybrid.HybridConfig(end_head_quantile=1.5)
-  with pytest.raises(LeakjaxError, match='head_explain'):
-    hybrid.HybridConfig(head_explain=True, head_norm_power=0.5)
+  with pytest.raises(LeakjaxError, match='weight_start'):
+    hybrid.HybridConfig(weight_start=-1.0)
   with pytest.raises(LeakjaxError, match='oversample'):
     hybrid.HybridConfig(oversample=0.5)
   with pytest.raises(LeakjaxError, match='pool_beams'):
@@ -321,7 +347,7 @@ def test_head_score_names_each_next_token(family):
   model, params = tiny(family)
   grads = gradient(family)
   cands = np.arange(V - 1, dtype=np.int32)  # every token but BOS
-  config = dataclasses.replace(CONFIG, head_norm_power=0.25)
+  config = CONFIG
   score = functools.partial(
     hybrid.head_score,
     model,
@@ -333,8 +359,7 @@ def test_head_score_names_each_next_token(family):
     config=config,
   )
   head = score()
-  # The rows against NumPy: negated, centred on μ, whitened, of norm
-  # (|r| / median |r|)^p.
+  # The rows against NumPy: negated, centred on μ, whitened, unit norm.
   g = head_matrix(model, grads)[cands]
   mu = np.asarray(head.mean, np.float64)
   white = np.asarray(head.whiten, np.float64)
@@ -342,15 +367,12 @@ def test_head_score_names_each_next_token(family):
   rows = rows - np.outer(rows @ mu / (mu @ mu), mu)
   rows = rows @ white
   norm = np.linalg.norm(rows, axis=1, keepdims=True)
-  p = config.head_norm_power
-  rows = rows / norm * (norm / np.median(norm)) ** p
+  rows = rows / norm
   np.testing.assert_allclose(np.asarray(head.rows), rows, rtol=1e-4, atol=1e-5)
-  # Padding does not move the median: with half the candidates marked
-  # invalid the scale is the valid half's.
+  # Padding marks change no row.
   valid = np.arange(len(cands)) < 50
   half = score(valid=jnp.asarray(valid))
-  want = rows * (np.median(norm) / np.median(norm[:50])) ** p
-  np.testing.assert_allclose(np.asarray(half.rows), want, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(half.rows), rows, rtol=1e-4, atol=1e-5)
   # Given the true prefix, the true next token scores highest among the
   # 100 candidates at every position, except after BOS, where the two
   # sentences' first tokens share the one context (rank 0 or 1).
@@ -362,27 +384,6 @@ def test_head_score_names_each_next_token(family):
       score = np.asarray(head.scores(h))[0]
       rank = int((score > score[row[t + 1]]).sum())
       assert rank <= (1 if t == 0 else 0), (r, t, rank)
-
-
-def test_end_head_terms_take_the_quantile_of_the_other_candidates():
-  rng = np.random.default_rng(0)
-  scores = rng.normal(size=(3, 10)).astype(np.float32)
-  valid = np.arange(10) < 8
-  is_end = np.isin(np.arange(10), (2, 5, 9)) & valid
-  got = np.asarray(
-    hybrid.end_head_terms(
-      jnp.asarray(scores), jnp.asarray(valid), jnp.asarray(is_end), 0.9
-    )
-  )
-  others = valid & ~is_end  # columns 0, 1, 3, 4, 6, 7
-  want = scores.copy()
-  for k in range(3):
-    want[k, is_end] = np.quantile(scores[k, others], 0.9)
-  np.testing.assert_allclose(got, want, rtol=1e-6)
-  same = hybrid.end_head_terms(
-    jnp.asarray(scores), jnp.asarray(valid), jnp.asarray(is_end), None
-  )
-  np.testing.assert_array_equal(np.asarray(same), scores)
 
 
 def every_token():
@@ -411,7 +412,7 @@ def head_search(family, real, valid, head, config, is_start=None):
     jnp.asarray(BOS, jnp.int32),
     is_start,
     head,
-    config=config,
+    config=config.search,
   )
   return np.asarray(row)[: int(length)].tolist()
 
@@ -419,14 +420,13 @@ def head_search(family, real, valid, head, config, is_start=None):
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_head_term_alone_recovers_a_sentence(family):
   # No span term and no LM: the head gradient alone must lead the search
-  # through one sentence of the batch, its end included (so the end's own
-  # row scores it: the default quantile leaves the end to the LM).
+  # through one sentence of the batch, its end included (the end's own
+  # row scores it).
   config = dataclasses.replace(
     CONFIG,
     weight_head=10.0,
     weight_span=0.0,
     weight_lm=0.0,
-    end_head_quantile=None,
   )
   model, params = tiny(family)
   real, valid = every_token()
@@ -441,68 +441,6 @@ def test_head_term_alone_recovers_a_sentence(family):
   )
   config = dataclasses.replace(config, shortlist=8)
   assert head_search(family, real, valid, head, config) in ROWS
-
-
-def test_sentence_shares_sum_to_the_head_gradient_and_explain_it_away():
-  # Untied head (the tiny Llama): the head matrix's gradient is the head
-  # part alone, so the two sentences' shares sum to N x its negated rows
-  # (N = 14 targets of the mean loss).
-  model, params = tiny('llama')
-  assert model.paths.lm_head is not None
-  grads = gradient('llama')
-  cands = jnp.arange(V - 1, dtype=jnp.int32)
-  readout = hybrid.head_readout(model, params)
-  width = CONFIG.max_length
-  shares = []
-  for row in ROWS:
-    tokens = np.zeros(width, np.int32)
-    tokens[: len(row)] = row
-    shares.append(
-      np.asarray(
-        hybrid.sentence_head_rows(
-          model, params, jnp.asarray(tokens), len(row), cands, readout
-        ),
-        np.float64,
-      )
-    )
-  n = sum(len(r) - 1 for r in ROWS)
-  raw = np.asarray(hybrid.raw_head_rows(model, grads, cands), np.float64)
-  np.testing.assert_allclose(raw, -head_matrix(model, grads)[: V - 1])
-  np.testing.assert_allclose(shares[0] + shares[1], n * raw, atol=2e-5)
-  # Each sentence's targets are in its own share and not the other's.
-  for row, share in zip(ROWS, shares):
-    held = np.linalg.norm(share, axis=1) > 1e-3 * np.abs(share).max()
-    assert set(row[1:]) <= set(np.flatnonzero(held).tolist())
-  # Unexplained, the rows are HeadScore's (power 0); with both sentences
-  # explained every row falls to ~0; with the first, its own tokens'.
-  head = hybrid.head_score(
-    model,
-    params,
-    grads,
-    cands,
-    jnp.asarray(BOS, jnp.int32),
-    key=jax.random.key(0),
-    config=CONFIG,
-  )
-  ones = jnp.ones((V - 1, 1), jnp.float32)
-  raw32 = jnp.asarray(raw, jnp.float32)
-  _, ref = hybrid.explained_rows(raw32, ones, head.mean, head.whiten)
-  rows, _ = hybrid.explained_rows(raw32, ref, head.mean, head.whiten)
-  np.testing.assert_allclose(rows, head.rows, rtol=1e-4, atol=1e-5)
-  rows, _ = hybrid.explained_rows(
-    jnp.asarray(raw - (shares[0] + shares[1]) / n, jnp.float32),
-    ref,
-    head.mean,
-    head.whiten,
-  )
-  assert float(jnp.abs(rows).max()) < 1e-2
-  rows, _ = hybrid.explained_rows(
-    jnp.asarray(raw - shares[0] / n, jnp.float32), ref, head.mean, head.whiten
-  )
-  norms = np.linalg.norm(np.asarray(rows), axis=1)
-  only_first = sorted(set(ROWS[0][1:]) - set(ROWS[1][1:]))
-  only_second = sorted(set(ROWS[1][1:]) - set(ROWS[0][1:]))
-  assert norms[only_first].max() < 0.1 < norms[only_second].min()
 
 
 def match(features, target, chosen):
@@ -679,135 +617,6 @@ def test_pool_gram_is_the_weighted_features_gram(chunk, transformed):
       rtol=1e-4,
       atol=1e-7,
     )
-
-
-def test_match_gradient_is_the_objective_and_its_gradient():
-  # m(S) = <S, T>² / <S, S> in the w²-weighted inner product, and its
-  # gradient against central differences in float64.
-  rng = np.random.default_rng(3)
-  total = rng.normal(size=(5, 4))
-  target = total + 0.5 * rng.normal(size=(5, 4))
-  w = rng.uniform(0.5, 2.0, size=5)
-
-  def m(s):
-    a, b = s * w[:, None], target * w[:, None]
-    return (a * b).sum() ** 2 / (a * a).sum()
-
-  value, grad = hybrid.match_gradient(
-    jnp.asarray(total, jnp.float32),
-    jnp.asarray(target, jnp.float32),
-    jnp.asarray(w, jnp.float32),
-  )
-  np.testing.assert_allclose(float(value), m(total), rtol=1e-5)
-  eps = 1e-6
-  numeric = np.zeros_like(total)
-  for i in np.ndindex(total.shape):
-    up, down = total.copy(), total.copy()
-    up[i] += eps
-    down[i] -= eps
-    numeric[i] = (m(up) - m(down)) / (2 * eps)
-  np.testing.assert_allclose(np.asarray(grad), numeric, rtol=1e-3, atol=1e-5)
-  many = np.stack([total, target, -target])
-  got = hybrid.match_values(
-    jnp.asarray(many, jnp.float32),
-    jnp.asarray(target, jnp.float32),
-    jnp.asarray(w, jnp.float32),
-  )
-  np.testing.assert_allclose(
-    np.asarray(got)[:2], [m(total), m(target)], rtol=1e-5
-  )
-  assert np.asarray(got)[2] == -np.inf  # pointing away: no match
-
-
-def test_edit_gains_match_numpy():
-  model, params = tiny('llama')
-  seq = ROWS[0]
-  width = CONFIG.max_length
-  tokens = np.zeros(width, np.int32)
-  tokens[: len(seq)] = seq
-  cands = np.asarray(
-    sorted({v for r in ROWS for v in r[1:]}) + [0, 0], np.int32
-  )
-  valid = np.arange(len(cands)) < len(cands) - 2
-  is_end = (cands == END) & valid
-  slot = np.full(V, -1, np.int32)
-  slot[cands[valid]] = np.flatnonzero(valid)
-  readout = hybrid.head_readout(model, params)
-  direction = np.random.default_rng(0).normal(size=(len(cands), D))
-  sub, dele = hybrid.edit_gains(
-    model,
-    params,
-    jnp.asarray(tokens),
-    jnp.asarray(len(seq), jnp.int32),
-    jnp.asarray(cands),
-    jnp.asarray(valid),
-    jnp.asarray(is_end),
-    jnp.asarray(slot),
-    readout,
-    jnp.asarray(direction, jnp.float32),
-  )
-  mask = (np.arange(width) < len(seq)).astype(np.int32)
-  z = np.asarray(model.logits(params, tokens[None], mask[None])[0], np.float64)
-  s = z @ np.asarray(readout, np.float64) @ direction.T
-
-  def at(i, token):
-    return s[i, slot[token]] if slot[token] >= 0 else 0.0
-
-  n = len(seq)
-  want = np.full((width, len(cands)), -np.inf)
-  for j in range(1, n):
-    for c in range(len(cands)):
-      end_ok = is_end[c] if j == n - 1 else not is_end[c]
-      if valid[c] and end_ok and cands[c] != seq[j]:
-        want[j, c] = s[j - 1, c] - at(j - 1, seq[j])
-  want_del = np.full(width, -np.inf)
-  for j in range(1, n - 1):
-    want_del[j] = at(j - 1, seq[j + 1]) - at(j - 1, seq[j]) - at(j, seq[j + 1])
-  np.testing.assert_allclose(np.asarray(sub), want, rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(np.asarray(dele), want_del, rtol=1e-4, atol=1e-4)
-  # The edits, best first, as sequences: the top one is the largest gain.
-  edits = hybrid.sentence_edits(
-    seq, np.asarray(sub), np.asarray(dele), cands, 3, min_length=3
-  )
-  j, c = np.unravel_index(np.argmax(want), want.shape)
-  if want.max() >= want_del.max():
-    assert edits[0] == seq[:j] + [int(cands[c])] + seq[j + 1 :]
-  assert len(edits) == 3
-
-
-@pytest.mark.parametrize('family', ('gpt2', 'llama'))
-def test_refine_repairs_a_substituted_and_an_inserted_token(family):
-  # From the batch with one token of sentence 0 replaced and a token
-  # inserted into sentence 1, the exact gradient match leads back to the
-  # batch itself, and the objective rises with every sweep.
-  model, params = tiny(family)
-  grads = gradient(family)
-  cands = np.asarray(
-    sorted({v for r in ROWS for v in r[1:]} | set(_PERM[20:23]))
-  )
-  cands = np.concatenate([cands, np.zeros(-len(cands) % 8, cands.dtype)])
-  valid = cands != 0  # token 0 is in no sentence: padding
-  ends = np.zeros(V, bool)
-  ends[END] = True
-  broken = [
-    ROWS[0][:3] + [_PERM[21]] + ROWS[0][4:],
-    ROWS[1][:2] + [_PERM[20]] + ROWS[1][2:],
-  ]
-  config = dataclasses.replace(CONFIG, refine=3, refine_proposals=24)
-  got, info = hybrid.refine(
-    model,
-    params,
-    grads,
-    broken,
-    padded=cands.astype(np.int32),
-    valid=valid,
-    config=config,
-    ends=ends,
-  )
-  assert got == ROWS
-  objective = info['objective']
-  assert all(b > a for a, b in zip(objective, objective[1:-1]))
-  assert info['edits'][0] >= 1 and info['edits'][-1] == 0
 
 
 def test_head_transform_centres_and_whitens_like_the_head_term():

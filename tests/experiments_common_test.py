@@ -86,3 +86,51 @@ def test_plain_help_lists_the_common_and_config_flags(module):
   assert {'--workdir', '--data', '--seed', '--mesh'} <= listed, proc.stdout
   # And at least one config field of each experiment besides those.
   assert len(listed) > 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Inner:
+  """A nested config.
+
+  Attributes:
+    beams: beams per search.
+    cuts: a switch.
+    toy: a config nested deeper (no flags).
+  """
+
+  beams: int = 8
+  cuts: bool = False
+  toy: ToyConfig = ToyConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class Outer:
+  """A config holding another.
+
+  Attributes:
+    steps: steps.
+    inner: the nested settings.
+  """
+
+  steps: int = 1
+  inner: Inner = Inner(beams=4)
+
+
+def test_nested_config_fields_get_prefixed_flags_and_presets(fresh_flags):
+  common.define_config_flags(Outer, skip=('inner_cuts',))
+  assert 'inner_beams' in fresh_flags and 'inner' not in fresh_flags
+  assert 'inner_cuts' not in fresh_flags and 'inner_toy' not in fresh_flags
+  assert fresh_flags['inner_beams'].help == 'beams per search.'
+  assert fresh_flags['inner_beams'].default == 4  # the outer default's
+  fresh_flags(['prog'])
+  assert common.config_from_flags(Outer) == Outer()
+  # A preset fills the flags not given; given flags win.
+  preset = {'steps': 5, 'inner': {'beams': 2, 'cuts': True}}
+  assert common.config_from_flags(Outer, preset=preset) == Outer(
+    steps=5, inner=Inner(beams=2, cuts=True)
+  )
+  fresh_flags.unparse_flags()
+  fresh_flags(['prog', '--inner_beams=16'])
+  assert common.config_from_flags(Outer, preset=preset) == Outer(
+    steps=5, inner=Inner(beams=16, cuts=True)
+  )

@@ -3,17 +3,28 @@
 import dataclasses
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from experiments import dager as dager_exp
 from leakjax import models
-from leakjax.attacks.dager import runner
+from leakjax.attacks.dager import hybrid, runner
 from leakjax.errors import LeakjaxError
 from studies.dager import beams, refine, searched, selection
 from studies.dager.head_ranks import ranks_of
 from studies.dager.study import load_run
 from tests.dager_experiment_test import tiny_hybrid
+from tests.dager_hybrid_test import (
+  _PERM,
+  CONFIG,
+  END,
+  ROWS,
+  D,
+  V,
+  gradient,
+  tiny,
+)
 
 
 def test_selection_searched_and_refine_studies_of_an_oversampled_run(
@@ -79,7 +90,9 @@ def test_selection_searched_and_refine_studies_of_an_oversampled_run(
   assert len(edited['recovered']) == 2
   # A run that matched whitened rows is recomputed by the whitened study
   # only.
-  cfg_w = dataclasses.replace(cfg, hybrid_select_whiten=True)
+  cfg_w = dataclasses.replace(
+    cfg, hybrid=dataclasses.replace(cfg.hybrid, select_whiten=True)
+  )
   dager_exp.run_experiment(cfg_w, tmp_path / 'w', progress=False)
   (row_w,) = [json.loads(x) for x in (tmp_path / 'w/results.jsonl').open()]
   out_w = selection.study(model, params, cfg_w, row_w, whiten=True)
@@ -151,3 +164,134 @@ def test_head_ranks_count_near_ties_against_the_true_token():
   np.testing.assert_array_equal(
     ranks_of(scores, np.array([0, 0, 1, 0])), [1, 1, 1, 0]
   )
+
+
+# The refinement (left the library: it does not help; the study keeps it).
+def test_match_gradient_is_the_objective_and_its_gradient():
+  # m(S) = <S, T>² / <S, S> in the w²-weighted inner product, and its
+  # gradient against central differences in float64.
+  rng = np.random.default_rng(3)
+  total = rng.normal(size=(5, 4))
+  target = total + 0.5 * rng.normal(size=(5, 4))
+  w = rng.uniform(0.5, 2.0, size=5)
+
+  def m(s):
+    a, b = s * w[:, None], target * w[:, None]
+    return (a * b).sum() ** 2 / (a * a).sum()
+
+  value, grad = refine.match_gradient(
+    jnp.asarray(total, jnp.float32),
+    jnp.asarray(target, jnp.float32),
+    jnp.asarray(w, jnp.float32),
+  )
+  np.testing.assert_allclose(float(value), m(total), rtol=1e-5)
+  eps = 1e-6
+  numeric = np.zeros_like(total)
+  for i in np.ndindex(total.shape):
+    up, down = total.copy(), total.copy()
+    up[i] += eps
+    down[i] -= eps
+    numeric[i] = (m(up) - m(down)) / (2 * eps)
+  np.testing.assert_allclose(np.asarray(grad), numeric, rtol=1e-3, atol=1e-5)
+  many = np.stack([total, target, -target])
+  got = refine.match_values(
+    jnp.asarray(many, jnp.float32),
+    jnp.asarray(target, jnp.float32),
+    jnp.asarray(w, jnp.float32),
+  )
+  np.testing.assert_allclose(
+    np.asarray(got)[:2], [m(total), m(target)], rtol=1e-5
+  )
+  assert np.asarray(got)[2] == -np.inf  # pointing away: no match
+
+
+def test_edit_gains_match_numpy():
+  model, params = tiny('llama')
+  seq = ROWS[0]
+  width = CONFIG.max_length
+  tokens = np.zeros(width, np.int32)
+  tokens[: len(seq)] = seq
+  cands = np.asarray(
+    sorted({v for r in ROWS for v in r[1:]}) + [0, 0], np.int32
+  )
+  valid = np.arange(len(cands)) < len(cands) - 2
+  is_end = (cands == END) & valid
+  slot = np.full(V, -1, np.int32)
+  slot[cands[valid]] = np.flatnonzero(valid)
+  readout = hybrid.head_readout(model, params)
+  direction = np.random.default_rng(0).normal(size=(len(cands), D))
+  sub, dele = refine.edit_gains(
+    model,
+    params,
+    jnp.asarray(tokens),
+    jnp.asarray(len(seq), jnp.int32),
+    jnp.asarray(cands),
+    jnp.asarray(valid),
+    jnp.asarray(is_end),
+    jnp.asarray(slot),
+    readout,
+    jnp.asarray(direction, jnp.float32),
+  )
+  mask = (np.arange(width) < len(seq)).astype(np.int32)
+  z = np.asarray(model.logits(params, tokens[None], mask[None])[0], np.float64)
+  s = z @ np.asarray(readout, np.float64) @ direction.T
+
+  def at(i, token):
+    return s[i, slot[token]] if slot[token] >= 0 else 0.0
+
+  n = len(seq)
+  want = np.full((width, len(cands)), -np.inf)
+  for j in range(1, n):
+    for c in range(len(cands)):
+      end_ok = is_end[c] if j == n - 1 else not is_end[c]
+      if valid[c] and end_ok and cands[c] != seq[j]:
+        want[j, c] = s[j - 1, c] - at(j - 1, seq[j])
+  want_del = np.full(width, -np.inf)
+  for j in range(1, n - 1):
+    want_del[j] = at(j - 1, seq[j + 1]) - at(j - 1, seq[j]) - at(j, seq[j + 1])
+  np.testing.assert_allclose(np.asarray(sub), want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(dele), want_del, rtol=1e-4, atol=1e-4)
+  # The edits, best first, as sequences: the top one is the largest gain.
+  edits = refine.sentence_edits(
+    seq, np.asarray(sub), np.asarray(dele), cands, 3, min_length=3
+  )
+  j, c = np.unravel_index(np.argmax(want), want.shape)
+  if want.max() >= want_del.max():
+    assert edits[0] == seq[:j] + [int(cands[c])] + seq[j + 1 :]
+  assert len(edits) == 3
+
+
+@pytest.mark.parametrize('family', ('gpt2', 'llama'))
+def test_refine_repairs_a_substituted_and_an_inserted_token(family):
+  # From the batch with one token of sentence 0 replaced and a token
+  # inserted into sentence 1, the exact gradient match leads back to the
+  # batch itself, and the objective rises with every sweep.
+  model, params = tiny(family)
+  grads = gradient(family)
+  cands = np.asarray(
+    sorted({v for r in ROWS for v in r[1:]} | set(_PERM[20:23]))
+  )
+  cands = np.concatenate([cands, np.zeros(-len(cands) % 8, cands.dtype)])
+  valid = cands != 0  # token 0 is in no sentence: padding
+  ends = np.zeros(V, bool)
+  ends[END] = True
+  broken = [
+    ROWS[0][:3] + [_PERM[21]] + ROWS[0][4:],
+    ROWS[1][:2] + [_PERM[20]] + ROWS[1][2:],
+  ]
+  got, info = refine.refine(
+    model,
+    params,
+    grads,
+    broken,
+    padded=cands.astype(np.int32),
+    valid=valid,
+    config=CONFIG,
+    sweeps=3,
+    proposals=24,
+    ends=ends,
+  )
+  assert got == ROWS
+  objective = info['objective']
+  assert all(b > a for a, b in zip(objective, objective[1:-1]))
+  assert info['edits'][0] >= 1 and info['edits'][-1] == 0

@@ -67,7 +67,7 @@ def ceilings(originals, texts, owner, searches) -> dict:
 def study(model, params, cfg, row) -> dict:
   b = row['b']
   config = dataclasses.replace(
-    runner.hybrid_config(cfg), pool_beams=cfg.hybrid_beams
+    runner.hybrid_config(cfg), pool_beams=cfg.hybrid.beams
   )
   grads, _, _ = client.batch_gradient(
     model, params, row['originals'], b, row['batch'], row['defense'], cfg

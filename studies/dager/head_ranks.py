@@ -12,9 +12,11 @@ every sentence, the true prefix is given and the batch's distinct tokens
   model's own samples, shrinkage `s`);
 * `lm+head`: `0.6 · lm + w · head`, the hybrid's prior (`weight_lm` 0.6),
   first with each candidate's own row and the cosine alone
-  (`head_norm_power` 0, `end_head_quantile` None), then with sentence
-  ends scored by the quantile `q` of the other candidates' head terms
-  and rows scaled by their norm to the power `p`
+  (the library's head term), then with sentence ends scored by the
+  quantile `q` of the other candidates' head terms
+  (:func:`end_head_terms`) and rows scaled by their norm to the power `p`
+  (:func:`powered_rows`; both settings lost end to end and left the
+  library: `reports/dager/hybrid_end/`, `reports/dager/hybrid_end_power/`)
   (`lm+head,end=q,p=P,w=W`, q = 0.9; the hybrid's default is the first:
   the end's own row, p = 0, w = 12);
 * `evidence`: the head rows' log-likelihood ratio
@@ -92,6 +94,30 @@ def fractions(ranks: np.ndarray) -> dict[str, float]:
   }
 
 
+def powered_rows(head, raw, power: float):
+  """`head.rows` (unit norm) times `(|r| / median |r|)^power`, `|r|` the
+  norm of each centred, whitened raw row (power 0: unchanged)."""
+  mean = head.mean
+  rows = raw - jnp.outer(raw @ mean / (mean @ mean), mean)
+  rows = rows @ head.whiten
+  norm = jnp.linalg.norm(rows, axis=-1, keepdims=True)
+  rows = rows / (norm + 1e-30)
+  if power:
+    rows = rows * (norm / (jnp.median(norm) + 1e-30)) ** power
+  return rows
+
+
+def end_head_terms(scores, valid, is_end, quantile: float):
+  """`scores` `[K, C]` with each sentence end's replaced by the `quantile`
+  of its row's valid other candidates."""
+  others = (valid & ~is_end)[None]
+  q = jnp.nanquantile(
+    jnp.where(others, scores, jnp.nan), quantile, axis=1, keepdims=True
+  )
+  q = jnp.where(jnp.isfinite(q), q, 0.0)
+  return jnp.where(is_end[None], q, scores)
+
+
 def define_flags() -> None:
   flags.DEFINE_integer('b', 64, 'Batch size.')
   flags.DEFINE_integer('batch', 0, 'Which consecutive batch.')
@@ -140,7 +166,7 @@ def main(argv):
   }
   # Sentence ends: the true next token is the last of its sentence.
   at_end = cols + 2 == mask.sum(1)[rows]
-  base = hybrid.HybridConfig(head_norm_power=0.0, end_head_quantile=None)
+  base = hybrid.HybridConfig()
 
   def head_of(rows=None, targets=None, **changes):
     """The :class:`HeadScore` of the candidates (`rows`: their
@@ -182,8 +208,14 @@ def main(argv):
   valid = jnp.ones(is_end.shape, bool)
   q = 0.9
   for p in POWERS:
-    h = head_terms(head_norm_power=p, end_head_quantile=q)
-    h = np.asarray(hybrid.end_head_terms(h, valid, is_end, q))
+    head = head_of()
+    head = head.replace(
+      rows=powered_rows(
+        head, hybrid.raw_head_rows(model, grads, jnp.asarray(cands)), p
+      )
+    )
+    h = head.scores(jnp.asarray(z) @ head.readout)
+    h = np.asarray(end_head_terms(h, valid, is_end, q))
     for w in END_WEIGHTS:
       r = ranks_of(base.weight_lm * lm + w * h, true)
       name = f'lm+head,end={q},p={p},w={w}'

@@ -68,7 +68,7 @@ def main(argv):
     model='smollm2-135m',
     data='film-enron',
     max_sentences=2000,
-    hybrid_start_dims=DIMS,
+    hybrid=hybrid.HybridConfig(start_dims=DIMS),
   )
   config = runner.hybrid_config(cfg)
   model, params = models.load_model(cfg.model, seed=cfg.seed)

@@ -23,8 +23,8 @@ def load_run(results: str | Path):
       'the studies need a hybrid run that recorded them: re-run its'
       ' flagfile with this version',
     )
-  cfg = runner.DagerConfig(
-    **json.loads((path.parent / 'config.json').read_text())
+  cfg = runner.config_from_json(
+    json.loads((path.parent / 'config.json').read_text())
   )
   model, params = models.load_model(cfg.model, seed=cfg.seed)
   return cfg, model, params, rows

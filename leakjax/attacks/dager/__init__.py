@@ -10,11 +10,12 @@ NeurIPS 2024 (arXiv 2405.15586). Read top-down from :mod:`runner`:
   of each sentence read off the head gradient;
 * :mod:`hybrid` -- past the rank limit, FILM's bag and beam search scored
   by block 2's span (:func:`hybrid.recover`);
+* :mod:`presets` -- the named configs (`paper`, `strongest`);
 * :mod:`runner` -- the experiment (:class:`DagerConfig`, :func:`run`):
   batches, FedSGD gradients, metrics.
 """
 
-from leakjax.attacks.dager import hybrid, runner
+from leakjax.attacks.dager import hybrid, presets, runner
 from leakjax.attacks.dager.pipeline import (
   DagerAttackConfig,
   DagerResult,
@@ -43,6 +44,7 @@ __all__ = [
   'complete_last_tokens',
   'recover',
   'run',
+  'presets',
   'runner',
   'sequence_search',
   'search_step',

@@ -91,43 +91,13 @@ class DagerConfig:
     film_beams: FILM's beam width (the comparison: 32, Sec. 7; read by the
       caller that builds the 'film' baseline).
     film_steps: FILM's phrase and token reordering steps, each (the same).
-    hybrid_beams: the hybrid's beams per sentence.
-    hybrid_shortlist: candidates per beam and step the hybrid scores by
-      the span.
-    hybrid_weight_head: weight of the hybrid's head-gradient term
-      (`HybridConfig.weight_head`; 0: the span and the LM alone).
-    hybrid_weight_evidence: `HybridConfig.weight_evidence` (weight of
-      the head rows' log-likelihood ratio; needs hybrid_start_dims; 0:
-      off).
-    hybrid_weight_start: the hybrid's penalty on a first word per earlier
-      sentence that starts with it (`HybridConfig.weight_start`).
-    hybrid_head_norm_power: `HybridConfig.head_norm_power` (0: the head
-      term is a cosine).
-    hybrid_end_head_quantile: `HybridConfig.end_head_quantile`; negative
-      (the default): None, a sentence end's head term from its own row.
-    hybrid_head_explain: `HybridConfig.head_explain` (subtract each
-      recovered sentence's share of the head gradient before the next
-      search).
-    hybrid_oversample: `HybridConfig.oversample` (search this many times
-      b sentences, keep the b that best match the head gradient).
-    hybrid_cuts: `HybridConfig.cuts` (the selection also weighs each
-      searched sentence cut at every word boundary, one per search).
-    hybrid_pool_beams: `HybridConfig.pool_beams` (the selection's pool
-      also holds each search's next beams, one kept per search).
-    hybrid_start_dims: `HybridConfig.start_dims` (fix each search's
-      first token from the head gradient's estimate of how many sentences
-      start with it; 0: off).
-    hybrid_prior_start: `HybridConfig.prior_start` (the LM prior's
-      context starts with this token id in place of BOS; negative, the
-      default: BOS).
-    hybrid_select_weight: `HybridConfig.select_weight` (the selection
-      scales each head row by its norm to this negative power).
-    hybrid_select_whiten: `HybridConfig.select_whiten` (the selection
-      and the refinement match whitened rows).
-    hybrid_refine: `HybridConfig.refine` (sweeps of single-token edits of
-      the kept sentences, each kept if it raises the gradient match).
-    hybrid_refine_proposals: `HybridConfig.refine_proposals`.
-    hybrid_refine_lm: `HybridConfig.refine_lm`.
+    hybrid: the hybrid's settings (:class:`hybrid.HybridConfig`; its
+      `max_length` and `span` come from this config's `max_length` and
+      layer tolerances, :func:`hybrid_config`).
+    hybrid_past_limit: run the 'hybrid' attack only on the batches past
+      DAGER's rank limit (:func:`past_rank_limit`), where DAGER's span
+      tests cannot decide; below it DAGER recovers the batch exactly and
+      no hybrid row is written (False: on every batch).
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
@@ -136,6 +106,8 @@ class DagerConfig:
     complete_last_token: complete each sequence's last token from the head
       gradient (False: DAGER's own output, one token short).
     seed: random seed (defense noise, FedAvg shuffling).
+    preset: the named preset the config started from
+      (:mod:`leakjax.attacks.dager.presets`), recorded; None: none.
   """
 
   model: str = 'smollm2-135m'
@@ -155,24 +127,8 @@ class DagerConfig:
   attacks: tuple[str, ...] = ('dager',)
   film_beams: int = 32
   film_steps: int = 20
-  hybrid_beams: int = hybrid.HybridConfig.beams
-  hybrid_shortlist: int = hybrid.HybridConfig.shortlist
-  hybrid_weight_head: float = hybrid.HybridConfig.weight_head
-  hybrid_weight_evidence: float = hybrid.HybridConfig.weight_evidence
-  hybrid_weight_start: float = hybrid.HybridConfig.weight_start
-  hybrid_head_norm_power: float = hybrid.HybridConfig.head_norm_power
-  hybrid_end_head_quantile: float = -1.0
-  hybrid_head_explain: bool = hybrid.HybridConfig.head_explain
-  hybrid_oversample: float = hybrid.HybridConfig.oversample
-  hybrid_cuts: bool = hybrid.HybridConfig.cuts
-  hybrid_pool_beams: int = hybrid.HybridConfig.pool_beams
-  hybrid_start_dims: int = hybrid.HybridConfig.start_dims
-  hybrid_prior_start: int = -1
-  hybrid_select_weight: float = hybrid.HybridConfig.select_weight
-  hybrid_select_whiten: bool = hybrid.HybridConfig.select_whiten
-  hybrid_refine: int = hybrid.HybridConfig.refine
-  hybrid_refine_proposals: int = hybrid.HybridConfig.refine_proposals
-  hybrid_refine_lm: float = hybrid.HybridConfig.refine_lm
+  hybrid: hybrid.HybridConfig = hybrid.HybridConfig()
+  hybrid_past_limit: bool = False
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
@@ -180,10 +136,13 @@ class DagerConfig:
   extra_live: int = 8
   complete_last_token: bool = True
   seed: int = 0
+  preset: str | None = None
 
   def __post_init__(self):
     for name in ('batch_sizes', 'defenses', 'attacks'):
       object.__setattr__(self, name, tuple(getattr(self, name)))
+    if isinstance(self.hybrid, Mapping):  # from config.json
+      object.__setattr__(self, 'hybrid', hybrid_from_dict(self.hybrid))
     if not self.batch_sizes or min(self.batch_sizes) < 1:
       raise LeakjaxError(
         f'batch_sizes must be positive, got {self.batch_sizes}',
@@ -194,42 +153,12 @@ class DagerConfig:
       'chunk',
       'max_tokens',
       'film_beams',
-      'hybrid_beams',
-      'hybrid_shortlist',
-      'hybrid_refine_proposals',
     ):
       if getattr(self, name) < 1:
         raise LeakjaxError(
           f'{name} must be >= 1, got {getattr(self, name)}',
           f'pass a positive --{name}',
         )
-    if self.hybrid_end_head_quantile > 1:
-      raise LeakjaxError(
-        'hybrid_end_head_quantile must be <= 1, got'
-        f' {self.hybrid_end_head_quantile}',
-        "a quantile in [0, 1], or a negative value for the end's own row",
-      )
-    for name in (
-      'hybrid_weight_head',
-      'hybrid_weight_evidence',
-      'hybrid_weight_start',
-      'hybrid_head_norm_power',
-      'hybrid_select_weight',
-      'hybrid_refine',
-      'hybrid_refine_lm',
-      'hybrid_start_dims',
-    ):
-      if getattr(self, name) < 0:
-        raise LeakjaxError(f'{name} must be >= 0, got {getattr(self, name)}')
-    if not 1 <= self.hybrid_pool_beams <= self.hybrid_beams:
-      raise LeakjaxError(
-        f'hybrid_pool_beams must be in [1, hybrid_beams], got'
-        f' {self.hybrid_pool_beams}'
-      )
-    if not self.hybrid_oversample >= 1:
-      raise LeakjaxError(
-        f'hybrid_oversample must be >= 1, got {self.hybrid_oversample}'
-      )
     if self.first_batch < 0 or self.max_length < 0 or self.extra_live < 0:
       raise LeakjaxError('first_batch, max_length and extra_live must be >= 0')
     check_positive(self, 'train_batch_size')
@@ -323,6 +252,9 @@ def run(
       row = attack_batch(
         model, params, batch, b, index, spec, attack, cfg, baselines, mesh
       )
+      if row is None:  # DAGER's batch (`hybrid_past_limit`)
+        counter.skipped()
+        continue
       writer.add_result(row)
       counter.computed()
       logging.info(
@@ -461,34 +393,75 @@ def batch_scores(
 
 
 def hybrid_config(cfg: DagerConfig) -> hybrid.HybridConfig:
-  """The hybrid's settings from the experiment's flags."""
-  return hybrid.HybridConfig(
-    beams=cfg.hybrid_beams,
-    shortlist=cfg.hybrid_shortlist,
-    weight_head=cfg.hybrid_weight_head,
-    weight_evidence=cfg.hybrid_weight_evidence,
-    weight_start=cfg.hybrid_weight_start,
-    head_norm_power=cfg.hybrid_head_norm_power,
-    head_explain=cfg.hybrid_head_explain,
-    oversample=cfg.hybrid_oversample,
-    cuts=cfg.hybrid_cuts,
-    pool_beams=cfg.hybrid_pool_beams,
-    start_dims=cfg.hybrid_start_dims,
-    prior_start=None if cfg.hybrid_prior_start < 0 else cfg.hybrid_prior_start,
-    select_weight=cfg.hybrid_select_weight,
-    select_whiten=cfg.hybrid_select_whiten,
-    refine=cfg.hybrid_refine,
-    refine_proposals=cfg.hybrid_refine_proposals,
-    refine_lm=cfg.hybrid_refine_lm,
-    end_head_quantile=(
-      None if cfg.hybrid_end_head_quantile < 0 else cfg.hybrid_end_head_quantile
-    ),
+  """The hybrid's settings: `cfg.hybrid` with the experiment's
+  `max_length` and DAGER's layer tolerances."""
+  return dataclasses.replace(
+    cfg.hybrid,
     max_length=cfg.max_length or cfg.max_tokens + 1,
     span=search.SpanConfig(
       layer1_tolerance=cfg.layer1_tolerance,
       layer2_tolerance=cfg.layer2_tolerance,
     ),
   )
+
+
+def hybrid_from_dict(values: Mapping[str, Any]) -> hybrid.HybridConfig:
+  """A :class:`hybrid.HybridConfig` from its config.json dict."""
+  values = dict(values)
+  if isinstance(values.get('span'), Mapping):
+    values['span'] = search.SpanConfig(**values['span'])
+  return hybrid.HybridConfig(**values)
+
+
+def config_from_json(values: Mapping[str, Any]) -> DagerConfig:
+  """The :class:`DagerConfig` of a run's config.json: nested (`hybrid` a
+  dict), or as the committed reports wrote it, with the hybrid's settings
+  as flat `hybrid_<field>` keys (`hybrid_prior_start` -1 for None). A
+  setting that left the library must be at its old default."""
+  values = dict(values)
+  own = {f.name for f in dataclasses.fields(DagerConfig)}
+  flat = {
+    k: values.pop(k)
+    for k in list(values)
+    if k.startswith('hybrid_') and k not in own
+  }
+  removed = {
+    'hybrid_head_norm_power': 0.0,
+    'hybrid_end_head_quantile': -1.0,
+    'hybrid_head_explain': False,
+    'hybrid_refine': 0,
+    'hybrid_refine_proposals': 16,
+    'hybrid_refine_lm': 0.0,
+  }
+  nested = {}
+  for key, value in flat.items():
+    if key in removed:
+      if value != removed[key]:
+        raise LeakjaxError(
+          f'config.json sets {key}={value!r}, a setting that left the library',
+          'its evidence stays in reports/dager/',
+        )
+      continue
+    name = key.removeprefix('hybrid_')
+    if name == 'prior_start' and value is not None and value < 0:
+      value = None
+    nested[name] = value
+  if nested:
+    values['hybrid'] = dataclasses.replace(
+      hybrid_from_dict(values.get('hybrid', {})), **nested
+    )
+  return DagerConfig(**values)
+
+
+def past_rank_limit(num_tokens: int, hidden_size: int, span=None) -> bool:
+  """Whether a batch of `num_tokens` input positions is past DAGER's rank
+  limit: the layer-1 gradient's rank (the number of positions, below the
+  width) reaches `span.max_rank_fraction` of the width d, the rank at
+  which DAGER's span test gives up (:class:`search.SpanConfig`). The
+  count stands for the gradient's rank, which the server reads from the
+  gradient itself; no text of the batch enters."""
+  span = span or search.SpanConfig()
+  return num_tokens >= span.max_rank_fraction * hidden_size
 
 
 def attack_batch(
@@ -502,8 +475,9 @@ def attack_batch(
   cfg: DagerConfig,
   baselines: Mapping[str, Baseline] | None = None,
   mesh=None,
-) -> dict[str, Any]:
-  """One row: the attack `attack` on batch `index` under defense `spec`.
+) -> dict[str, Any] | None:
+  """One row: the attack `attack` on batch `index` under defense `spec`
+  (None: the hybrid below the rank limit with `hybrid_past_limit`).
 
   `baselines` holds the attacks of other papers by name (`'film'`: see
   :func:`run`). `mesh` (from `--mesh`) splits DAGER's sequence search and
@@ -553,6 +527,10 @@ def attack_batch(
     )
   elif attack == 'hybrid':
     config = hybrid_config(cfg)
+    if cfg.hybrid_past_limit and not past_rank_limit(
+      row['num_tokens'], model.hidden_size, config.span
+    ):
+      return None
     result = hybrid.recover(model, params, grads, b, config=config)
     predictions = result.texts
     if config.oversample > 1 or config.cuts or config.pool_beams > 1:
@@ -563,8 +541,6 @@ def attack_batch(
     if result.starts:
       row['searched_ids'] = result.pool
       row['start_ids'] = result.starts
-    if result.refined:
-      row['refined'] = result.refined
     row.update(batch_scores(texts, predictions, true_ids, result.sequences))
     row.update(
       num_candidates=int(len(result.candidates)),
@@ -599,9 +575,12 @@ __all__ = [
   'DagerRun',
   'attack_batch',
   'batch_scores',
+  'config_from_json',
   'fine_tune',
   'hybrid_config',
+  'hybrid_from_dict',
   'load_texts',
+  'past_rank_limit',
   'private_sentences',
   'run',
   'writer_inputs',

@@ -55,7 +55,8 @@ batches 0 and 1), not tuned: see :class:`HybridConfig`.
 
 Read top-down from :mod:`loop`:
 
-* :mod:`config` -- :class:`HybridConfig`, the settings;
+* :mod:`config` -- :class:`HybridConfig`, the settings, and
+  :class:`SearchConfig`, the part the search kernel reads;
 * :mod:`spans` -- block 2's span and the candidate tokens;
 * :mod:`heads` -- the head gradient's evidence (:class:`HeadScore`) and
   each sentence's own head rows;
@@ -64,15 +65,12 @@ Read top-down from :mod:`loop`:
 * :mod:`kernel` -- the search, one `lax.while_loop` per sentence;
 * :mod:`selection` -- the searched sentences the batch holds, by gradient
   matching;
-* :mod:`refinement` -- local search over the kept sentences;
-* :mod:`loop` -- :func:`recover`: the searches, the selection, the
-  refinement.
+* :mod:`loop` -- :func:`recover`: the searches, then the selection.
 """
 
-from leakjax.attacks.dager.hybrid.config import HybridConfig
+from leakjax.attacks.dager.hybrid.config import HybridConfig, SearchConfig
 from leakjax.attacks.dager.hybrid.heads import (
   HeadScore,
-  explained_rows,
   head_readout,
   head_score,
   head_statistics,
@@ -81,13 +79,11 @@ from leakjax.attacks.dager.hybrid.heads import (
   pool_head_gradients,
   raw_head_rows,
   sample_head_inputs,
-  sentence_head_rows,
   whitening,
 )
 from leakjax.attacks.dager.hybrid.kernel import (
   HybridState,
   bigram_counts,
-  end_head_terms,
   hybrid_beams,
   hybrid_search,
   hybrid_step,
@@ -98,14 +94,6 @@ from leakjax.attacks.dager.hybrid.loop import (
   Searched,
   recover,
   search_sentences,
-)
-from leakjax.attacks.dager.hybrid.refinement import (
-  edit_gains,
-  match_gradient,
-  match_values,
-  refine,
-  sentence_edits,
-  sentence_log_probs,
 )
 from leakjax.attacks.dager.hybrid.selection import (
   cut_variants,
@@ -136,16 +124,14 @@ __all__ = [
   'HybridConfig',
   'HybridResult',
   'HybridState',
+  'SearchConfig',
   'Searched',
   'allocate_starts',
   'bigram_counts',
   'block_span',
   'candidate_tokens',
   'cut_variants',
-  'edit_gains',
-  'end_head_terms',
   'estimate_starts',
-  'explained_rows',
   'head_readout',
   'head_score',
   'head_statistics',
@@ -154,8 +140,6 @@ __all__ = [
   'hybrid_search',
   'hybrid_step',
   'init_state',
-  'match_gradient',
-  'match_values',
   'model_head_transform',
   'plan_starts',
   'pool_gram',
@@ -164,16 +148,12 @@ __all__ = [
   'pool_variants',
   'raw_head_rows',
   'recover',
-  'refine',
   'sample_head_inputs',
   'search_sentences',
   'select_by_gradient',
   'select_from_gram',
   'select_pool',
   'selection_weights',
-  'sentence_edits',
-  'sentence_head_rows',
-  'sentence_log_probs',
   'span_candidates',
   'start_counts',
   'start_mask',

@@ -44,8 +44,7 @@ class HeadScore:
     mean: float32 `[d]`, μ.
     whiten: float32 `[d, d]`, W (symmetric).
     rows: float32 `[C, d]`, the candidates' negated, centred, whitened
-      head-gradient rows, each of norm `(|r| / median |r|)^p` with `p`
-      `HybridConfig.head_norm_power` (1 for p = 0).
+      head-gradient rows, each of unit norm.
     transformed: for :meth:`evidence` (else None): float32 `[C, d]`, the
       same rows before their norm is set, `R_v = r_v M` with `M`
       :func:`head_transform`.
@@ -252,13 +251,12 @@ def head_score(
     whiten,
     jnp.zeros((), jnp.float32) if shift is None else shift,
     None if targets is None else jnp.asarray(targets, jnp.float32),
-    power=config.head_norm_power,
   )
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'power'))
+@functools.partial(jax.jit, static_argnames=('model',))
 def _head_rows(
-  model, grads, candidates, valid, readout, mean, whiten, shift, targets, power
+  model, grads, candidates, valid, readout, mean, whiten, shift, targets
 ):
   rows = raw_head_rows(model, grads, candidates) - shift
   rows = rows - jnp.outer(rows @ mean / (mean @ mean), mean)
@@ -271,8 +269,6 @@ def _head_rows(
       transformed=rows, noise=norm[:, 0] ** 2 + median**2, targets=targets
     )
   rows = rows / (norm + 1e-30)
-  if power:
-    rows = rows * (norm / (median + 1e-30)) ** power
   return HeadScore(
     readout=readout, mean=mean, whiten=whiten, rows=rows, **extra
   )
@@ -287,46 +283,6 @@ def raw_head_rows(
   if model.paths.lm_head is not None:
     g = g.T
   return -g[candidates]
-
-
-@functools.partial(jax.jit, static_argnames=('model',))
-def sentence_head_rows(
-  model: Model,
-  params: PyTree,
-  tokens: Int[Array, ' L'],
-  length: Int[Array, ''],
-  candidates: Int[Array, ' C'],
-  readout: Float[Array, 'V d'],
-) -> Float[Array, 'C d']:
-  """One sentence's share of the candidates' negated head rows, times N:
-  `Σ_t (1[y_t = v] − p_t[v]) h̃_t` over its `length − 1` targets (the
-  model's probabilities and head inputs at θ; `tokens` padded to any
-  fixed width)."""
-  positions = jnp.arange(tokens.shape[0])
-  mask = (positions < length).astype(jnp.int32)
-  z = model.logits(params, tokens[None], mask[None])[0].astype(jnp.float32)
-  h = z @ readout
-  p = jax.nn.softmax(z, axis=-1)[:, candidates]
-  targets = jnp.roll(tokens, -1)
-  real = (positions < length - 1)[:, None]
-  onehot = candidates[None, :] == targets[:, None]
-  return jnp.where(real, onehot.astype(jnp.float32) - p, 0.0).T @ h
-
-
-@jax.jit
-def explained_rows(
-  raw: Float[Array, 'C d'],
-  reference_norm: Float[Array, 'C 1'],
-  mean: Float[Array, ' d'],
-  whiten: Float[Array, 'd d'],
-) -> tuple[Float[Array, 'C d'], Float[Array, 'C 1']]:
-  """`HeadScore.rows` from raw rows (centred, whitened, unit norm) times
-  min(1, norm / `reference_norm`), and the norms (`head_explain`)."""
-  rows = raw - jnp.outer(raw @ mean / (mean @ mean), mean)
-  rows = rows @ whiten
-  norm = jnp.linalg.norm(rows, axis=-1, keepdims=True)
-  scale = jnp.minimum(1.0, norm / (reference_norm + 1e-30))
-  return rows / (norm + 1e-30) * scale, norm
 
 
 @functools.partial(jax.jit, static_argnames=('model',))

@@ -14,7 +14,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from leakjax.attacks.common.span import Span, residuals
 from leakjax.attacks.dager.hybrid._common import PyTree
-from leakjax.attacks.dager.hybrid.config import HybridConfig
+from leakjax.attacks.dager.hybrid.config import SearchConfig
 from leakjax.attacks.dager.hybrid.heads import HeadScore
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model
@@ -36,7 +36,7 @@ class HybridState:
     cache: the LM's decode cache.
     block_cache: the block-1 cache (:meth:`Model.block_decode`).
     step: int32 `[]`, the position the next step fills.
-    prior_cache: with `HybridConfig.prior_start`, the decode cache of the
+    prior_cache: with `SearchConfig.prior_start`, the decode cache of the
       LM prior's own context (else None).
   """
 
@@ -96,25 +96,6 @@ def _own_bigrams(
   return hit.any(1)
 
 
-def end_head_terms(
-  scores: Float[Array, 'K C'],
-  valid: Bool[Array, ' C'],
-  is_end: Bool[Array, ' C'],
-  quantile: float | None,
-) -> Float[Array, 'K C']:
-  """`scores` with each sentence end's replaced by the `quantile` of its
-  row's valid other candidates (None: unchanged; see
-  `HybridConfig.end_head_quantile`)."""
-  if quantile is None:
-    return scores
-  others = (valid & ~is_end)[None]
-  q = jnp.nanquantile(
-    jnp.where(others, scores, jnp.nan), quantile, axis=1, keepdims=True
-  )
-  q = jnp.where(jnp.isfinite(q), q, 0.0)
-  return jnp.where(is_end[None], q, scores)
-
-
 def _head_input(head: HeadScore | None, logits) -> jax.Array:
   z = logits[:, -1].astype(jnp.float32)
   if head is None:
@@ -135,7 +116,7 @@ def init_state(
   """Every beam at `start` (BOS); only beam 0 alive; the block cache runs
   up to block `layer`'s input; with `prior_start` the LM prior's
   log-probabilities come from a second context that starts with that
-  token instead (`HybridConfig.prior_start`)."""
+  token instead (`SearchConfig.prior_start`)."""
   cache = model.init_cache(params, beams, max_length + 1)
   first = jnp.full((beams, 1), start, jnp.int32)
   logits, cache = model.decode(params, cache, first)
@@ -176,7 +157,7 @@ def hybrid_step(
   taken_length: Int[Array, ' G'],
   state: HybridState,
   *,
-  config: HybridConfig,
+  config: SearchConfig,
   shortlist: int | None = None,
   allowed: Bool[Array, ' C'] | None = None,
   head: HeadScore | None = None,
@@ -212,9 +193,7 @@ def hybrid_step(
     first = (i == 1).astype(jnp.float32)
     prior = prior - config.weight_start * first * started.sum(0)[None]
   if head is not None:
-    prior = prior + config.weight_head * end_head_terms(
-      head.scores(state.head), valid, is_end, config.end_head_quantile
-    )
+    prior = prior + config.weight_head * head.scores(state.head)
     if config.weight_evidence and head.targets is not None:
       prior = prior + config.weight_evidence * head.evidence(
         state.head, jnp.exp(lm)
@@ -304,7 +283,7 @@ def hybrid_search(
   is_start: Bool[Array, ' C'] | None = None,
   head: HeadScore | None = None,
   *,
-  config: HybridConfig,
+  config: SearchConfig,
   taken_skip: Int[Array, ' G'] | None = None,
 ) -> tuple[Int[Array, ' L'], Int[Array, ''], Float[Array, '']]:
   """One sentence: the best beam's `(tokens [L], length, mean score)`.
@@ -358,7 +337,7 @@ def hybrid_beams(
   is_start: Bool[Array, ' C'] | None = None,
   head: HeadScore | None = None,
   *,
-  config: HybridConfig,
+  config: SearchConfig,
   taken_skip: Int[Array, ' G'] | None = None,
 ) -> tuple[Int[Array, 'K L'], Int[Array, ' K'], Float[Array, ' K']]:
   """One sentence's final beams, best first: `(tokens [K, L], lengths

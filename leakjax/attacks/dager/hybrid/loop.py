@@ -1,5 +1,7 @@
 """The host loop: the searches one after the other (:func:`search_sentences`),
-then the selection and the refinement (:func:`recover`)."""
+then the selection (:func:`recover`). The search kernel gets
+:attr:`HybridConfig.search` only, so the host's settings never recompile
+it."""
 
 from __future__ import annotations
 
@@ -16,15 +18,11 @@ from leakjax.attacks.dager.hybrid._common import PyTree
 from leakjax.attacks.dager.hybrid.config import HybridConfig
 from leakjax.attacks.dager.hybrid.heads import (
   HeadScore,
-  explained_rows,
   head_score,
   head_transform,
   model_head_transform,
-  raw_head_rows,
-  sentence_head_rows,
 )
 from leakjax.attacks.dager.hybrid.kernel import hybrid_beams, hybrid_search
-from leakjax.attacks.dager.hybrid.refinement import refine
 from leakjax.attacks.dager.hybrid.selection import select_pool
 from leakjax.attacks.dager.hybrid.spans import block_span, candidate_tokens
 from leakjax.attacks.dager.hybrid.starts import plan_starts, start_mask
@@ -48,7 +46,6 @@ class HybridResult:
     pool: token ids of every searched sentence, in search order.
     alternatives: with `config.pool_beams > 1`, each search's other live
       beams (token ids, best first), distinct from its sentence.
-    refined: :func:`refine`'s record (empty without `config.refine`).
     starts: with `config.start_dims`, each search's allocated first
       token (token ids, in search order; else empty).
   """
@@ -62,7 +59,6 @@ class HybridResult:
   searched: int = 0
   pool: list[list[int]] = dataclasses.field(default_factory=list)
   alternatives: list[list[list[int]]] = dataclasses.field(default_factory=list)
-  refined: dict = dataclasses.field(default_factory=dict)
   starts: list[int] = dataclasses.field(default_factory=list)
 
 
@@ -110,7 +106,7 @@ def search_sentences(
   key: jax.Array | None = None,
 ) -> Searched:
   """The hybrid's searches, one sentence each, in order (:func:`recover`
-  without its selection and refinement; the same arguments)."""
+  without its selection; the same arguments)."""
   if num_sentences < 1:
     raise LeakjaxError(f'num_sentences must be >= 1, got {num_sentences}')
   tok = model.tokenizer
@@ -180,24 +176,8 @@ def search_sentences(
   taken_skip = np.ones((searches,), np.int32)
   args = [jnp.asarray(a) for a in (padded, valid, is_end)]
   sequences, scores, alternatives = [], [], []
-  explain = head is not None and config.head_explain
-  if explain:
-    raw = raw_head_rows(model, grads, args[0])
-    _, reference_norm = explained_rows(
-      raw, jnp.ones((len(padded), 1), jnp.float32), head.mean, head.whiten
-    )
-    shares = jnp.zeros_like(raw)
+  kernel = config.search
   for j in range(searches):
-    if explain and j:
-      # N: the batch's targets, estimated from the sentences so far.
-      n_targets = num_sentences * float(np.mean(taken_len[:j] - 1))
-      rows, _ = explained_rows(
-        raw - shares / max(n_targets, 1.0),
-        reference_norm,
-        head.mean,
-        head.whiten,
-      )
-      head = head.replace(rows=rows)
     search_args = (
       model,
       params,
@@ -217,12 +197,12 @@ def search_sentences(
     if config.pool_beams > 1:
       rows, lengths, keys = map(
         np.asarray,
-        hybrid_beams(*search_args, config=config, taken_skip=skip),
+        hybrid_beams(*search_args, config=kernel, taken_skip=skip),
       )
       row, length, score = rows[0], lengths[0], keys[0]
     else:
       row, length, score = hybrid_search(
-        *search_args, config=config, taken_skip=skip
+        *search_args, config=kernel, taken_skip=skip
       )
     n = int(length)
     seq = np.asarray(row)[:n].tolist()
@@ -239,10 +219,6 @@ def search_sentences(
       # The bigram (p, p + 1) counts from the first word's end on.
       later = [p for p in range(2, n) if word_start[seq[p]]]
       taken_skip[j] = (later[0] if later else n) - 1
-    if explain:
-      shares = shares + sentence_head_rows(
-        model, params, jnp.asarray(taken[j]), n, args[0], head.readout
-      )
     sequences.append(seq)
     scores.append(float(score))
   seconds['search'] = time.perf_counter() - t0
@@ -327,21 +303,6 @@ def recover(
     )
     scores = [scores[j] for j in owner]
     seconds['select'] = time.perf_counter() - t0
-  refined = {}
-  if config.refine:
-    t0 = time.perf_counter()
-    sequences, refined = refine(
-      model,
-      params,
-      grads,
-      sequences,
-      padded=padded,
-      valid=valid,
-      config=config,
-      ends=found.ends,
-      transform=transform,
-    )
-    seconds['refine'] = time.perf_counter() - t0
   texts = [tok.decode(s, skip_special=True).strip() for s in sequences]
   return HybridResult(
     sequences=sequences,
@@ -353,6 +314,5 @@ def recover(
     searched=len(searched),
     pool=searched,
     alternatives=found.alternatives,
-    refined=refined,
     starts=found.starts,
   )
