@@ -17,7 +17,7 @@ import numpy as np
 
 from leakjax import io
 from leakjax.attacks import gboard
-from leakjax.attacks.gboard import GboardConfig, GboardRun
+from leakjax.attacks.gboard import GboardConfig, GboardRun, thresholds
 
 
 def write_report(run: GboardRun, cfg: GboardConfig) -> dict[str, float]:
@@ -780,7 +780,7 @@ def _magnitude_plot(ax, cfg, model, datasets, workdir: Path):
       jnp.asarray(delta), rule, q=cfg.fdr_q, candidates=jnp.asarray(cand)
     )
   )
-  oracle, _ = gboard.oracle_threshold(delta, tok.words, ds.true_words, cand)
+  oracle, _ = thresholds.oracle_threshold(delta, tok.words, ds.true_words, cand)
   ax.axhline(thr, color='k', label=f'bias cut ({rule})')
   ax.axhline(oracle, color='k', ls=':', label='oracle')
   ax.set_xscale('log')

@@ -7,12 +7,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from leakjax import attacks
-from leakjax.attacks import common, differential, film
+from leakjax.attacks import common, dager, differential, film
 from leakjax.attacks.film import beam_search, reorder
 
 
 def test_exported_names_are_the_library_objects():
-  assert attacks.recover is film.pipeline.recover
+  # Each paper's pipeline is `<paper>.recover`; no bare `recover` at the top.
+  assert attacks.film.recover is film.pipeline.recover
+  assert attacks.dager.recover is dager.pipeline.recover
+  assert attacks.dager.hybrid.recover is dager.hybrid.recover
+  assert 'recover' not in attacks.__all__ and not hasattr(attacks, 'recover')
+  assert attacks.token_filter is dager.search.token_filter
+  assert attacks.sequence_search is dager.search.sequence_search
+  assert attacks.DagerAttackConfig is dager.pipeline.DagerAttackConfig
+  assert attacks.DagerResult is dager.pipeline.DagerResult
   assert attacks.extract_bag is common.bag.extract_bag
   assert attacks.FilmAttackConfig is film.pipeline.FilmAttackConfig
   assert attacks.bag_beam_search is beam_search.bag_beam_search
@@ -22,6 +30,18 @@ def test_exported_names_are_the_library_objects():
   # One search per name: FILM's takes a bag, the differential one does not.
   assert 'bag_ids' in inspect.signature(attacks.bag_beam_search).parameters
   assert 'bag_ids' not in inspect.signature(attacks.rank_beam_search).parameters
+
+
+def test_every_paper_package_is_exported_with_a_short_api():
+  papers = ('common', 'dager', 'differential', 'film', 'gboard', 'inversion')
+  for name in papers:
+    package = getattr(attacks, name)
+    assert name in attacks.__all__ and inspect.ismodule(package), name
+    assert len(package.__all__) <= 21, (name, len(package.__all__))
+    for exported in package.__all__:
+      assert hasattr(package, exported), (name, exported)
+  # The scores live in leakjax.metrics, not in a paper's package.
+  assert not hasattr(attacks.gboard, 'word_metrics')
 
 
 def test_no_exported_function_is_named_like_a_module():

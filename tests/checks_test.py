@@ -64,7 +64,7 @@ def dager_config(**changes):
 
 def film_recover(model, params, grads):
   model = model.replace(tokenizer=WordTokenizer())
-  return attacks.recover(
+  return attacks.film.recover(
     model,
     params,
     grads,
@@ -291,7 +291,7 @@ def test_film_checks_its_tokenizer_before_any_work():
     match=r"^FILM uses the model's tokenizer, which \(SimpleNamespace\) has"
     r" no method 'token_strings';",
   ):
-    attacks.recover(
+    attacks.film.recover(
       model.replace(tokenizer=broken),
       params,
       tiny_grads(),

@@ -15,12 +15,14 @@ from experiments import common
 from experiments import embed_parrot as experiment
 from leakjax import models
 from leakjax import train as train_lib
+from leakjax._jit import jitted
 from leakjax.attacks.inversion import bei_hei as ei
 from leakjax.attacks.inversion import embed_parrot as ep
 from leakjax.attacks.inversion import hidden_states, runner, scoring, texts
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2, llama
 from leakjax.tokenization import gpt2_tokenizer
+from leakjax.train import steps as train_steps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -379,10 +381,12 @@ def test_train_step_compiles_once_per_settings():
   _, mask, deep, h0 = tiny_data()
   cfg = ep.train_config(2, 16, warmup_steps=1, log_every=1)
   ep.train(CONFIG, deep, h0, mask, cfg, key=jax.random.key(0))
-  before = train_lib._jitted_fit_step._cache_size()
+  # The step as `fit` jits it (one wrapper per process).
+  step = jitted(train_steps._settings_fit_step, **train_steps._FIT_STEP_JIT)
+  before = step._cache_size()
   # Same settings, new data and initialisation: no new compile.
   ep.train(CONFIG, deep + 1.0, h0, mask, cfg, key=jax.random.key(1))
-  assert train_lib._jitted_fit_step._cache_size() == before
+  assert step._cache_size() == before
 
 
 # -------------------------------------------------------------- experiment

@@ -13,8 +13,16 @@ import pytest
 
 from experiments import common
 from leakjax import fl, sharding
+from leakjax._jit import jitted
 from leakjax.attacks import gboard
-from leakjax.attacks.gboard import clients, corpora, runner, sweep
+from leakjax.attacks.gboard import (
+  clients,
+  corpora,
+  mixture,
+  runner,
+  sweep,
+  thresholds,
+)
 from leakjax.errors import LeakjaxError
 from leakjax.models import lstm
 
@@ -102,7 +110,7 @@ def _noisy_update(num_words=5000, num_typed=100, snr=6.0, seed=0):
 def test_noise_scale_and_threshold_rules():
   delta, typed, sigma = _noisy_update()
   cand = gboard.candidate_mask(delta.shape[0])
-  center, scale = gboard.robust_noise_scale(delta, cand)
+  center, scale = thresholds.robust_noise_scale(delta, cand)
   assert abs(float(scale) / sigma - 1.0) < 0.1
   assert abs(float(center)) < 0.3 * sigma
   # Algorithm 2 (cut 0) keeps about half of the noise.
@@ -120,7 +128,7 @@ def test_noise_scale_and_threshold_rules():
   assert 0 < fdr <= universal  # BH adapts to many signals: a lower cut
   # The oracle threshold separates the two groups perfectly here.
   words = [str(i) for i in range(delta.shape[0])]
-  thr, f1 = gboard.oracle_threshold(
+  thr, f1 = thresholds.oracle_threshold(
     np.asarray(delta), words, [str(i) for i in typed]
   )
   assert f1 == 1.0 and fdr <= thr + 3 * sigma
@@ -142,21 +150,23 @@ def test_max_f1_cut_trades_precision_for_recall():
     return 2 * tp / (mask.sum() + truth.sum())
 
   z = jnp.asarray(z, jnp.float32)
-  cut = float(gboard.max_f1_cut(z))
+  cut = float(thresholds.max_f1_cut(z))
   fdr = float(gboard.choose_threshold(z, 'fdr'))
   assert 0 < cut < fdr
   assert f1(np.asarray(z) > cut) > f1(np.asarray(z) > fdr) + 0.05
-  assert float(jax.jit(gboard.max_f1_cut)(z)) == pytest.approx(cut)
+  assert float(jax.jit(thresholds.max_f1_cut)(z)) == pytest.approx(cut)
   # The former bias rule 'maxf1' left the library (studies/gboard/
   # noise_detectors/maxf1_rule.py keeps it for comparison).
   with pytest.raises(LeakjaxError):
     gboard.choose_threshold(z, 'maxf1')
   # Only eligible entries count; with none eligible nothing is kept.
-  assert math.isinf(float(gboard.max_f1_cut(z, eligible=jnp.zeros(num, bool))))
+  assert math.isinf(
+    float(thresholds.max_f1_cut(z, eligible=jnp.zeros(num, bool)))
+  )
   # Pure noise: (almost) nothing passes (slack: 3 null std; 0 gives
   # hundreds here).
   noise = jnp.asarray(rng.normal(size=num), jnp.float32)
-  assert int((noise > gboard.max_f1_cut(noise)).sum()) <= 10
+  assert int((noise > thresholds.max_f1_cut(noise)).sum()) <= 10
 
 
 def test_threshold_without_noise_stays_near_zero():
@@ -182,7 +192,7 @@ def test_row_scores_find_rows_with_signal():
   rng = np.random.default_rng(3)
   rows = rng.normal(0, 1.0, (2000, 16))
   rows[:20] += 3.0  # typed rows
-  z = np.asarray(gboard.row_update_scores(jnp.asarray(rows, jnp.float32)))
+  z = np.asarray(thresholds.row_update_scores(jnp.asarray(rows, jnp.float32)))
   assert np.all(z[:20] > 8) and np.mean(z[20:] > 4) < 0.01
   assert abs(np.median(z[20:])) < 0.3  # ~N(0, 1) under the null
 
@@ -213,8 +223,8 @@ def _drift_update(seed=0):
 def test_rescue_and_auto_without_noise():
   delta, rows, typed, hidden = _drift_update()
   cand = gboard.candidate_mask(delta.shape[0])
-  assert float(gboard.drift_to_noise(delta, cand)) > 1000
-  rescued = np.flatnonzero(gboard.rescued_words(delta, rows, cand))
+  assert float(thresholds.drift_to_noise(delta, cand)) > 1000
+  rescued = np.flatnonzero(thresholds.rescued_words(delta, rows, cand))
   np.testing.assert_array_equal(rescued, [hidden])
   auto = gboard.recover_words_auto(delta, rows, cand)
   assert set(np.flatnonzero(auto).tolist()) == typed
@@ -270,9 +280,11 @@ def test_convexity_finds_typed_word_whose_bias_fell():
     delta, gboard.choose_threshold(delta, 'fdr', candidates=cand), cand
   )
   assert set(np.flatnonzero(bias_rule).tolist()) == typed - {word}
-  flagged = gboard.convexity_violations(delta, rows, rows0, bias0, cand)
+  flagged = thresholds.convexity_violations(delta, rows, rows0, bias0, cand)
   np.testing.assert_array_equal(np.flatnonzero(flagged), [word])
-  jitted = jax.jit(gboard.convexity_violations)(delta, rows, rows0, bias0, cand)
+  jitted = jax.jit(thresholds.convexity_violations)(
+    delta, rows, rows0, bias0, cand
+  )
   np.testing.assert_array_equal(jitted, flagged)
   auto = gboard.recover_words_auto(delta, rows, cand, rows0=rows0, bias0=bias0)
   assert set(np.flatnonzero(auto).tolist()) == typed
@@ -286,11 +298,13 @@ def test_convexity_flags_nothing_untyped():
   delta, rows, rows0, bias0, typed, word = _peaked_update(0)
   assert word not in typed
   cand = gboard.candidate_mask(delta.shape[0])
-  assert not gboard.convexity_violations(delta, rows, rows0, bias0, cand).any()
+  assert not thresholds.convexity_violations(
+    delta, rows, rows0, bias0, cand
+  ).any()
   # Pure noise: no word's bias fell by 10 noise scales.
   noise = jax.random.normal(jax.random.key(1), delta.shape) * 1e-3
   noise_rows = jax.random.normal(jax.random.key(2), rows.shape) * 1e-3
-  assert not gboard.convexity_violations(
+  assert not thresholds.convexity_violations(
     noise, noise_rows, rows0, bias0, cand
   ).any()
 
@@ -307,7 +321,7 @@ def test_auto_uses_rows_under_noise():
   rows[typed] += 2.5 * sigma * rng.choice([-1, 1], (len(typed), dim))
   delta, rows = jnp.asarray(delta), jnp.asarray(rows)
   cand = gboard.candidate_mask(num)
-  assert float(gboard.drift_to_noise(delta, cand)) < 6
+  assert float(thresholds.drift_to_noise(delta, cand)) < 6
   bias_only = gboard.recover_words(
     delta, gboard.choose_threshold(delta, 'fdr', candidates=cand), cand
   )
@@ -358,7 +372,7 @@ def _f1(found: set, typed: set) -> float:
 def test_mixture_finds_low_rank_signal_and_skips_drift():
   delta, rows, typed, frequent = _low_rank_noisy_update()
   cand = gboard.candidate_mask(delta.shape[0])
-  log_odds, post = gboard.mixture_word_posterior(delta, rows, cand)
+  log_odds, post = mixture.mixture_word_posterior(delta, rows, cand)
   assert not np.isfinite(np.asarray(log_odds)[:2]).any()  # non-candidates
   assert float(post.sum()) == pytest.approx(len(typed), rel=0.15)
   auto = set(
@@ -368,14 +382,14 @@ def test_mixture_finds_low_rank_signal_and_skips_drift():
   assert len(auto & frequent) <= 5
   # The bias + all-entries chi-square it replaced does clearly worse.
   z = (
-    (delta - jnp.median(delta)) / gboard.robust_noise_scale(delta, cand)[1]
-    + gboard.row_update_scores(rows, cand)
+    (delta - jnp.median(delta)) / thresholds.robust_noise_scale(delta, cand)[1]
+    + thresholds.row_update_scores(rows, cand)
   ) / math.sqrt(2.0)
   z = jnp.where(cand, z, -jnp.inf)
-  old = z > gboard.max_f1_cut(z, cand, delta > 0)
+  old = z > thresholds.max_f1_cut(z, cand, delta > 0)
   old = set(np.flatnonzero(old & (delta > 0)).tolist())
   assert _f1(old, typed) < _f1(auto, typed) - 0.1
-  jitted = jax.jit(gboard.mixture_word_posterior)(delta, rows, cand)
+  jitted = jax.jit(mixture.mixture_word_posterior)(delta, rows, cand)
   np.testing.assert_allclose(jitted[1], post, atol=1e-4)
 
 
@@ -384,9 +398,9 @@ def test_mixture_sees_no_signal_in_pure_noise():
   delta = jnp.asarray(rng.normal(0, 1e-3, 9502), jnp.float32)
   rows = jnp.asarray(rng.normal(0, 1e-3, (9502, 96)), jnp.float32)
   cand = gboard.candidate_mask(9502)
-  log_odds, post = gboard.mixture_word_posterior(delta, rows, cand)
+  log_odds, post = mixture.mixture_word_posterior(delta, rows, cand)
   assert float(post.sum()) == 0.0
-  assert math.isinf(float(gboard.expected_f1_cut(log_odds, post)))
+  assert math.isinf(float(mixture.expected_f1_cut(log_odds, post)))
   # recover_words_auto falls back to the chi-square rule: ~nothing.
   assert int(gboard.recover_words_auto(delta, rows, cand).sum()) <= 5
 
@@ -394,7 +408,7 @@ def test_mixture_sees_no_signal_in_pure_noise():
 def test_expected_f1_cut():
   scores = jnp.asarray([5.0, 4.0, 3.0, 2.0, 1.0, -jnp.inf])
   post = jnp.asarray([1.0, 1.0, 0.9, 0.1, 0.0, 0.0])
-  cut = float(gboard.expected_f1_cut(scores, post))
+  cut = float(mixture.expected_f1_cut(scores, post))
   # Top 3: 2 * 2.9 / (3 + 3) = 0.967 beats top 2 (0.8) and top 4 (0.857).
   assert 2.0 < cut < 3.0
 
@@ -542,11 +556,15 @@ def test_reconstruction_compiles_once_per_model_and_shape():
   starts, valid = gboard.padded_indices(allowed, size=8)
   args = (jnp.asarray(starts), jnp.asarray(valid), jnp.asarray(allowed))
   kw = dict(length=3, bos_id=1)
-  first = gboard.reconstruct_sentences(model, params0, params1, *args, **kw)
-  size = gboard.reconstruct_sentences._cache_size()
-  gboard.reconstruct_sentences(model, params1, params0, *args, **kw)
-  same = gboard.reconstruct_sentences(again, params0, params1, *args, **kw)
-  assert gboard.reconstruct_sentences._cache_size() == size
+  # Jitted as the sweep jits it (one wrapper per process).
+  reconstruct = jitted(
+    gboard.reconstruct_sentences, static_argnames=('model', 'length', 'bos_id')
+  )
+  first = reconstruct(model, params0, params1, *args, **kw)
+  size = reconstruct._cache_size()
+  reconstruct(model, params1, params0, *args, **kw)
+  same = reconstruct(again, params0, params1, *args, **kw)
+  assert reconstruct._cache_size() == size
   np.testing.assert_array_equal(same.tokens, first.tokens)
   np.testing.assert_array_equal(same.scores, first.scores)
 

@@ -23,6 +23,11 @@ def test_readme_examples_run(tmp_path, monkeypatch, capsys):
     exec(compile(code, f'README.md python block {i}', 'exec'), namespace)
   out = capsys.readouterr().out
   assert '(1, 3)' in out
+  # Your own transformer: FILM's bag holds the inputs, DAGER the exact batch.
+  assert sorted(namespace['exact'].sequences) == sorted(
+    [[3, 14, 15, 9, 26, 5, 35], [8, 27, 18, 28]]
+  )
+  assert {3, 14, 15, 9, 26, 5, 8, 27, 18} <= set(namespace['bag'].ids.tolist())
   # The training block: 4 steps of both loops, the caller's params untouched.
   assert '4 True' in out
   # `train` is `fit` with the next-token loss: same data, order and steps,

@@ -280,9 +280,10 @@ def test_differential_experiment_shards_ds_and_dr_search(mesh):
   # The experiment's jitted search splits the 37 beam rows of step 2 (padded
   # to 40) over 8 devices.
   args = (m, params, params_prime, jnp.asarray([bos, 3], jnp.int32))
-  rows = _head_rows(
-    evaluation.search_sequences, args, **eight.search_options(3)
+  search = jax.jit(
+    evaluation.search_sequences, static_argnames=evaluation.SEARCH_STATIC
   )
+  rows = _head_rows(search, args, **eight.search_options(3))
   assert max(rows) == 40 // NUM_DEVICES
 
 

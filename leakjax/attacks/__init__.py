@@ -14,7 +14,22 @@ FILM (Gupta et al., NeurIPS 2022), sentences from a client's gradient:
 * :func:`bag_beam_search` -- kernel: beam search restricted to a bag;
 * :func:`reorder_scores` -- kernel: gradient-matching + LM scores of
   candidate orderings;
-* :func:`recover` -- the pipeline (host loop over prompts and reorderings).
+* :func:`film.recover` -- the pipeline (host loop over prompts and
+  reorderings), with :class:`FilmAttackConfig` and :class:`FilmResult`.
+
+DAGER (Petrov et al., NeurIPS 2024), the exact batch from attention-gradient
+spans:
+
+* :func:`token_filter` -- kernel: layer-1 span test of every (token,
+  position) pair;
+* :func:`sequence_search` -- kernel: layer-2 span search over sequences
+  (one `lax.while_loop`);
+* :func:`dager.recover` -- the pipeline on one gradient, with
+  :class:`DagerAttackConfig` and :class:`DagerResult`;
+  :func:`dager.hybrid.recover` goes past the rank limit with FILM's bag.
+
+Each paper's pipeline is `<paper>.recover`; none is exported bare, so
+`attacks.film.recover` and `attacks.dager.recover` never shadow each other.
 
 GBoard next-word prediction (Suliman & Leith): :func:`recover_words` (the
 output-bias rule), :func:`recover_words_auto` (noise-robust), and the kernel
@@ -31,6 +46,9 @@ Embedding inversion (Wan et al. 2024): :func:`bei_ids`, :func:`hei_ids`,
 >>> from leakjax import attacks
 >>> bag = jax.jit(attacks.bag_mask, static_argnames=('model', 'method'))(
 ...     model, params, grads, method='tied')                   # doctest: +SKIP
+>>> result = attacks.film.recover(model, params, grads,
+...                               key=jax.random.key(0))       # doctest: +SKIP
+>>> exact = attacks.dager.recover(model, params, grads)      # doctest: +SKIP
 >>> ds = attacks.differential_score(model, model, params, params_prime,
 ...                                 ids)                        # doctest: +SKIP
 
@@ -46,8 +64,21 @@ gradient, the bag of words) is in :mod:`common`. The metrics that score
 what an attack recovered are in :mod:`leakjax.metrics`.
 """
 
-from leakjax.attacks import common, differential, film, gboard, inversion
+from leakjax.attacks import (
+  common,
+  dager,
+  differential,
+  film,
+  gboard,
+  inversion,
+)
 from leakjax.attacks.common import Bag, bag_mask, extract_bag
+from leakjax.attacks.dager import (
+  DagerAttackConfig,
+  DagerResult,
+  sequence_search,
+  token_filter,
+)
 from leakjax.attacks.differential import (
   differential_rank_lower_bound,
   differential_score,
@@ -59,7 +90,6 @@ from leakjax.attacks.film import (
   FilmResult,
   ReorderConfig,
   bag_beam_search,
-  recover,
   reorder_scores,
 )
 from leakjax.attacks.gboard import (
@@ -79,6 +109,8 @@ from leakjax.attacks.inversion import (
 __all__ = [
   'Bag',
   'BeamSearchConfig',
+  'DagerAttackConfig',
+  'DagerResult',
   'FilmAttackConfig',
   'FilmResult',
   'ReorderConfig',
@@ -88,6 +120,7 @@ __all__ = [
   'bei_hei_ids',
   'bei_ids',
   'common',
+  'dager',
   'differential',
   'differential_rank_lower_bound',
   'differential_score',
@@ -100,8 +133,9 @@ __all__ = [
   'make_dct_defense',
   'rank_beam_search',
   'reconstruct_sentences',
-  'recover',
   'recover_words',
   'recover_words_auto',
   'reorder_scores',
+  'sequence_search',
+  'token_filter',
 ]

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from leakjax._jit import jitted
 from leakjax.errors import LeakjaxError
 from leakjax.fl.batching import ClientData
 from leakjax.fl.client import DEFAULT_CLIENT, ClientConfig, client_update
@@ -145,16 +146,16 @@ def fl_round(
   )
 
 
-@functools.partial(
-  jax.jit,
-  static_argnames=(
-    'model',
-    'config',
-    'clients_per_round',
-    'server_learning_rate',
-    'weighting',
-  ),
+# The static arguments of `_sampled_round` under `jax.jit` (`simulate` jits it).
+_ROUND_STATIC = (
+  'model',
+  'config',
+  'clients_per_round',
+  'server_learning_rate',
+  'weighting',
 )
+
+
 def _sampled_round(
   model,
   params,
@@ -269,7 +270,7 @@ def train_federated(
     )
 
   round_fn = functools.partial(
-    _sampled_round,
+    jitted(_sampled_round, static_argnames=_ROUND_STATIC),
     model,
     config=config,
     clients_per_round=n_round,

@@ -7,7 +7,6 @@ embedding and the output layer.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -104,13 +103,10 @@ def lstm_cell(weights, state: LSTMState, x, *, cifg: bool):
   return _step(weights, state, _input_gates(weights, x), cifg=cifg)
 
 
-@functools.partial(jax.jit, static_argnames=('cifg',))
 def lstm_layer(weights, xs, state: LSTMState, *, cifg: bool):
   """Runs :func:`lstm_cell` over time with `lax.scan`.
 
-  Jitted so that eager callers (e.g. a Python decoding loop) compile the scan
-  once per shape instead of on every call; inside a caller's `jit` it is
-  inlined.
+  Pure: the caller jits the model that runs it (`cifg` static).
 
   Args:
     weights: as in :func:`lstm_cell`.

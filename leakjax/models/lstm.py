@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from leakjax import io as io_lib
+from leakjax._jit import jitted
 from leakjax.errors import LeakjaxError
 from leakjax.models import hf_checkpoint
 from leakjax.models._lstm_config import (
@@ -88,11 +89,10 @@ def init_model(
   Returns:
     `(model, params)`, the model of family 'cifg_lstm' or 'lstm'.
   """
-  params = _init_params(config, dtype, key)
+  params = jitted(_init_params, static_argnums=(0, 1))(config, dtype, key)
   return make_model(config, tokenizer, dtype=dtype), params
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
 def _init_params(config: LSTMFamilyConfig, dtype, key):
   module = LSTMLanguageModel(config, param_dtype=dtype)
   return module.init(key, method=LSTMLanguageModel.create_params)['params']

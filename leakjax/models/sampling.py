@@ -8,15 +8,14 @@ set of tokens whose probability reaches p, renormalise). It only calls
 every family and for models without a KV cache (then each step recomputes
 the prefix).
 
->>> ids = sample(model, params, jax.random.key(0),          # doctest: +SKIP
-...              jnp.zeros((8, 1), jnp.int32), num_tokens=32)
+>>> draw = jax.jit(sample, static_argnames=SAMPLE_STATIC)
+>>> ids = draw(model, params, jax.random.key(0),            # doctest: +SKIP
+...            jnp.zeros((8, 1), jnp.int32), num_tokens=32)
 >>> ids.shape                                               # doctest: +SKIP
 (8, 33)
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +68,10 @@ def nucleus_logits(
   return jnp.where(keep, logits, -jnp.inf)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'num_tokens'))
+# The static arguments of :func:`sample` under `jax.jit`.
+SAMPLE_STATIC = ('model', 'num_tokens')
+
+
 def sample(
   model: Model,
   params: PyTree,
@@ -84,8 +86,8 @@ def sample(
 
   Each step draws from `softmax(logits / temperature)` restricted to its
   top-p nucleus (:func:`nucleus_logits`). One prefill of the prompt, then
-  one `lax.scan`; temperature and top_p are traced, so changing them does
-  not recompile.
+  one `lax.scan`. A kernel: jit it with :data:`SAMPLE_STATIC` static;
+  temperature and top_p are traced, so changing them does not recompile.
 
   Args:
     model: the model (its `init_cache` / `decode`).

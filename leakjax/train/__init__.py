@@ -60,11 +60,7 @@ from leakjax.train.language_model import (
 )
 from leakjax.train.loop import FitResult, fit
 from leakjax.train.optimizer import learning_rate_schedule, make_optimizer
-from leakjax.train.steps import (
-  LossFn,
-  _jitted_fit_step,  # noqa: F401
-  fit_step,
-)
+from leakjax.train.steps import LossFn, fit_step
 
 __all__ = [
   'FitResult',

@@ -16,6 +16,7 @@ import numpy as np
 
 from leakjax import data as data_lib
 from leakjax import io as io_lib
+from leakjax._jit import jitted
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import PyTree
 from leakjax.train.checkpoint import (
@@ -28,9 +29,10 @@ from leakjax.train.checkpoint import (
 from leakjax.train.config import TrainConfig
 from leakjax.train.optimizer import learning_rate_schedule, make_optimizer
 from leakjax.train.steps import (
+  _FIT_STEP_JIT,
   LossFn,
-  _jitted_fit_step,
   _optimizer_settings,
+  _settings_fit_step,
 )
 
 log = logging.getLogger(__name__)
@@ -172,7 +174,10 @@ def fit(
   start_step = state['step']
 
   step_fn = functools.partial(
-    _jitted_fit_step, loss_fn, _optimizer_settings(config), total_steps
+    jitted(_settings_fit_step, **_FIT_STEP_JIT),
+    loss_fn,
+    _optimizer_settings(config),
+    total_steps,
   )
   keep_best = evaluate is not None and config.restore_best
 

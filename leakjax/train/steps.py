@@ -1,13 +1,12 @@
 """One pure optimizer step on any loss function, and its jitted form.
 
-:func:`fit_step` differentiates a :class:`LossFn`; `_jitted_fit_step` is
-the step :func:`leakjax.train.fit` runs, jitted once per loss function,
-optimizer settings and step count.
+:func:`fit_step` differentiates a :class:`LossFn`; `_settings_fit_step`
+is the step :func:`leakjax.train.fit` runs, jitted there (with
+`_FIT_STEP_JIT`) once per loss function, optimizer settings and step count.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Protocol
 
 import jax
@@ -98,12 +97,14 @@ def _optimizer_settings(config: TrainConfig) -> TrainConfig:
   return TrainConfig(**{f: getattr(config, f) for f in _OPTIMIZER_FIELDS})
 
 
-@functools.partial(
-  jax.jit,
+# How `fit` jits `_settings_fit_step`.
+_FIT_STEP_JIT = dict(
   static_argnames=('loss_fn', 'settings', 'total_steps'),
   donate_argnames=('params', 'opt_state'),
 )
-def _jitted_fit_step(
+
+
+def _settings_fit_step(
   loss_fn: LossFn,
   settings: TrainConfig,
   total_steps: int,

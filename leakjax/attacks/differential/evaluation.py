@@ -1,6 +1,6 @@
 """The attack of the canary experiment on one (M, M') pair (Sec. 3).
 
-:class:`Attack` runs the jitted DS scoring (:func:`score_sequences`,
+:class:`Attack` jits and runs the DS scoring (:func:`score_sequences`,
 Definition 3.1) and Algorithm 1 over the whole vocabulary with the width
 halved at each step (:func:`search_sequences`), optionally sharded;
 :func:`dr_bounds` bounds a canary's differential rank (Prop. 3.3) and
@@ -10,7 +10,6 @@ halved at each step (:func:`search_sequences`), optionally sharded;
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from leakjax import sharding
+from leakjax._jit import jitted
 from leakjax.attacks.differential.canaries import (
   CANARY_LENGTH,
   Canary,
@@ -39,7 +39,11 @@ if TYPE_CHECKING:
   from leakjax.attacks.differential.runner import DifferentialConfig
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'num_context'))
+# The static arguments of each kernel under `jax.jit` (hashable, no arrays).
+SCORE_STATIC = ('model', 'num_context')
+SEARCH_STATIC = ('model', 'widths', 'length', 'num_groups', 'score', 'mesh')
+
+
 def score_sequences(model, params, params_prime, ids, *, num_context: int):
   """DS and relative DS of `ids` on M (`params`) and M' (`params_prime`).
 
@@ -50,10 +54,6 @@ def score_sequences(model, params, params_prime, ids, *, num_context: int):
   )
 
 
-@functools.partial(
-  jax.jit,
-  static_argnames=('model', 'widths', 'length', 'num_groups', 'score', 'mesh'),
-)
 def search_sequences(
   model,
   params,
@@ -84,9 +84,10 @@ def search_sequences(
 class Attack:
   """DS scoring and DR searches for one M against many M'.
 
-  Both run the module's jitted kernels (:func:`score_sequences`,
-  :func:`search_sequences`), which compile once per shape for the model and
-  never again for new parameters. With a `mesh` both are data-parallel over
+  Both jit the module's kernels (:func:`score_sequences`,
+  :func:`search_sequences`) with :data:`SCORE_STATIC` / :data:`SEARCH_STATIC`
+  static, so they compile once per shape for the model and never again for
+  new parameters. With a `mesh` both are data-parallel over
   its `'data'` axis: the DS batch is padded to a multiple of the
   axis size and split over it, the search splits its beam rows
   (`rank_beam_search(mesh=...)`), and the parameters of M and M' are
@@ -109,7 +110,8 @@ class Attack:
     ids, num = sharding.pad_to_multiple(
       np.asarray(ids, np.int32), sharding.data_size(self.mesh)
     )
-    s = score_sequences(
+    score = jitted(score_sequences, static_argnames=SCORE_STATIC)
+    s = score(
       self.model,
       *sharding.replicate((params, params_prime), self.mesh),
       sharding.shard_batch(jnp.asarray(ids), self.mesh),
@@ -130,7 +132,8 @@ class Attack:
   def search(
     self, params, params_prime, context: Sequence[int], length: int
   ) -> SearchResult:
-    result = search_sequences(
+    search = jitted(search_sequences, static_argnames=SEARCH_STATIC)
+    result = search(
       self.model,
       *sharding.replicate((params, params_prime), self.mesh),
       jnp.asarray(context, jnp.int32),

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from leakjax import fl
+from leakjax._jit import jitted
 from leakjax.errors import LeakjaxError
 
 if TYPE_CHECKING:
@@ -93,9 +93,9 @@ def client_gradient(
     extra = ((0, 0), (0, width - ids.shape[1]))
     ids = np.pad(ids, extra, constant_values=model.tokenizer.pad_id)
     mask = np.pad(mask, extra)
-  # The runner jits the client's step; jax.jit caches compilations by
-  # function and static arguments, so each model and defense compiles once.
-  gradient = jax.jit(
+  # The runner jits the client's step once per process: each model and
+  # defense compiles once.
+  gradient = jitted(
     fl.client_gradient, static_argnames=fl.CLIENT_GRADIENT_STATIC
   )
   return (

@@ -18,11 +18,11 @@ taken at:
 >>> result.sentences[0]                                       # +SKIP
 'Volume mgmt is trying to clear up these issues.'
 
-The kernels are module-level `jax.jit` functions with the model, the
-configs and the mesh static (a model hashes by value and holds no
-weights), so attacking many batches, or new parameters of the same
-shapes, compiles each kernel once per bag size bucket (bags are padded to
-a multiple of `bag_bucket`).
+:func:`recover`'s host loop jits each kernel once (:func:`leakjax._jit.jitted`)
+with the model, the configs and the mesh static (a model hashes by value
+and holds no weights), so attacking many batches, or new parameters of the
+same shapes, compiles each kernel once per bag size bucket (bags are padded
+to a multiple of `bag_bucket`).
 
 On several devices, `recover(..., mesh=make_mesh('data:N'))` splits the
 beams of the search and the candidates of each reordering step over the N
@@ -32,7 +32,6 @@ devices (parameters replicated); the recovered sentences are the same.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -41,6 +40,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from leakjax import checks, sharding
+from leakjax._jit import jitted
 from leakjax.attacks.common import bag as bow
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
@@ -145,7 +145,7 @@ class FilmResult:
     return [r.text for r in self.recoveries]
 
 
-# ---------------------------------------------------------- jitted kernels
+# ------------------------------------------- kernels (jitted by `recover`)
 # Beam-search and reordering buffers are padded to a multiple of this many
 # tokens, so that batches of different lengths share one compilation. A
 # wider bucket compiles less often but pads more: the reordering's cost is
@@ -153,7 +153,10 @@ class FilmResult:
 _LENGTH_BUCKET = 8
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'config', 'mesh'))
+_BEAM_SEARCH_STATIC = ('model', 'config', 'mesh')
+_REORDER_STATIC = ('model', 'config', 'grad_paths', 'mesh')
+
+
 def _beam_search(
   model: Model,
   params: PyTree,
@@ -183,9 +186,6 @@ def _beam_search(
   )
 
 
-@functools.partial(
-  jax.jit, static_argnames=('model', 'config', 'grad_paths', 'mesh')
-)
 def _reorder(
   model: Model,
   params: PyTree,
@@ -217,7 +217,6 @@ def _reorder(
   )
 
 
-@functools.partial(jax.jit, static_argnames=('model',))
 def _token_log_probs(model: Model, params: PyTree, ids):
   return model.token_log_probs(params, ids)
 
@@ -251,7 +250,8 @@ def _rank_prompts(
   # Rows padded to a multiple of 64 (one compilation for most batches).
   rows = -(-len(prompts) // 64) * 64
   ids = np.asarray(prompts + [prompts[0]] * (rows - len(prompts)), np.int32)
-  logp = _token_log_probs(model, params, jnp.asarray(ids)).sum(-1)
+  log_probs = jitted(_token_log_probs, static_argnames=('model',))
+  logp = log_probs(model, params, jnp.asarray(ids)).sum(-1)
   order = np.argsort(-np.asarray(logp)[: len(prompts)], kind='stable')
   order = order[:limit]
   return [prompts[i] for i in sorted(order)]
@@ -347,10 +347,11 @@ def recover(
   buffer = prompt_arr.shape[-1] + beam_cfg.length
   prior = np.zeros((max(1, config.repetitions), buffer), np.int32)
   prior_len = np.zeros((max(1, config.repetitions),), np.int32)
+  beam_search = jitted(_beam_search, static_argnames=_BEAM_SEARCH_STATIC)
   recoveries = []
   for rep in range(config.repetitions):
     use_prior = config.repetitions > 1
-    out = _beam_search(
+    out = beam_search(
       model,
       params,
       jnp.asarray(prompt_arr),
@@ -382,6 +383,7 @@ def recover(
     fixed = min(rcfg.fixed_prefix, prompt_arr.shape[-1])
     rcfg = dataclasses.replace(rcfg, fixed_prefix=max(1, fixed))
     is_end = jnp.asarray(sentence_end_mask(tok, model.vocab_size))
+    reorder = jitted(_reorder, static_argnames=_REORDER_STATIC)
     for i, rec in enumerate(recoveries[: config.reorder_top]):
       # Insertions may add up to 8 tokens; the buffer is padded to a
       # multiple of _LENGTH_BUCKET so that batches of different lengths
@@ -391,7 +393,7 @@ def recover(
       toks, length = ro.pad_sequences(
         [rec.tokens], -(-limit // _LENGTH_BUCKET) * _LENGTH_BUCKET
       )
-      state = _reorder(
+      state = reorder(
         model,
         params,
         jnp.asarray(toks[0]),

@@ -52,6 +52,7 @@ from absl import logging
 
 from leakjax import data as data_lib
 from leakjax import io, metrics, models, quickstart_corpus
+from leakjax._jit import jitted
 from leakjax.attacks.common import bag as bow
 from leakjax.attacks.film import bag_only, client, pipeline, training
 from leakjax.attacks.film import beam_search as bs
@@ -415,7 +416,7 @@ def _token_log_probs(model, params, ids, mask):
 
 def perplexities(model, params, texts: Sequence[str], batch: int = 32):
   """Each text's perplexity under `params` (BOS added, mean over tokens)."""
-  log_probs = jax.jit(_token_log_probs, static_argnames=('model',))
+  log_probs = jitted(_token_log_probs, static_argnames=('model',))
   out = []
   for i in range(0, len(texts), batch):
     ids, mask = model.tokenizer.encode_batch(

@@ -30,19 +30,20 @@ locally trained θ1 (Sec. 2.2). Everything here reads only those two:
    tiny spread of the untyped words' drift `-η Σ p`, so both rules stay
    near Algorithm 2. Both assume that the typed words are a minority of
    the vocabulary (GBoard: at most a few hundred of 9502).
-   :func:`oracle_threshold` (best F1 given the true words) exists only to
+   :func:`thresholds.oracle_threshold` (best F1 given the true words) exists only to
    compare with.
    The tied output matrix (Sec. 3.1: "similar methods can be applied to the
    W parameters") helps twice (:func:`recover_words_auto`): without noise,
-   :func:`convexity_violations` finds typed words whose bias *fell* (the
+   :func:`thresholds.convexity_violations` finds typed words whose bias *fell* (the
    model already predicted them more often than they occur): for untyped
    words `log(-Δb_k) - b_k` and `Δw_k / Δb_k` are the value and gradient
    of one convex function of the word's row, and a typed word lies below
-   its tangent planes. Under noise, :func:`row_update_scores` (a
+   its tangent planes. Under noise, :func:`thresholds.row_update_scores` (a
    chi-square test on the D entries of each row) adds evidence to the bias
-   z-score, cut where the estimated F1 is highest (:func:`max_f1_cut`).
+   z-score, cut where the estimated F1 is highest
+   (:func:`thresholds.max_f1_cut`).
    Which regime holds is read off the update itself
-   (:func:`drift_to_noise`).
+   (:func:`thresholds.drift_to_noise`).
 3. Sentence reconstruction (Sec. 3.2). From `<S>` and each recovered word,
    θ1 predicts the next word; the prediction is restricted (renormalised)
    to the recovered words and the most likely one appended, until `length`
@@ -58,13 +59,13 @@ locally trained θ1 (Sec. 2.2). Everything here reads only those two:
    candidate uses yet, stop when every recovered word is used), 'words'
    (the top `ceil(|recovered| / length)`) or 'gap' (the group above the
    largest split of the scores).
-5. Metrics (Sec. 4.2, in :mod:`leakjax.metrics`, re-exported here):
+5. Metrics (Sec. 4.2, in :mod:`leakjax.metrics`):
    :func:`word_metrics` (precision, recall, F1, and the F1 upper bound set
    by the vocabulary), :func:`levenshtein_ratio` (word level, 0-100) and
    :func:`best_match_ratios`.
 
-Modules (every name of the first four is re-exported here, so `gboard.X`
-works for all; the experiment's helpers live in its own modules):
+Modules (this package exports the host rule, the kernels, the config and
+the result types; the detectors' building blocks stay in their modules):
 
 * :mod:`~leakjax.attacks.gboard.update` -- reading the update: output bias,
   tied output rows, θ snapshots, FedSGD scaling, the client;
@@ -82,31 +83,28 @@ works for all; the experiment's helpers live in its own modules):
 
 All array functions are pure and jit-able. The parameters are explicit
 arguments; the model holds none and is compared by value, so it is a
-static argument of `jax.jit`. :func:`reconstruct_sentences` is jitted
-(`model`, `length` and `bos_id` static: new θ of the same shapes reuse the
-compiled kernel); the caller owns `jit` for the rest:
+static argument of `jax.jit`. The caller owns `jit`: jit
+:func:`reconstruct_sentences` with `model`, `length` and `bos_id` static,
+and new θ of the same shapes reuse the compiled kernel:
 
 >>> model, theta0 = leakjax.models.load(path)                   # doctest: +SKIP
 >>> delta = bias_update(model, theta0, theta1)                  # +SKIP
 >>> rows = output_rows_update(model, theta0, theta1)            # +SKIP
 >>> words = recover_words_auto(delta, rows, candidate_mask(9502))  # +SKIP
 >>> starts, valid = padded_indices(words)                       # +SKIP
->>> out = reconstruct_sentences(model, theta0, theta1, starts, valid, words,
-...                             length=4, bos_id=1)             # +SKIP
+>>> reconstruct = jax.jit(reconstruct_sentences,
+...                       static_argnames=('model', 'length', 'bos_id'))
+>>> out = reconstruct(model, theta0, theta1, starts, valid, words,
+...                   length=4, bos_id=1)                       # +SKIP
 """
 
-from leakjax.attacks.gboard.mixture import (
-  expected_f1_cut,
-  mixture_word_posterior,
-  recover_words_auto,
-)
+from leakjax.attacks.gboard.mixture import recover_words_auto
 from leakjax.attacks.gboard.reconstruct import (
   KEEP_RULES,
   Reconstruction,
   greedy_generate,
   padded_indices,
   reconstruct_sentences,
-  relative_perplexity_change,
   select_sentences,
 )
 from leakjax.attacks.gboard.runner import GboardConfig, GboardRun
@@ -114,17 +112,7 @@ from leakjax.attacks.gboard.thresholds import (
   THRESHOLD_RULES,
   candidate_mask,
   choose_threshold,
-  convexity_violations,
-  drift_to_noise,
-  max_f1_cut,
-  oracle_threshold,
   recover_words,
-  rescued_words,
-  robust_noise_scale,
-  row_residual_scores,
-  row_update_scores,
-  stouffer_scores,
-  stouffer_words,
 )
 from leakjax.attacks.gboard.update import (
   bias_update,
@@ -136,36 +124,19 @@ from leakjax.attacks.gboard.update import (
   save_snapshot,
   scale_update,
 )
-from leakjax.metrics import (
-  WordMetrics,
-  best_match_ratios,
-  levenshtein_distance,
-  levenshtein_ratio,
-  word_metrics,
-)
 
 __all__ = [
   'KEEP_RULES',
-  'Reconstruction',
   'THRESHOLD_RULES',
   'GboardConfig',
   'GboardRun',
-  'WordMetrics',
-  'best_match_ratios',
+  'Reconstruction',
   'bias_update',
   'candidate_mask',
   'choose_threshold',
   'client_config',
-  'convexity_violations',
-  'drift_to_noise',
-  'expected_f1_cut',
   'greedy_generate',
-  'levenshtein_distance',
-  'levenshtein_ratio',
   'load_snapshot',
-  'max_f1_cut',
-  'mixture_word_posterior',
-  'oracle_threshold',
   'output_bias',
   'output_rows',
   'output_rows_update',
@@ -173,15 +144,7 @@ __all__ = [
   'reconstruct_sentences',
   'recover_words',
   'recover_words_auto',
-  'relative_perplexity_change',
-  'rescued_words',
-  'robust_noise_scale',
-  'row_residual_scores',
-  'row_update_scores',
   'save_snapshot',
   'scale_update',
   'select_sentences',
-  'stouffer_scores',
-  'stouffer_words',
-  'word_metrics',
 ]

@@ -12,7 +12,6 @@ workdir and reuses it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from leakjax import fl, io
+from leakjax._jit import jitted
 from leakjax.attacks.gboard import update
 
 if TYPE_CHECKING:
@@ -78,12 +78,10 @@ def _chunks(total: int) -> list[int]:
   return out
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'config'))
 def _client_update(model, params, ids, config, key) -> fl.ClientResult:
-  """:func:`leakjax.fl.client_update` without padding, jitted.
-
-  `model` and `config` are static: one compilation per model and client
-  config, whatever the parameters.
+  """:func:`leakjax.fl.client_update` without padding; :func:`trajectory`
+  jits it with `model` and `config` static: one compilation per model and
+  client config, whatever the parameters.
   """
   return fl.client_update(model, params, ids, None, config, key=key)
 
@@ -113,6 +111,7 @@ def trajectory(
   }[cfg.loss]
   params, done = params0, 0
   ids = jnp.asarray(ids)
+  client_update = jitted(_client_update, static_argnames=('model', 'config'))
   for target in epochs:
     for chunk in _chunks(target - done):
       client = update.client_config(
@@ -122,7 +121,7 @@ def trajectory(
         words_per_sentence=per_sentence,
         step_noise=step_noise,
       )
-      params = _client_update(
+      params = client_update(
         model, params, ids, client, jax.random.fold_in(key, done)
       ).params
       done += chunk

@@ -1,7 +1,7 @@
 """Sentence reconstruction (Sec. 3.2) and which candidates to keep.
 
 Part of :mod:`leakjax.attacks.gboard` (the package docstring has the
-method). :func:`reconstruct_sentences` is the jitted kernel: restricted
+method). :func:`reconstruct_sentences` is the kernel (the sweep jits it): restricted
 greedy generation from every recovered word on θ1 (one `lax.scan` over
 the model's decode cache) and the relative log-perplexity change of each
 candidate; :func:`select_sentences` keeps some without knowing n_k.
@@ -15,7 +15,6 @@ and θ1 for the scores.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -127,7 +126,6 @@ def relative_perplexity_change(
   return pp0, pp1, (pp0 - pp1) / pp0
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'length', 'bos_id'))
 def reconstruct_sentences(
   model: Model,
   params0: PyTree,
@@ -141,8 +139,10 @@ def reconstruct_sentences(
 ) -> Reconstruction:
   """Sec. 3.2: one greedy candidate per recovered word, scored, in one kernel.
 
-  Jitted with `model`, `length` and `bos_id` static: one compilation per
-  model and number of start words `M`, whatever the parameters.
+  A kernel: jit it with `model`, `length` and `bos_id` static (as
+  :func:`leakjax.attacks.gboard.sweep.reconstruct_candidates` does): one
+  compilation per model and number of start words `M`, whatever the
+  parameters.
 
   Args:
     model: the model (static; it holds no parameters).

@@ -11,7 +11,6 @@ rules, one result row per scale.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 import zlib
@@ -24,6 +23,7 @@ import numpy as np
 
 from leakjax import io, sharding
 from leakjax import metrics as metrics_lib
+from leakjax._jit import jitted
 from leakjax.attacks.gboard import clients, mixture, thresholds, update
 from leakjax.attacks.gboard import reconstruct as reconstruct_lib
 from leakjax.fl import defenses as defenses_lib
@@ -120,10 +120,10 @@ def attack_trajectory(
   return True
 
 
-@functools.partial(jax.jit, static_argnames=('q',))
 def _recover_words_auto(delta, rows, candidates, rows0=None, bias0=None, *, q):
-  """:func:`gboard.recover_words_auto`, jitted: its EM loop compiles once
-  (twice: with and without θ0's rows), not per update."""
+  """:func:`gboard.recover_words_auto`; the sweep jits it with `q` static:
+  its EM loop compiles once (twice: with and without θ0's rows), not per
+  update."""
   return mixture.recover_words_auto(
     delta, rows, candidates, rows0=rows0, bias0=bias0, q=q
   )
@@ -169,7 +169,11 @@ def reconstruct_candidates(
   params0, params1, allowed = sharding.replicate(
     (params0, params1, jnp.asarray(words)), mesh
   )
-  return reconstruct_lib.reconstruct_sentences(
+  reconstruct = jitted(
+    reconstruct_lib.reconstruct_sentences,
+    static_argnames=('model', 'length', 'bos_id'),
+  )
+  return reconstruct(
     model,
     params0,
     params1,
@@ -231,15 +235,14 @@ def attack(
   rows_update = update.output_rows_update(model, params0, params1)
   rows0 = update.output_rows(model, params0)
   bias0 = update.output_bias(model, params0)
+  recover_auto = jitted(_recover_words_auto, static_argnames=('q',))
   auto = np.asarray(
-    _recover_words_auto(
+    recover_auto(
       delta, rows_update, candidates, rows0=rows0, bias0=bias0, q=cfg.fdr_q
     )
   )
   # The same rule with the older row-residual rescue, for comparison.
-  old = np.asarray(
-    _recover_words_auto(delta, rows_update, candidates, q=cfg.fdr_q)
-  )
+  old = np.asarray(recover_auto(delta, rows_update, candidates, q=cfg.fdr_q))
   row['rescue_f1'] = metrics_lib.word_metrics(
     [vocab[k] for k in np.flatnonzero(old)], ds.true_words, vocab_set
   ).f1

@@ -17,13 +17,11 @@
 
 from leakjax.attacks.inversion import bei_hei, dct, embed_parrot, runner
 from leakjax.attacks.inversion.bei_hei import (
-  LAST,
   bei_hei_ids,
   bei_ids,
   decode_ids,
   hei_ids,
   layer_states,
-  parse_layer,
 )
 from leakjax.attacks.inversion.dct import (
   DCTDefense,
@@ -48,7 +46,6 @@ __all__ = [
   'EmbedParrotLoss',
   'InversionConfig',
   'InversionRun',
-  'LAST',
   'apply_dct_defense',
   'bei_hei',
   'bei_hei_ids',
@@ -60,7 +57,6 @@ __all__ = [
   'hei_ids',
   'layer_states',
   'make_dct_defense',
-  'parse_layer',
   'predict_batches',
   'runner',
   'train',

@@ -74,6 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from leakjax import train as train_lib
+from leakjax._jit import jitted
 from leakjax.attacks.inversion import bei_hei as ei
 from leakjax.errors import LeakjaxError, check_finite
 from leakjax.models import gpt2
@@ -638,9 +639,6 @@ def train(
   return {'params': result.params, 'stats': variables['stats']}, result.history
 
 
-_predict_jit = functools.partial(jax.jit, static_argnames=('config',))(predict)
-
-
 def predict_batches(
   config: EmbedParrotConfig,
   variables: PyTree,
@@ -650,7 +648,7 @@ def predict_batches(
   batch_size: int = 64,
 ) -> np.ndarray:
   """:func:`predict` over host arrays in fixed-shape chunks, float32 numpy."""
-  fn = functools.partial(_predict_jit, config)
+  fn = functools.partial(jitted(predict, static_argnames=('config',)), config)
   n = len(inputs)
   out = []
   for start in range(0, n, batch_size):

@@ -27,6 +27,7 @@ import numpy as np
 from absl import logging
 
 from leakjax import io, models, provenance, sharding
+from leakjax._jit import jitted
 from leakjax.attacks.inversion import bei_hei
 from leakjax.attacks.inversion import texts as texts_lib
 from leakjax.attacks.inversion.texts import Split
@@ -245,9 +246,10 @@ def width_batches(
     yield rows, real, width
 
 
-@functools.partial(
-  jax.jit, static_argnames=('model', 'decode_layers', 'keep_layers')
-)
+# The static arguments of `_target_pass` under `jax.jit` (`run_target` jits it).
+_TARGET_PASS_STATIC = ('model', 'decode_layers', 'keep_layers')
+
+
 def _target_pass(
   params, ids, mask, *, model: Model, decode_layers: tuple, keep_layers: tuple
 ):
@@ -269,10 +271,6 @@ def _target_pass(
   return jnp.stack(bei), jnp.stack(hei), keep
 
 
-# BEI and HEI ids of given states `[B, T, D]`: one compile per model.
-_invert = jax.jit(bei_hei.bei_hei_ids, static_argnames=('model',))
-
-
 def run_target(
   model: Model,
   params,
@@ -290,7 +288,7 @@ def run_target(
     `keep`: float16 `[len(keep_layers), N, T, D]` hidden states.
   """
   fn = functools.partial(
-    _target_pass,
+    jitted(_target_pass, static_argnames=_TARGET_PASS_STATIC),
     model=model,
     decode_layers=tuple(decode_layers),
     keep_layers=tuple(keep_layers),
@@ -352,9 +350,11 @@ def invert_states(
   """(BEI, HEI) ids of host states `[N, T, D]`, in fixed-shape chunks."""
   bei, hei = [], []
   n, bs = len(hidden), batch_size
+  # BEI and HEI ids of states `[B, T, D]`: one compile per model.
+  invert = jitted(bei_hei.bei_hei_ids, static_argnames=('model',))
   for s in range(0, n, bs):
     rows = np.minimum(np.arange(s, s + bs), n - 1)  # repeat-pad the tail
-    b, e = _invert(model, params, jnp.asarray(hidden[rows], jnp.float32))
+    b, e = invert(model, params, jnp.asarray(hidden[rows], jnp.float32))
     bei.append(np.asarray(b)[: min(bs, n - s)])
     hei.append(np.asarray(e)[: min(bs, n - s)])
   return np.concatenate(bei), np.concatenate(hei)

@@ -18,6 +18,7 @@ import numpy as np
 from absl import logging
 
 from leakjax import io
+from leakjax._jit import jitted
 from leakjax.attacks.inversion import dct
 from leakjax.attacks.inversion import embed_parrot as ep
 from leakjax.attacks.inversion.hidden_states import (
@@ -31,11 +32,6 @@ from leakjax.attacks.inversion.texts import Split
 
 if TYPE_CHECKING:
   from leakjax.attacks.inversion.runner import InversionConfig
-
-# The DCT defense and the perplexity with it: one compile per model (and
-# layer), not per call.
-_apply_dct_defense = jax.jit(dct.apply_dct_defense)
-_defended_nll = jax.jit(dct.defended_nll, static_argnames=('model', 'layer'))
 
 
 def score_layers(recorder: Recorder, target: Target, states: States) -> None:
@@ -72,7 +68,8 @@ def corpus_ppl(
   """The target's perplexity over `ppl_splits`, with the defense's
   `overlap` at `layer` (None, None: undefended)."""
   # One compile per layer, not per defense: the overlap is an argument.
-  fn = functools.partial(_defended_nll, target.model, layer=layer)
+  defended_nll = jitted(dct.defended_nll, static_argnames=('model', 'layer'))
+  fn = functools.partial(defended_nll, target.model, layer=layer)
   total, count = 0.0, 0.0
   for split in ppl_splits.values():
     for rows, real, width in width_batches(
@@ -144,7 +141,7 @@ def score_defenses(
         defended = np.concatenate(
           [
             np.asarray(
-              _apply_dct_defense(
+              jitted(dct.apply_dct_defense)(
                 jnp.asarray(hidden[s : s + cfg.batch_size], jnp.float32),
                 defense.overlap,
               )

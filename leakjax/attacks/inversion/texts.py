@@ -19,6 +19,7 @@ import numpy as np
 from absl import logging
 
 from leakjax import data as data_lib
+from leakjax._jit import jitted
 from leakjax.attacks.inversion import bei_hei
 from leakjax.errors import LeakjaxError
 from leakjax.models import Model, sampling
@@ -136,8 +137,9 @@ def model_samples(
   prompt = jnp.full((batch_size, 1), start, jnp.int32)
   kept: dict[str, None] = {}
   started, rows = time.time(), 0
+  draw = jitted(sampling.sample, static_argnames=sampling.SAMPLE_STATIC)
   while len(kept) < cfg.train_samples:
-    ids = sampling.sample(
+    ids = draw(
       model,
       params,
       jax.random.fold_in(key, rows),

@@ -10,7 +10,7 @@ run (no training; its config from `<workdir>/config.json`), and writes
   projects the noisy update on it; best single cut (chosen with the
   truth). A reference, not a strict bound: absent words are projected on
   their own noise-free drift, so frequent ones score high.
-* `mixture_rule` / `mixture_oracle`: `gboard.mixture_word_posterior` with
+* `mixture_rule` / `mixture_oracle`: `gboard.mixture.mixture_word_posterior` with
   its no-oracle cut (`expected_f1_cut`) and with the best cut.
 * `stouffer_rule` / `stouffer_oracle`: the rule it replaced (bias z +
   row chi-square, `max_f1_cut` among rising biases) and its best cut.
@@ -34,7 +34,7 @@ import numpy as np
 from absl import app, flags
 
 from leakjax.attacks import gboard
-from leakjax.attacks.gboard import clients, runner
+from leakjax.attacks.gboard import clients, mixture, runner, thresholds
 from leakjax.attacks.gboard import corpora as corpora_lib
 from studies import report_dir
 
@@ -125,11 +125,11 @@ def main(argv):
       unit = xc / (np.linalg.norm(xc, axis=1, keepdims=True) + 1e-12)
       genie = best_cut((xn * unit).sum(1), truth, n_true, cand)
       d, r, c = jnp.asarray(db), jnp.asarray(dw), jnp.asarray(cand)
-      lo, post = gboard.mixture_word_posterior(d, r, c)
+      lo, post = mixture.mixture_word_posterior(d, r, c)
       lo = np.asarray(lo)
-      rule = lo > float(gboard.expected_f1_cut(jnp.asarray(lo), post))
-      old = np.asarray(gboard.stouffer_words(d, r, c))
-      z = np.asarray(gboard.stouffer_scores(d, r, c))
+      rule = lo > float(mixture.expected_f1_cut(jnp.asarray(lo), post))
+      old = np.asarray(thresholds.stouffer_words(d, r, c))
+      z = np.asarray(thresholds.stouffer_scores(d, r, c))
       rose = db > 0
       x = xn[cand] - np.median(xn[cand], 0)
       x /= 1.4826 * np.median(np.abs(x))

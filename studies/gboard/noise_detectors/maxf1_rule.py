@@ -3,7 +3,7 @@
 Until the Stouffer and mixture rules (leakjax.attacks.gboard), the noisy
 regime was cut on the bias alone by `choose_threshold(delta, 'maxf1')`:
 the cut on the robust bias z-scores that maximises the *estimated* F1 under
-a Gaussian null (:func:`leakjax.attacks.gboard.max_f1_cut`). Above a cut t,
+a Gaussian null (:func:`leakjax.attacks.gboard.thresholds.max_f1_cut`). Above a cut t,
 `k(t)` entries pass and `V Φ(-t)` of them are expected from the null, so
 `TP(t) ≈ k(t) - V Φ(-t)`; the number of typed words is estimated as
 `n1 = max_t TP(t)` and the cut maximises `2 TP(t) / (k(t) + n1)`. Unlike
@@ -31,8 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from leakjax import metrics
 from leakjax.attacks import gboard
-from leakjax.attacks.gboard import clients, runner
+from leakjax.attacks.gboard import clients, runner, thresholds
 from leakjax.attacks.gboard import corpora as corpora_lib
 
 
@@ -59,8 +60,8 @@ def maxf1_threshold(
   delta = delta.astype(jnp.float32)
   if candidates is None:
     candidates = jnp.ones(delta.shape, bool)
-  center, scale = gboard.robust_noise_scale(delta, candidates)
-  cut = gboard.max_f1_cut((delta - center) / scale, candidates, eligible)
+  center, scale = thresholds.robust_noise_scale(delta, candidates)
+  cut = thresholds.max_f1_cut((delta - center) / scale, candidates, eligible)
   return jnp.maximum(center + scale * cut, 0.0)
 
 
@@ -89,7 +90,7 @@ def main(argv):
 
     def f1(mask, ds=ds):
       words = [vocab[k] for k in np.flatnonzero(np.asarray(mask))]
-      m = gboard.word_metrics(words, ds.true_words, vocab_set)
+      m = metrics.word_metrics(words, ds.true_words, vocab_set)
       return m.f1 / m.f1_upper if m.f1_upper else 0.0
 
     fdr = gboard.choose_threshold(delta, 'fdr', q=cfg.fdr_q, candidates=cand)
