@@ -44,8 +44,9 @@ import numpy as np
 from absl import logging
 
 from leakjax import data as data_lib
-from leakjax import io, metrics, models, quickstart_corpus
+from leakjax import io, metrics, models
 from leakjax import train as train_lib
+from leakjax.attacks.common.corpus import load_texts, writer_inputs
 from leakjax.attacks.dager import client, hybrid, pipeline, search
 from leakjax.errors import LeakjaxError, check_positive
 
@@ -286,27 +287,6 @@ class DagerRun:
 
 
 # ------------------------------------------------------------------- data
-def load_texts(config: DagerConfig) -> list[str]:
-  """The private corpus of `config` (`data`, `data_column`, `data_label`;
-  no `data`: the embedded sentences of the FILM quickstart)."""
-  if not config.data:
-    return list(quickstart_corpus.SENTENCES)
-  return data_lib.load_corpus(
-    config.data, column=config.data_column, label=config.data_label
-  )
-
-
-def writer_inputs(config: DagerConfig, texts: Sequence[str]) -> dict[str, Any]:
-  """The run's inputs by name, for :class:`leakjax.io.ExperimentWriter`:
-  the corpus, its texts and the model file (their sha256 go to
-  provenance.json)."""
-  return {
-    'data': config.data,
-    'texts': list(texts),
-    'model': models.source_path(config.model),
-  }
-
-
 def private_sentences(
   config: DagerConfig, texts: Sequence[str], tokenizer
 ) -> list[str]:

@@ -51,9 +51,10 @@ import numpy as np
 from absl import logging
 
 from leakjax import data as data_lib
-from leakjax import io, metrics, models, quickstart_corpus
+from leakjax import io, metrics, models
 from leakjax._jit import jitted
 from leakjax.attacks.common import bag as bow
+from leakjax.attacks.common.corpus import load_texts, writer_inputs
 from leakjax.attacks.film import bag_only, client, pipeline, training
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
@@ -368,27 +369,6 @@ class FilmRun:
 
 
 # ------------------------------------------------------------------- data
-def load_texts(config: FilmConfig) -> list[str]:
-  """The private corpus of `config` (`data`, `data_column`, `data_label`;
-  no `data`: the embedded quickstart sentences)."""
-  if not config.data:
-    return list(quickstart_corpus.SENTENCES)
-  return data_lib.load_corpus(
-    config.data, column=config.data_column, label=config.data_label
-  )
-
-
-def writer_inputs(config: FilmConfig, texts: Sequence[str]) -> dict[str, Any]:
-  """The run's inputs by name, for :class:`leakjax.io.ExperimentWriter`:
-  the corpus, its texts and the model file (their sha256 go to
-  provenance.json)."""
-  return {
-    'data': config.data,
-    'texts': list(texts),
-    'model': models.source_path(config.model),
-  }
-
-
 def private_sentences(
   config: FilmConfig,
   texts: Sequence[str],
