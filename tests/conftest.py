@@ -21,6 +21,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
 os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
 
+import gc
 import shutil
 import sys
 import tempfile
@@ -52,6 +53,22 @@ def pytest_sessionfinish(session):
   # The controller (or a run without xdist) removes the cache it made.
   if _OWN_CACHE and not hasattr(session.config, 'workerinput'):
     shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _release_compiled_programs():
+  """Drops the compiled programs a test file leaves behind.
+
+  A worker runs many test files in one process, and each file's programs
+  (the tiny models' and SmolLM2's, at many shapes) would otherwise stay in
+  memory until the worker ends; on the 24 GB development machine the last
+  file of a worker then ran out of memory. The persistent compilation cache
+  above keeps them on disk, so a later file that needs one loads it instead
+  of compiling it again.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 @pytest.fixture(scope='module')
