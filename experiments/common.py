@@ -308,6 +308,29 @@ def _define_flag(name: str, hint, default, doc: str) -> None:
     getattr(flags, f'DEFINE_{kind}')(name, default, doc)
 
 
+def define_preset_flag(presets) -> None:
+  """--preset: one of `presets` (a :class:`leakjax.presets.Presets`), its
+  default theirs; :func:`config_from_flags` fills the flags not given
+  from it."""
+  flags.DEFINE_enum(
+    'preset',
+    presets.default,
+    list(presets),
+    'Named preset that sets the defaults: '
+    + presets.describe()
+    + '. Flags given on the command line or in a flagfile override it.',
+  )
+
+
+def config_from_preset_flags(presets, **overrides):
+  """The config of the parsed flags, `--preset`'s values where a flag was
+  not given (the config records the preset's name when it has a `preset`
+  field: the `--preset` flag fills it)."""
+  return config_from_flags(
+    presets.config_class, preset=presets.overrides(FLAGS.preset), **overrides
+  )
+
+
 def _flag_value(name: str, hint, preset: dict, key: str):
   """The flag `name`'s value, typed; a preset's value where the flag was
   not given (`preset[key]`)."""

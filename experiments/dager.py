@@ -90,14 +90,7 @@ SKIPPED = ('hybrid_max_length',)
 
 def define_flags() -> None:
   common.define_common_flags('/tmp/leakjax_dager')
-  flags.DEFINE_enum(
-    'preset',
-    presets.DEFAULT,
-    list(presets.PRESETS),
-    'Named preset that sets the defaults (leakjax.attacks.dager.presets):'
-    " paper (DAGER's protocol) or strongest (exact DAGER below the rank"
-    ' limit, the strongest hybrid past it); explicit flags override it.',
-  )
+  common.define_preset_flag(presets.PRESETS)
   common.define_config_flags(DagerConfig, skip=SKIPPED)
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)
@@ -106,10 +99,7 @@ def define_flags() -> None:
 def config_from_flags() -> DagerConfig:
   """The config of the parsed flags: `--preset`'s values where a flag was
   not given."""
-  f = flags.FLAGS
-  return common.config_from_flags(
-    DagerConfig, preset=presets.overrides(f.preset)
-  )
+  return common.config_from_preset_flags(presets.PRESETS)
 
 
 def main(argv):
