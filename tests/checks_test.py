@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from leakjax import attacks, errors, fl, models
+from leakjax._jit import jitted
 from leakjax.attacks import dager
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2
@@ -229,9 +230,12 @@ def test_a_bag_without_the_span_facts_says_so():
 def test_dager_checks_its_facts_before_any_work():
   model, params = tiny()
   grads = tiny_grads()
+  # The wrappers dager.recover jits its kernels with (cached per kernel).
+  layer1 = dager.pipeline._layer1  # pylint: disable=protected-access
+  span2 = dager.pipeline._span2  # pylint: disable=protected-access
   sizes = (
-    dager.pipeline._layer1._cache_size(),  # pylint: disable=protected-access
-    dager.pipeline._span2._cache_size(),  # pylint: disable=protected-access
+    jitted(layer1, static_argnames=('model', 'config'))._cache_size(),
+    jitted(span2, static_argnames=('model', 'config'))._cache_size(),
   )
   no_head = model.replace(head_fn=None)
   with pytest.raises(
@@ -272,8 +276,8 @@ def test_dager_checks_its_facts_before_any_work():
       model.replace(tokenizer=OnlyBos()), params, grads, config=dager_config()
     )
   assert sizes == (
-    dager.pipeline._layer1._cache_size(),  # pylint: disable=protected-access
-    dager.pipeline._span2._cache_size(),  # pylint: disable=protected-access
+    jitted(layer1, static_argnames=('model', 'config'))._cache_size(),
+    jitted(span2, static_argnames=('model', 'config'))._cache_size(),
   )  # nothing was compiled, so nothing ran
   # Without the last-token completion, no head is needed.
   out = dager.recover(

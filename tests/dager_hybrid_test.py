@@ -19,11 +19,34 @@ import pytest
 from dager_test import D, V, pad, tiny  # the same tiny models
 
 from leakjax import fl
+from leakjax._jit import jitted
 from leakjax.attacks.dager import hybrid
 from leakjax.attacks.dager import search as sr
 from leakjax.attacks.dager.pipeline import head_path
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import get_path
+
+# The kernels as the host loop calls them: the loop's own jitted wrappers
+# (`leakjax._jit.jitted`, cached per kernel and options), the model and the
+# settings static.
+hybrid_search = jitted(
+  hybrid.hybrid_search, static_argnames=('model', 'config')
+)
+hybrid_beams = jitted(hybrid.hybrid_beams, static_argnames=('model', 'config'))
+block_span = jitted(
+  hybrid.block_span, static_argnames=('model', 'block', 'drop', 'span_config')
+)
+span_candidates = jitted(
+  hybrid.span_candidates, static_argnames=('model', 'span_config')
+)
+select_by_gradient = jitted(
+  hybrid.select_by_gradient, static_argnames=('k', 'max_swaps')
+)
+pool_head_gradients = jitted(
+  hybrid.pool_head_gradients, static_argnames=('model',)
+)
+raw_head_rows = jitted(hybrid.raw_head_rows, static_argnames=('model',))
+start_counts = jitted(hybrid.start_counts, static_argnames=('dims',))
 
 BOS = V - 1
 END = 99  # what the search is told is the sentence end ('.')
@@ -107,10 +130,10 @@ def gradient(family):
   )
 
 
-def search(family, taken_rows, config=CONFIG):
+def search(family, taken_rows, config=CONFIG, kernel=hybrid_search):
   model, params = tiny(family)
   grads = gradient(family)
-  span2 = hybrid.block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
+  span2 = block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
   assert bool(span2.valid)  # 13 input positions < d = 32
   # The batch's tokens and three that are not in it.
   real = sorted({v for r in ROWS for v in r[1:]} | set(_PERM[20:23]))
@@ -122,7 +145,7 @@ def search(family, taken_rows, config=CONFIG):
   for i, r in enumerate(taken_rows):
     taken[i, : len(r)] = r
     taken_len[i] = len(r)
-  row, length, score = hybrid.hybrid_search(
+  row, length, score = kernel(
     model,
     params,
     span2,
@@ -182,7 +205,7 @@ def test_beams_are_ranked_and_lead_with_the_search_sentence(family):
   # hybrid_search's sentence, and the others differ from it.
   model, params = tiny(family)
   grads = gradient(family)
-  span2 = hybrid.block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
+  span2 = block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
   real = sorted({v for r in ROWS for v in r[1:]} | set(_PERM[20:23]))
   cands = np.asarray(real + [0] * (-len(real) % 8), np.int32)
   valid = np.arange(len(cands)) < len(real)
@@ -197,9 +220,9 @@ def test_beams_are_ranked_and_lead_with_the_search_sentence(family):
     jnp.zeros((1,), jnp.int32),
     jnp.asarray(BOS, jnp.int32),
   )
-  row, length, score = hybrid.hybrid_search(*args, config=CONFIG.search)
+  row, length, score = hybrid_search(*args, config=CONFIG.search)
   rows, lengths, keys = map(
-    np.asarray, hybrid.hybrid_beams(*args, config=CONFIG.search)
+    np.asarray, hybrid_beams(*args, config=CONFIG.search)
   )
   assert rows.shape == (CONFIG.beams, CONFIG.max_length)
   np.testing.assert_array_equal(rows[0], np.asarray(row))
@@ -228,9 +251,9 @@ def test_pool_variants_hold_each_searchs_alternatives_once():
 
 def test_search_compiles_once_for_new_taken_rows():
   search('gpt2', [])
-  size = hybrid.hybrid_search._cache_size()
+  size = hybrid_search._cache_size()
   search('gpt2', [ROWS[0]])
-  assert hybrid.hybrid_search._cache_size() == size
+  assert hybrid_search._cache_size() == size
 
 
 def test_host_settings_never_recompile_the_search():
@@ -238,7 +261,7 @@ def test_host_settings_never_recompile_the_search():
   # and the host loop's settings give the same SearchConfig, so the search
   # compiles once and returns the same sentence, bit for bit.
   first = search('gpt2', [])
-  size = hybrid.hybrid_search._cache_size()
+  size = hybrid_search._cache_size()
   host = dataclasses.replace(
     CONFIG,
     oversample=2.0,
@@ -254,12 +277,43 @@ def test_host_settings_never_recompile_the_search():
     CONFIG.search
   )
   assert search('gpt2', [], config=host) == first
-  assert hybrid.hybrid_search._cache_size() == size
+  assert hybrid_search._cache_size() == size
   # A setting the kernel reads does compile anew.
   search('gpt2', [], config=dataclasses.replace(CONFIG, weight_span=0.5))
-  assert hybrid.hybrid_search._cache_size() == size + 1
+  assert hybrid_search._cache_size() == size + 1
   assert set(f.name for f in dataclasses.fields(hybrid.SearchConfig)) < set(
     f.name for f in dataclasses.fields(hybrid.HybridConfig)
+  )
+
+
+def test_kernels_run_eagerly_and_under_a_users_own_jit():
+  # The kernels are plain functions: called eagerly, or jitted by the
+  # user, they give what the host loop's wrappers give.
+  first = search('gpt2', [])
+  own = jax.jit(hybrid.hybrid_search, static_argnames=('model', 'config'))
+  assert search('gpt2', [], kernel=own) == first
+  assert search('gpt2', [], kernel=hybrid.hybrid_search) == first
+  model, params = tiny('gpt2')
+  grads = gradient('gpt2')
+  config = hybrid.HybridConfig().span
+  np.testing.assert_array_equal(
+    np.asarray(hybrid.span_candidates(model, params, grads, config)),
+    np.asarray(span_candidates(model, params, grads, config)),
+  )
+  eager = hybrid.block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
+  jit = block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
+  assert int(eager.rank) == int(jit.rank) and bool(eager.valid)
+  cands = jnp.arange(V, dtype=jnp.int32)
+  np.testing.assert_array_equal(
+    np.asarray(hybrid.raw_head_rows(model, grads, cands)),
+    np.asarray(raw_head_rows(model, grads, cands)),
+  )
+  rng = np.random.default_rng(0)
+  features = jnp.asarray(rng.normal(size=(14, 20)) + 0.3)
+  target = jnp.asarray(rng.normal(size=20) + 1.0)
+  np.testing.assert_array_equal(
+    np.asarray(hybrid.select_by_gradient(features, target, 5)),
+    np.asarray(select_by_gradient(features, target, 5)),
   )
 
 
@@ -294,7 +348,7 @@ def test_span_candidates_are_the_filter_or_the_closest_tokens():
   grads = gradient('gpt2')
   config = hybrid.HybridConfig().span
   mask, res, _ = sr.token_filter(model, params, grads, config=config)
-  got = hybrid.span_candidates(model, params, grads, config)
+  got = span_candidates(model, params, grads, config)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(mask))
   assert np.asarray(got).sum() == len({v for r in ROWS for v in r[:-1]})
   # A full-rank block-1 gradient: no gap, so the closest tokens, as many
@@ -304,7 +358,7 @@ def test_span_candidates_are_the_filter_or_the_closest_tokens():
   )
   _, res, span1 = sr.token_filter(model, params, noisy, config=config)
   assert not bool(span1.valid)
-  got = np.asarray(hybrid.span_candidates(model, params, noisy, config))
+  got = np.asarray(span_candidates(model, params, noisy, config))
   k = min(int(span1.rank), int(config.max_rank_fraction * D))
   np.testing.assert_array_equal(
     np.flatnonzero(got), np.sort(np.argsort(np.asarray(res))[:k])
@@ -399,8 +453,8 @@ def head_search(family, real, valid, head, config, is_start=None):
   taken before; the sentence's token ids."""
   model, params = tiny(family)
   grads = gradient(family)
-  span2 = hybrid.block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
-  row, length, _ = hybrid.hybrid_search(
+  span2 = block_span(model, grads, 1, CONFIG.span_dims, CONFIG.span)
+  row, length, _ = hybrid_search(
     model,
     params,
     span2,
@@ -453,7 +507,7 @@ def test_select_by_gradient_is_at_least_greedy_and_swap_optimal():
   features = rng.normal(size=(14, 20)) + 0.3
   target = rng.normal(size=20) + 1.0
   got = np.asarray(
-    hybrid.select_by_gradient(jnp.asarray(features), jnp.asarray(target), 5)
+    select_by_gradient(jnp.asarray(features), jnp.asarray(target), 5)
   ).tolist()
   assert got == sorted(got) and len(set(got)) == 5
   # Greedy forward selection, by brute force.
@@ -481,7 +535,7 @@ def test_select_by_gradient_finds_a_planted_set_among_near_copies():
     copies = base[[2, 5, 9]] + 0.3 * rng.normal(size=(3, 40))
     pool = np.concatenate([base, copies])
     target = 0.1 * base[[2, 5, 9]].sum(0)
-    got = hybrid.select_by_gradient(jnp.asarray(pool), jnp.asarray(target), 3)
+    got = select_by_gradient(jnp.asarray(pool), jnp.asarray(target), 3)
     assert np.asarray(got).tolist() == [2, 5, 9], trial
 
 
@@ -498,14 +552,12 @@ def test_pool_gradients_sum_to_the_batch_gradient(family):
     tokens[i, : len(row)] = row
   lengths = jnp.asarray([len(r) for r in ROWS], jnp.int32)
   pool = np.asarray(
-    hybrid.pool_head_gradients(
-      model, params, jnp.asarray(tokens), lengths, cands
-    ),
+    pool_head_gradients(model, params, jnp.asarray(tokens), lengths, cands),
     np.float64,
   )
   assert pool.shape == (2, V, D)
   n = sum(len(r) - 1 for r in ROWS)
-  raw = np.asarray(hybrid.raw_head_rows(model, gradient(family), cands))
+  raw = np.asarray(raw_head_rows(model, gradient(family), cands))
   np.testing.assert_allclose(pool.sum(0) / n, raw, atol=2e-6)
   # One sentence alone does not explain the whole gradient.
   assert np.abs(pool[0] / n - raw).max() > 1e-3
@@ -520,11 +572,11 @@ def test_select_with_groups_takes_one_row_per_group_and_is_swap_optimal():
   groups = np.arange(12) // 2
   target = features[[0, 1, 6]].sum(0)
   free = np.asarray(
-    hybrid.select_by_gradient(jnp.asarray(features), jnp.asarray(target), 3)
+    select_by_gradient(jnp.asarray(features), jnp.asarray(target), 3)
   ).tolist()
   assert free == [0, 1, 6]
   got = np.asarray(
-    hybrid.select_by_gradient(
+    select_by_gradient(
       jnp.asarray(features),
       jnp.asarray(target),
       3,
@@ -541,7 +593,7 @@ def test_select_with_groups_takes_one_row_per_group_and_is_swap_optimal():
       if len({groups[x] for x in swapped}) == 3:
         assert match(features, target, swapped) <= best + 1e-5
   # Groups of single rows are the unconstrained selection.
-  same = hybrid.select_by_gradient(
+  same = select_by_gradient(
     jnp.asarray(features),
     jnp.asarray(target),
     3,
@@ -599,7 +651,7 @@ def test_pool_gram_is_the_weighted_features_gram(chunk, transformed):
     transform=jnp.asarray(transform) if transformed else None,
   )
   feats = np.asarray(
-    hybrid.pool_head_gradients(
+    pool_head_gradients(
       model, params, jnp.asarray(tokens), jnp.asarray(lengths), cands
     ),
     np.float64,
@@ -656,7 +708,7 @@ def test_start_counts_read_planted_counts_and_match_numpy():
   others = rng.normal(size=(c_num, 12)) @ basis
   rows = np.outer(counts - b * prior, first) / n_targets + others
   valid = np.ones(c_num, bool)
-  got, n = hybrid.start_counts(
+  got, n = start_counts(
     *(jnp.asarray(x, jnp.float32) for x in (rows, first, samples, prior)),
     jnp.asarray(valid),
     b,
@@ -667,7 +719,7 @@ def test_start_counts_read_planted_counts_and_match_numpy():
   # Fewer directions than the contexts span: not exact, but the same
   # arithmetic as NumPy's, and invalid candidates count 0.
   valid[-2:] = False
-  got, n = hybrid.start_counts(
+  got, n = start_counts(
     *(jnp.asarray(x, jnp.float32) for x in (rows, first, samples, prior)),
     jnp.asarray(valid),
     b,
@@ -797,7 +849,7 @@ def test_evidence_matches_numpy_and_reads_a_planted_context():
   np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6 * abs(want).max())
   assert got[0, 0] > 0 and got[0, 1] < 0 and got[0, 1] == got[0].min()
   # head_score's own fields: the unnormalised transformed rows and noise.
-  raw = np.asarray(hybrid.raw_head_rows(model, grads, cands), np.float64)
+  raw = np.asarray(raw_head_rows(model, grads, cands), np.float64)
   r = raw @ m
   np.testing.assert_allclose(np.asarray(head.transformed), r, rtol=1e-3)
   rn = np.linalg.norm(r, axis=1)

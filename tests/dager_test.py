@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from leakjax import fl, models, sharding
+from leakjax._jit import jitted
 from leakjax.attacks import dager
 from leakjax.attacks.common import span as span_lib
 from leakjax.attacks.dager import search as sr
@@ -341,24 +342,27 @@ def test_search_split_over_a_mesh_decides_the_same():
     )
 
 
+def recover_wrappers():
+  """The jitted wrappers :func:`dager.recover` calls (`jitted` caches one
+  per kernel and options)."""
+  return (
+    jitted(sr.sequence_search, static_argnames=sr.SEARCH_STATIC),
+    jitted(dager.pipeline._layer1, static_argnames=('model', 'config')),
+    jitted(dager.pipeline._span2, static_argnames=('model', 'config')),
+  )
+
+
 def test_recover_compiles_the_search_once():
   model, params = tiny('gpt2')
   first = dager.recover(model, params, gradient('gpt2', 'equal'), config=CONFIG)
-  sizes = (
-    sr.sequence_search._cache_size(),
-    dager.pipeline._layer1._cache_size(),
-    dager.pipeline._span2._cache_size(),
-  )
+  sizes = tuple(f._cache_size() for f in recover_wrappers())
+  assert all(sizes)  # recover called these wrappers
   # Another batch: 13 candidates instead of 16, both padded to 16.
   second = dager.recover(
     model, params, gradient('gpt2', 'padded'), config=CONFIG
   )
   assert len(first.candidates) != len(second.candidates)
-  assert (
-    sr.sequence_search._cache_size(),
-    dager.pipeline._layer1._cache_size(),
-    dager.pipeline._span2._cache_size(),
-  ) == sizes
+  assert tuple(f._cache_size() for f in recover_wrappers()) == sizes
   assert_recovered('gpt2', BATCHES['padded'], second)
 
 

@@ -251,7 +251,9 @@ def main(argv):
     out[f'lm+head+evidence,w=12.0,e={e}'] = fractions(r)
   # The tied gradient's parts (ceilings: computed from the batch).
   assert model.paths.lm_head is None, 'the decomposition assumes a tied head'
-  readout = jax.jit(hybrid.head_readout, static_argnums=0)(model, params)
+  readout = jax.jit(hybrid.head_readout, static_argnames=('model',))(
+    model, params
+  )
   h_in = zj @ readout  # [P, d] head inputs
   n = zj.shape[0]
   expected = jax.nn.softmax(zj, axis=-1)[:, jnp.asarray(cands)].T @ h_in / n

@@ -238,6 +238,7 @@ def refine(
   ends = np.asarray(ends, bool)
   candidates = jnp.asarray(padded)
   readout = hybrid.head_readout(model, params)
+  pool_rows = jax.jit(hybrid.pool_head_gradients, static_argnames=('model',))
   if transform is None:
     transform = jnp.eye(readout.shape[1])
   transform = jnp.asarray(transform, jnp.float32)
@@ -266,7 +267,7 @@ def refine(
       n = jnp.asarray(lengths[i : i + chunk])
       out.append(
         (
-          hybrid.pool_head_gradients(model, params, t, n, candidates),
+          pool_rows(model, params, t, n, candidates),
           sentence_log_probs(model, params, t, n) if lm else jnp.zeros(len(t)),
         )
       )

@@ -33,6 +33,7 @@ Usage (repository root):
 import dataclasses
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
@@ -93,10 +94,11 @@ def study(model, params, cfg, row, whiten: bool = False) -> dict:
     'first_b': scores(row['originals'], [texts[i] for i in first]),
   }
   run_texts = sorted(row['recovered'])
+  select = jax.jit(hybrid.select_from_gram, static_argnames=('k', 'max_swaps'))
   for q, (g, a) in zip(POWERS, zip(gram, along)):
     cell = {}
     for name, idx in rows.items():
-      chosen = hybrid.select_from_gram(
+      chosen = select(
         jnp.asarray(g[np.ix_(idx, idx)]),
         jnp.asarray(a[idx]),
         b,

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from leakjax import fl
+from leakjax._jit import jitted
 from leakjax.errors import LeakjaxError
 
 if TYPE_CHECKING:
@@ -67,14 +68,14 @@ def consecutive_batches(
 def client_view(model, params, ids, mask, spec: str, cfg: DagerConfig, *, key):
   """What the client sends under defense `spec`, as a gradient."""
   kind, values = parse_defense(spec)
-  # The runner jits the client's step; jax.jit caches compilations by
-  # function and static arguments, so each model and defense compiles once.
+  # The runner jits the client's step once per process (`jitted`): each
+  # model and defense compiles once.
   if kind == 'fedavg':
     epochs, batch = int(values[0]), int(values[1])
     config = fl.ClientConfig(
       epochs=epochs, batch_size=batch, learning_rate=cfg.fedavg_lr
     )
-    update = jax.jit(fl.client_update, static_argnames=fl.CLIENT_UPDATE_STATIC)
+    update = jitted(fl.client_update, static_argnames=fl.CLIENT_UPDATE_STATIC)
     result = update(model, params, ids, mask, config, key=key)
     steps = epochs * -(-ids.shape[0] // batch)
     scale = -1.0 / (cfg.fedavg_lr * steps)
@@ -84,7 +85,7 @@ def client_view(model, params, ids, mask, spec: str, cfg: DagerConfig, *, key):
     'freeze': fl.freeze_embeddings(model) if kind == 'freeze' else None,
     'noise': fl.single_noise(values[0]) if kind == 'noise' else None,
   }[kind]
-  gradient = jax.jit(
+  gradient = jitted(
     fl.client_gradient, static_argnames=fl.CLIENT_GRADIENT_STATIC
   )
   return gradient(

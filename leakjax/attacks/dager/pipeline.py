@@ -21,6 +21,8 @@ Steps (the kernels are in :mod:`leakjax.attacks.dager.search`):
    target test misses the last tokens ('.', '?'), which the model already
    predicts well.
 
+The kernels are plain functions; :func:`recover` jits each where it calls
+it (`leakjax._jit.jitted`, with the model and the settings static).
 Candidates are padded to `chunk · 2^k` and the recovered sequences to
 `max_length` tokens and `4 · 2^k` rows, so the kernels compile once per
 size bucket; new gradients or new params of the same shapes never
@@ -30,7 +32,6 @@ recompile.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Any
 
@@ -40,6 +41,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from leakjax import checks, sharding
+from leakjax._jit import jitted
 from leakjax.attacks.common.span import span_of
 from leakjax.attacks.dager import search as sr
 from leakjax.errors import LeakjaxError
@@ -113,13 +115,11 @@ class DagerResult:
   seconds: dict[str, float]
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'config'))
 def _layer1(model, params, grads, config):
   mask, res, span1 = sr.token_filter(model, params, grads, config=config)
   return mask, res, span1.rank, span1.valid
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'config'))
 def _span2(model, grads, config):
   return span_of(
     sr.block_gradient(model, grads, 1),
@@ -152,7 +152,6 @@ def head_path(model: Model):
   return model.paths.lm_head or model.paths.word_embeddings
 
 
-@functools.partial(jax.jit, static_argnames=('model',))
 def last_token_scores(
   model: Model,
   params: PyTree,
@@ -179,7 +178,11 @@ def last_token_scores(
   `C = R Hᵀ (H Hᵀ)⁻¹` `[V, n]`, 1 where v is sentence j's last token and 0
   elsewhere; the scores returned are `Cᵀ`.
 
-  Needs the model's `hidden_states` and `lm_head` functions.
+  Needs the model's `hidden_states` and `lm_head` functions. Pure, with
+  `model` static:
+
+  >>> scores = jax.jit(last_token_scores, static_argnames=('model',))(
+  ...   model, params, grads, ids, mask)                      # doctest: +SKIP
   """
   n = ids.shape[0]
   length = mask.sum(1)
@@ -219,7 +222,6 @@ def last_token_scores(
   return jnp.linalg.solve(gram, h @ r.T)  # [n, V]
 
 
-@functools.partial(jax.jit, static_argnames=('model',))
 def _next_token_logits(model, params, ids, mask):
   last = jnp.maximum(mask.sum(1) - 1, 0)
   logits = model.logits(params, ids, mask)
@@ -256,9 +258,11 @@ def complete_last_tokens(
   ids, mask = jnp.asarray(ids), jnp.asarray(mask)
   if not np.any(np.asarray(get_path(grads, head_path(model)))):
     # A frozen head sends no gradient: the LM's likeliest next token.
-    scores = np.asarray(_next_token_logits(model, params, ids, mask))
+    logits = jitted(_next_token_logits, static_argnames=('model',))
+    scores = np.asarray(logits(model, params, ids, mask))
   else:
-    scores = np.asarray(last_token_scores(model, params, grads, ids, mask))
+    last = jitted(last_token_scores, static_argnames=('model',))
+    scores = np.asarray(last(model, params, grads, ids, mask))
   best = scores[: len(prefixes)].argmax(1)
   return [list(p) + [int(v)] for p, v in zip(prefixes, best, strict=True)]
 
@@ -308,10 +312,13 @@ def recover(
   )
   seconds = {}
   t0 = time.perf_counter()
-  mask, _, rank1, valid1 = _layer1(model, params, grads, config.span)
+  layer1 = jitted(_layer1, static_argnames=('model', 'config'))
+  mask, _, rank1, valid1 = layer1(model, params, grads, config.span)
   mask = np.asarray(mask)
   cands = np.flatnonzero(mask).astype(np.int32)
-  span2 = _span2(model, grads, config.span)
+  span2 = jitted(_span2, static_argnames=('model', 'config'))(
+    model, grads, config.span
+  )
   rank2, valid2 = int(span2.rank), bool(span2.valid)
   seconds['filter'] = time.perf_counter() - t0
   rank_limited = not (bool(valid1) and valid2)
@@ -328,7 +335,8 @@ def recover(
     padded = np.zeros(size, np.int32)
     padded[: len(cands)] = cands
     valid = np.arange(size) < len(cands)
-    state = sr.sequence_search(
+    search = jitted(sr.sequence_search, static_argnames=sr.SEARCH_STATIC)
+    state = search(
       model,
       params,
       span2,

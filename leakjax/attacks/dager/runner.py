@@ -108,7 +108,8 @@ class DagerConfig:
       gradient (False: DAGER's own output, one token short).
     seed: random seed (defense noise, FedAvg shuffling).
     preset: the named preset the config started from
-      (:mod:`leakjax.attacks.dager.presets`), recorded; None: none.
+      (:mod:`leakjax.attacks.dager.presets`), recorded; None: none. Not
+      compared: two configs whose other fields agree give the same run.
   """
 
   model: str = 'smollm2-135m'
@@ -137,7 +138,7 @@ class DagerConfig:
   extra_live: int = 8
   complete_last_token: bool = True
   seed: int = 0
-  preset: str | None = None
+  preset: str | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
     for name in ('batch_sizes', 'defenses', 'attacks'):

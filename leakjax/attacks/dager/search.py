@@ -43,7 +43,6 @@ value). :func:`sequence_search` runs the steps in one `lax.while_loop`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import flax.struct
@@ -76,13 +75,13 @@ class SpanConfig:
       (:func:`leakjax.attacks.common.span.span_of`).
     max_rank_fraction: rank limit as a fraction of the width d.
 
-  Measured on the pretrained SmolLM2-135M, FILM Enron batches, b = 4 and
-  16: true inputs have layer-1 residuals <= 2.3e-4 and every other token
-  >= 0.037; true extensions have layer-2 residuals <= 1.0e-4 and the
-  closest wrong one >= 3.1e-3 (BOS excepted, see the module docstring).
-  The tolerances sit between, on a log scale. Near the rank limit the drop
-  of a float32 gradient's spectrum shrinks to ~0.5 decades (b = 16, 370
-  input positions), hence the 0.3-decade gap.
+  Each tolerance sits, on a log scale, between the largest residual of a
+  true input (or true extension) and the smallest of any other token (the
+  closest wrong extension), as measured on the pretrained SmolLM2-135M on
+  FILM's Enron batches at b = 4 and 16 (BOS excepted, see the module
+  docstring). Near the rank limit the drop of a float32 gradient's
+  spectrum shrinks to well under one decade (b = 16), hence a minimum gap
+  of a fraction of a decade.
   """
 
   layer1_tolerance: float = 1e-2
@@ -333,18 +332,18 @@ def search_step(
   )
 
 
-@functools.partial(
-  jax.jit,
-  static_argnames=(
-    'model',
-    'max_live',
-    'max_done',
-    'max_length',
-    'tolerance',
-    'chunk',
-    'mesh',
-  ),
+# What :func:`sequence_search` takes as static arguments under `jax.jit`.
+SEARCH_STATIC = (
+  'model',
+  'max_live',
+  'max_done',
+  'max_length',
+  'tolerance',
+  'chunk',
+  'mesh',
 )
+
+
 def sequence_search(
   model: Model,
   params: PyTree,
@@ -361,6 +360,14 @@ def sequence_search(
   mesh: sharding.Mesh | None = None,
 ) -> SearchState:
   """The whole layer-2 search in one `lax.while_loop` (DAGER, layer 2).
+
+  Pure; jit it with the model and the sizes static, as the pipeline's
+  :func:`recover` does:
+
+  >>> search = jax.jit(sequence_search, static_argnames=SEARCH_STATIC)
+  >>> state = search(model, params, span2, candidates, valid, bos,
+  ...                max_live=24, max_done=64, max_length=64,
+  ...                tolerance=5e-4, chunk=32)               # doctest: +SKIP
 
   Args:
     model: the attacked model (declares `block_inputs`, ideally with
@@ -412,6 +419,7 @@ def sequence_search(
 
 
 __all__ = [
+  'SEARCH_STATIC',
   'SearchState',
   'SpanConfig',
   'block_gradient',

@@ -5,10 +5,10 @@ When a batch holds more input positions than the width d, the span of a
 projection gradient is the whole space and DAGER's test cannot decide
 (Petrov et al., NeurIPS 2024, arXiv 2405.15586). It still carries
 evidence: true block-2 inputs sit closer to the span of the gradient's top
-singular directions than wrong extensions do (measured on SmolLM2,
-b = 64, 1,386 positions: the residual to the top `d - 16` directions
-separates a true extension from a random one of the batch's tokens with
-AUC ~0.86). FILM (Gupta et al., NeurIPS 2022) has the complementary
+singular directions than wrong extensions do (on SmolLM2 at b = 64 the
+residual to the top `d - 16` directions tells a true extension from a
+random one of the batch's tokens well above chance, though not
+reliably). FILM (Gupta et al., NeurIPS 2022) has the complementary
 evidence: the batch's bag of words from the embedding gradient, and the
 language model's prior. The head matrix's gradient has one row per token,
 so no rank limit: a token's row points away from the head inputs of the
@@ -17,10 +17,9 @@ combines the three (our construction; no paper describes it):
 
 * candidates: the bag, DAGER's layer-1 token filter
   (:func:`span_candidates`) and every sentence-ending token. The bag
-  alone misses frequent tokens (SmolLM2, b = 64, Enron batch 0: ' the',
-  ' to', ',', ' of' among others, 18 % of the batch's positions), the
-  layer-1 filter the last token of each sentence (no gradient), which is
-  mostly a sentence end;
+  alone misses frequent tokens (' the', ' to', ',';
+  reports/dager/README.md), the layer-1 filter the last token of each
+  sentence (no gradient), which is mostly a sentence end;
 * a beam search (:func:`hybrid_search`, one `lax.while_loop`) grows one
   sentence from BOS: every step shortlists each beam's `shortlist` likeliest
   candidates under the LM (the first step: every candidate, since after BOS

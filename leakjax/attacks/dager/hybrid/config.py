@@ -2,11 +2,12 @@
 the search and the selection with why each default is what it is, and
 :class:`SearchConfig`, the part the search kernel reads.
 
-The kernel (:func:`hybrid_search`) is jitted with its config static, so it
-gets :attr:`HybridConfig.search` only: a setting that the host loop or the
-selection alone reads (`oversample`, `cuts`, `pool_beams`, `select_weight`,
-`select_whiten`, the head statistics' sample sizes, `start_dims`,
-`span_dims`, `bag_bucket`, `span`) can change without a recompile."""
+The host loop jits the kernel (:func:`hybrid_search`) with its config
+static, so it gets :attr:`HybridConfig.search` only: a setting that the
+host loop or the selection alone reads (`oversample`, `cuts`,
+`pool_beams`, `select_weight`, `select_whiten`, the head statistics'
+sample sizes, `start_dims`, `span_dims`, `bag_bucket`, `span`) can change
+without a recompile."""
 
 from __future__ import annotations
 
@@ -50,19 +51,17 @@ class HybridConfig:
     shortlist: candidates per beam and step whose span residual is
       computed (the LM's likeliest among the candidates).
     span_dims: the span is the gradient's top `d - span_dims` singular
-      directions (past the rank limit the spectrum has no gap; the AUC
-      of true against random extensions grows with the number of
-      directions kept up to d - 16 and drops at d - 1, the noise floor).
+      directions (past the rank limit the spectrum has no gap, so the
+      cut is a choice: keeping more directions separates true from random
+      extensions better until the last ones, which are the noise floor).
     span_block: the block whose attention-input gradient scores the
       extensions (DAGER uses block 1, counting from 0: the second). The
       deepest block the model declares in `attention_inputs`, up to this
       one, is used. Past the rank limit deeper inputs separate the true
-      token from the LM's likeliest wrong one better, but end to end the
-      gain was small at twice the time (measured once on SmolLM2, b = 64,
-      Enron batch 0), so the default stays DAGER's block 1; each block
-      deeper costs one block pass per scored extension.
-    weight_lm: weight of the LM log-probability (a third of it and 1.0
-      moved ROUGE-L on two b = 64 Enron batches little either way).
+      token from the LM's likeliest wrong one better, but each block
+      deeper costs one block pass per scored extension, so the default
+      stays DAGER's block 1 (reports/dager/README.md).
+    weight_lm: weight of the LM log-probability.
     weight_head: weight of the head-gradient term (:class:`HeadScore`, a
       cosine in [-1, 1]; 0: off), 20 x `weight_lm`: given the true prefix
       the head term ranks the true next token first more often than the

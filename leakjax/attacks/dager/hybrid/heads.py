@@ -5,13 +5,12 @@ the mean and whitening of the head inputs under the model's own samples
 
 from __future__ import annotations
 
-import functools
-
 import flax.struct
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from leakjax._jit import jitted
 from leakjax.attacks.dager.hybrid._common import PyTree
 from leakjax.attacks.dager.hybrid.config import HybridConfig
 from leakjax.attacks.dager.pipeline import head_path
@@ -84,11 +83,11 @@ class HeadScore:
     it knows how large a true context's share is: a token that occurs
     once and whose row does not lie along H is strong evidence against
     it, a frequent token's row is weak evidence either way (our
-    construction; no paper describes it). Given the true prefix (b = 64,
-    batch 0, `reports/dager/head_ranks.json`: `lm+head+evidence,w=12.0,
-    e=30.0` against `lm+head,s=0.1,w=12.0`), `0.6 log p + 12 cos + 30 ·`
-    this ranks the true token first at 60 % of positions against 57 %
-    without it (top 32: 92 % against 90 %).
+    construction; no paper describes it). Given the true prefix,
+    `0.6 log p + 12 cos + 30 ·` this ranks the true token first more often
+    than without it (b = 64, batch 0: reports/dager/README.md,
+    `reports/dager/head_ranks.json`, `lm+head+evidence,w=12.0,e=30.0`
+    against `lm+head,s=0.1,w=12.0`).
     """
     h = head @ head_transform(self.mean, self.whiten)
     mu = (1.0 - prob) / self.targets
@@ -127,7 +126,10 @@ def model_head_transform(
   samples after BOS, drawn as :func:`recover` draws them (default key:
   `jax.random.key(0)`, as there)."""
   readout = head_readout(model, params)
-  mean, whiten = head_statistics(
+  statistics = jitted(
+    head_statistics, static_argnames=('model', 'num', 'length', 'shrinkage')
+  )
+  mean, whiten = statistics(
     model,
     params,
     readout,
@@ -140,9 +142,6 @@ def model_head_transform(
   return head_transform(mean, whiten)
 
 
-@functools.partial(
-  jax.jit, static_argnames=('model', 'num', 'length', 'shrinkage')
-)
 def head_statistics(
   model: Model,
   params: PyTree,
@@ -159,7 +158,8 @@ def head_statistics(
   `Σ_s = Σ + shrinkage · tr(Σ)/d · I`.
 
   The model's own text stands in for the private data's, so the attack
-  needs no corpus.
+  needs no corpus. Pure; :func:`head_score` jits it with `model`, `num`,
+  `length` and `shrinkage` static.
   """
   h = sample_head_inputs(
     model, params, readout, start, key=key, num=num, length=length
@@ -167,7 +167,6 @@ def head_statistics(
   return whitening(h.reshape(-1, h.shape[-1]), shrinkage)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'num', 'length'))
 def sample_head_inputs(
   model: Model,
   params: PyTree,
@@ -180,7 +179,8 @@ def sample_head_inputs(
 ) -> Float[Array, 'length num d']:
   """The head inputs along `num` sequences of `length` tokens sampled
   from the model after `start`: row 0 is `start`'s own (the same in every
-  sequence), row i the input after i sampled tokens."""
+  sequence), row i the input after i sampled tokens. Pure, with `model`,
+  `num` and `length` static."""
   cache = model.init_cache(params, num, length + 1)
   first = jnp.full((num, 1), start, jnp.int32)
   logits, cache = model.decode(params, cache, first)
@@ -228,8 +228,11 @@ def head_score(
   e.g. the share the sentences' first targets explain,
   :func:`estimate_starts`; with `targets`, the batch's number of
   targets, it also holds what :meth:`HeadScore.evidence` needs)."""
-  readout = jax.jit(head_readout, static_argnums=0)(model, params)
-  mean, whiten = head_statistics(
+  readout = jitted(head_readout, static_argnames=('model',))(model, params)
+  statistics = jitted(
+    head_statistics, static_argnames=('model', 'num', 'length', 'shrinkage')
+  )
+  mean, whiten = statistics(
     model,
     params,
     readout,
@@ -241,7 +244,7 @@ def head_score(
   )
   if valid is None:
     valid = jnp.ones(candidates.shape, bool)
-  return _head_rows(
+  return jitted(_head_rows, static_argnames=('model',))(
     model,
     grads,
     candidates,
@@ -254,7 +257,6 @@ def head_score(
   )
 
 
-@functools.partial(jax.jit, static_argnames=('model',))
 def _head_rows(
   model, grads, candidates, valid, readout, mean, whiten, shift, targets
 ):
@@ -274,18 +276,17 @@ def _head_rows(
   )
 
 
-@functools.partial(jax.jit, static_argnames=('model',))
 def raw_head_rows(
   model: Model, grads: PyTree, candidates: Int[Array, ' C']
 ) -> Float[Array, 'C d']:
-  """The candidates' negated head-gradient rows `−∇W[v]`, unprocessed."""
+  """The candidates' negated head-gradient rows `−∇W[v]`, unprocessed
+  (pure, `model` static)."""
   g = get_path(grads, head_path(model)).astype(jnp.float32)
   if model.paths.lm_head is not None:
     g = g.T
   return -g[candidates]
 
 
-@functools.partial(jax.jit, static_argnames=('model',))
 def pool_head_gradients(
   model: Model,
   params: PyTree,
@@ -302,7 +303,8 @@ def pool_head_gradients(
   :func:`raw_head_rows`. Under the mean loss the batch's gradient is the
   sum of its sentences' rows over the batch's targets, exactly: a causal
   model's sentences do not interact. One sentence at a time
-  (`lax.map`): only one `[V, d]` gradient is alive.
+  (`lax.map`): only one `[V, d]` gradient is alive. Pure; the selection
+  jits it: `jax.jit(pool_head_gradients, static_argnames=('model',))`.
   """
   path = head_path(model)
   weight = get_path(params, path)

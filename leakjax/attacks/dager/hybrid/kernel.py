@@ -5,8 +5,6 @@ span."""
 
 from __future__ import annotations
 
-import functools
-
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -269,7 +267,6 @@ def hybrid_step(
   )
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'config'))
 def hybrid_search(
   model: Model,
   params: PyTree,
@@ -287,6 +284,14 @@ def hybrid_search(
   taken_skip: Int[Array, ' G'] | None = None,
 ) -> tuple[Int[Array, ' L'], Int[Array, ''], Float[Array, '']]:
   """One sentence: the best beam's `(tokens [L], length, mean score)`.
+
+  Pure; jit it with the model and the settings static, as the host loop
+  (:func:`search_sentences`) does:
+
+  >>> search = jax.jit(hybrid_search, static_argnames=('model', 'config'))
+  >>> tokens, length, score = search(
+  ...   model, params, span2, candidates, valid, is_end, taken,
+  ...   taken_length, bos, config=config.search)             # doctest: +SKIP
 
   Args:
     model: the attacked model (`decode`, `block_decode`), static.
@@ -323,7 +328,6 @@ def hybrid_search(
   return rows[0], lengths[0], keys[0]
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'config'))
 def hybrid_beams(
   model: Model,
   params: PyTree,
@@ -342,7 +346,8 @@ def hybrid_beams(
 ) -> tuple[Int[Array, 'K L'], Int[Array, ' K'], Float[Array, ' K']]:
   """One sentence's final beams, best first: `(tokens [K, L], lengths
   [K], mean scores [K])`, K = `config.beams`; a dead beam scores -inf.
-  The arguments are :func:`hybrid_search`'s, whose sentence is row 0.
+  The arguments are :func:`hybrid_search`'s, whose sentence is row 0;
+  jit it as that one.
   """
   if taken.shape[1] != config.max_length:
     raise LeakjaxError('taken must have max_length columns')

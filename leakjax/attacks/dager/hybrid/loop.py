@@ -1,7 +1,9 @@
 """The host loop: the searches one after the other (:func:`search_sentences`),
-then the selection (:func:`recover`). The search kernel gets
-:attr:`HybridConfig.search` only, so the host's settings never recompile
-it."""
+then the selection (:func:`recover`). The loop jits the kernels where it
+calls them (`leakjax._jit.jitted`: one wrapper per kernel, so every call
+and every run in one process share its compilations). The search kernel
+gets :attr:`HybridConfig.search` only, so the host's settings never
+recompile it."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from leakjax._jit import jitted
 from leakjax.attacks.common import bag as bow
 from leakjax.attacks.dager.hybrid._common import PyTree
 from leakjax.attacks.dager.hybrid.config import HybridConfig
@@ -134,9 +137,10 @@ def search_sentences(
   config = dataclasses.replace(
     config, span_block=max(1, min(config.span_block, declared - 1))
   )
-  span2 = block_span(
-    model, grads, config.span_block, config.span_dims, config.span
+  span = jitted(
+    block_span, static_argnames=('model', 'block', 'drop', 'span_config')
   )
+  span2 = span(model, grads, config.span_block, config.span_dims, config.span)
   searches = max(num_sentences, math.ceil(config.oversample * num_sentences))
   shift = targets = None
   if config.start_dims:
@@ -177,6 +181,8 @@ def search_sentences(
   args = [jnp.asarray(a) for a in (padded, valid, is_end)]
   sequences, scores, alternatives = [], [], []
   kernel = config.search
+  beams_kernel = jitted(hybrid_beams, static_argnames=('model', 'config'))
+  search_kernel = jitted(hybrid_search, static_argnames=('model', 'config'))
   for j in range(searches):
     search_args = (
       model,
@@ -197,11 +203,11 @@ def search_sentences(
     if config.pool_beams > 1:
       rows, lengths, keys = map(
         np.asarray,
-        hybrid_beams(*search_args, config=kernel, taken_skip=skip),
+        beams_kernel(*search_args, config=kernel, taken_skip=skip),
       )
       row, length, score = rows[0], lengths[0], keys[0]
     else:
-      row, length, score = hybrid_search(
+      row, length, score = search_kernel(
         *search_args, config=kernel, taken_skip=skip
       )
     n = int(length)

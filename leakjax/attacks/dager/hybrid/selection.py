@@ -6,7 +6,6 @@ NeurIPS 2022)."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import jax
@@ -14,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from leakjax._jit import jitted
 from leakjax.attacks.dager.hybrid._common import PyTree, _match
 from leakjax.attacks.dager.hybrid.config import HybridConfig
 from leakjax.attacks.dager.hybrid.heads import (
@@ -24,7 +24,6 @@ from leakjax.models.protocol import Model
 from leakjax.tokenization import sentence_end_mask
 
 
-@functools.partial(jax.jit, static_argnames=('k', 'max_swaps'))
 def select_by_gradient(
   features: Float[Array, 'P F'],
   target: Float[Array, ' F'],
@@ -39,7 +38,11 @@ def select_by_gradient(
   with a free scale: the batch's number of targets is unknown), so a
   near-copy of a chosen sentence, which would count its contexts twice,
   loses to a sentence that explains new ones. See :func:`select_from_gram`
-  (this computes its Gram matrix and projections).
+  (this computes its Gram matrix and projections). Pure, `k` and
+  `max_swaps` static:
+
+  >>> select = jax.jit(select_by_gradient, static_argnames=('k', 'max_swaps'))
+  >>> chosen = select(features, target, 3)                    # doctest: +SKIP
 
   Returns:
     int32 `[k]`, the chosen rows in increasing order.
@@ -54,7 +57,6 @@ def select_by_gradient(
   )
 
 
-@functools.partial(jax.jit, static_argnames=('k', 'max_swaps'))
 def select_from_gram(
   gram: Float[Array, 'P P'],
   along: Float[Array, ' P'],
@@ -69,7 +71,8 @@ def select_from_gram(
   other) while the best swap improves the objective, at most `max_swaps`
   (default `k`) times: greedy alone can take a near-copy first and then
   never the original. `O(k P)` per greedy step, `O(P^2)` per swap; the
-  caller may build `gram` in blocks when the features do not fit.
+  caller may build `gram` in blocks when the features do not fit. Pure,
+  `k` and `max_swaps` static (:func:`select_pool` jits it).
 
   Args:
     gram: `F Fᵀ`.
@@ -169,12 +172,12 @@ def cut_variants(
   Each cut keeps the sentence up to a word boundary (before a token that
   `cuttable` marks: one that starts a word or is punctuation) and closes
   it with the sentence's own end token, or `end_id` where it has none
-  (it ran to `max_length`). The searches' sentences run on: at b = 64
-  they average 23 words against the originals' 15, and cutting each
-  where it should end (with the original in hand) lifts ROUGE-L from
-  0.369 to 0.482 (`reports/dager/truncation_bound.json`); the head
-  gradient can tell which cut the batch holds, since a sentence's own
-  gradient counts every context it holds (:func:`pool_head_gradients`).
+  (it ran to `max_length`). The searches' sentences run on, longer than
+  the originals, and cutting each where it should end (with the original
+  in hand) lifts ROUGE-L (reports/dager/README.md,
+  `reports/dager/truncation_bound.json`); the head gradient can tell
+  which cut the batch holds, since a sentence's own gradient counts every
+  context it holds (:func:`pool_head_gradients`).
 
   Args:
     sequence: token ids, BOS first.
@@ -234,9 +237,12 @@ def pool_gram(
   lengths = np.concatenate([lengths, np.repeat(lengths[:1], pad)])
   w = jnp.asarray(weights, jnp.float32)
   target = jnp.asarray(target, jnp.float32)
+  pool_rows = jitted(pool_head_gradients, static_argnames=('model',))
+  weighted_block = jitted(_weighted_block)
+  weighted_along = jitted(_weighted_along)
   blocks = []
   for s in range(0, len(tokens), chunk):
-    block = pool_head_gradients(
+    block = pool_rows(
       model,
       params,
       jnp.asarray(tokens[s : s + chunk]),
@@ -249,22 +255,20 @@ def pool_gram(
   along = np.zeros((len(w), size), np.float32)
   for i, a in enumerate(blocks):
     rows = slice(i * chunk, (i + 1) * chunk)
-    along[:, rows] = np.asarray(_weighted_along(a, target, w))
+    along[:, rows] = np.asarray(weighted_along(a, target, w))
     for j in range(i, len(blocks)):
       cols = slice(j * chunk, (j + 1) * chunk)
-      block = np.asarray(_weighted_block(a, blocks[j], w))
+      block = np.asarray(weighted_block(a, blocks[j], w))
       gram[:, rows, cols] = block
       gram[:, cols, rows] = block.transpose(0, 2, 1)
   return gram[:, :num, :num], along[:, :num]
 
 
-@jax.jit
 def _weighted_block(a, b, w):
   """`[W, n, m]`: `Σ_c,e w[c]² a[n, c, e] b[m, c, e]` per weighting."""
   return jnp.einsum('nce,mce,wc->wnm', a, b, w**2)
 
 
-@jax.jit
 def _weighted_along(a, target, w):
   return jnp.einsum('nce,ce,wc->wn', a, target, w**2)
 
@@ -348,7 +352,9 @@ def pool_grams(
     tokens[i, : len(v)] = v
   lengths = np.array([len(v) for v in variants], np.int32)
   candidates = jnp.asarray(padded)
-  observed = raw_head_rows(model, grads, candidates)
+  observed = jitted(raw_head_rows, static_argnames=('model',))(
+    model, grads, candidates
+  )
   if transform is not None:
     observed = observed @ transform
   weights = np.stack(
@@ -400,7 +406,8 @@ def select_pool(
     config.max_length,
     transform=transform,
   )
-  chosen = select_from_gram(
+  select = jitted(select_from_gram, static_argnames=('k', 'max_swaps'))
+  chosen = select(
     jnp.asarray(gram[0]),
     jnp.asarray(along[0]),
     num_sentences,

@@ -5,13 +5,12 @@ sentence end)."""
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
+from leakjax._jit import jitted
 from leakjax.attacks.common import bag as bow
 from leakjax.attacks.common.span import Span, span_of
 from leakjax.attacks.dager import search as sr
@@ -40,7 +39,6 @@ def top_span(grad: Float[Array, 'd out'], drop: int) -> Span:
   )
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'span_config'))
 def span_candidates(
   model: Model, params: PyTree, grads: PyTree, span_config: sr.SpanConfig
 ) -> Bool[Array, ' V']:
@@ -50,8 +48,12 @@ def span_candidates(
 
   On a RoPE model block 1's input depends on the token only, so its span
   test stays exact while the batch has fewer *distinct* tokens than d,
-  past the limit of block 2 (SmolLM2, b = 64: 529 distinct input tokens,
-  block 1 valid, block 2 not).
+  past the limit of block 2 (SmolLM2 at b = 64: block 1 valid on two of
+  three batches, block 2 on none; reports/dager/README.md).
+
+  Pure (`model` and `span_config` static); :func:`candidate_tokens` jits
+  it: `jax.jit(span_candidates, static_argnames=('model',
+  'span_config'))`.
   """
   mask, res, span1 = sr.token_filter(model, params, grads, config=span_config)
   limit = int(span_config.max_rank_fraction * model.hidden_size)
@@ -63,12 +65,14 @@ def span_candidates(
   return jnp.where(span1.valid, mask, closest)
 
 
-@functools.partial(
-  jax.jit, static_argnames=('model', 'block', 'drop', 'span_config')
-)
 def block_span(model, grads, block, drop, span_config):
   """Block `block`'s span: the rank rule's when it finds a gap, else the
-  top `d - drop` directions."""
+  top `d - drop` directions.
+
+  Pure; :func:`search_sentences` jits it with every argument but `grads`
+  static: `jax.jit(block_span, static_argnames=('model', 'block', 'drop',
+  'span_config'))`.
+  """
   g2 = sr.block_gradient(model, grads, block)
   exact = span_of(
     g2,
@@ -96,7 +100,10 @@ def candidate_tokens(
   """
   tok = model.tokenizer
   ends = sentence_end_mask(tok, model.vocab_size)
-  layer1 = np.asarray(span_candidates(model, params, grads, config.span))
+  layer1 = jitted(span_candidates, static_argnames=('model', 'span_config'))(
+    model, params, grads, config.span
+  )
+  layer1 = np.asarray(layer1)
   cand_mask = np.asarray(bag.mask, bool) | layer1 | ends
   cand_mask[tok.bos_id] = False
   cands = np.flatnonzero(cand_mask).astype(np.int32)

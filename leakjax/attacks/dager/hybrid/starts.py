@@ -4,13 +4,12 @@ and one start handed to each search (:func:`allocate_starts`)."""
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from leakjax._jit import jitted
 from leakjax.attacks.dager.hybrid._common import PyTree
 from leakjax.attacks.dager.hybrid.config import HybridConfig
 from leakjax.attacks.dager.hybrid.heads import (
@@ -22,7 +21,6 @@ from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model
 
 
-@functools.partial(jax.jit, static_argnames=('dims',))
 def start_counts(
   rows: Float[Array, 'C d'],
   first_input: Float[Array, ' d'],
@@ -49,7 +47,8 @@ def start_counts(
   counts summing to b over the `valid` candidates:
   `N = b (1 − Σ p_0) / Σ a`. (Our construction; no paper describes it.)
   For a tied head the rows also hold the input embeddings' gradient,
-  which this leaves in.
+  which this leaves in. Pure, `dims` static:
+  `jax.jit(start_counts, static_argnames=('dims',))`.
 
   Returns:
     `(counts, n)`: float32 `[C]` the estimated counts (0 where not
@@ -88,8 +87,11 @@ def estimate_starts(
     explain, `(c_v − b p_0[v]) h̃_0 / N` `[C, d]`, and the estimated
     number of targets N `[]`.
   """
-  readout = jax.jit(head_readout, static_argnums=0)(model, params)
-  h = sample_head_inputs(
+  readout = jitted(head_readout, static_argnames=('model',))(model, params)
+  sample = jitted(
+    sample_head_inputs, static_argnames=('model', 'num', 'length')
+  )
+  h = sample(
     model,
     params,
     readout,
@@ -102,8 +104,9 @@ def estimate_starts(
     params, start.reshape(1, 1), jnp.ones((1, 1), jnp.int32)
   )
   prior = jax.nn.softmax(logits[0, 0].astype(jnp.float32))[candidates]
-  counts, n = start_counts(
-    raw_head_rows(model, grads, candidates),
+  rows = jitted(raw_head_rows, static_argnames=('model',))
+  counts, n = jitted(start_counts, static_argnames=('dims',))(
+    rows(model, grads, candidates),
     h[0, 0],
     h[1:].reshape(-1, h.shape[-1]),
     prior,
