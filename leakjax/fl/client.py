@@ -428,9 +428,9 @@ def client_gradient(
     key: PRNG key, needed when the defense adds noise or with dropout.
     dropout: use the model's training dropout.
     microbatch: compute the gradient this many sentences at a time (same
-      gradient up to float rounding, memory of one chunk; e.g. SmolLM2-135M
-      at b = 128 x 40 tokens needs ~16 GB in one pass on CPU). None: one
-      pass. Ignored under DP-SGD (see `Defense.dp_microbatch`).
+      gradient up to float rounding, memory of one chunk, for batches too
+      large to differentiate in one pass). None: one pass. Ignored under
+      DP-SGD (see `Defense.dp_microbatch`).
 
   Returns:
     The transmitted gradient, a pytree like `params` (exactly zero on frozen

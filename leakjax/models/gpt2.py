@@ -1,8 +1,9 @@
 """GPT-2 (Radford et al. 2019) as a Flax linen module, with HF checkpoint I/O.
 
-The module reproduces transformers' `GPT2LMHeadModel` numerically (fp32 logits
-agree to about 1e-6): learned position embeddings, pre-norm blocks, a final
-`ln_f` and an LM head tied to the word embeddings (or an untied `lm_head`).
+The module reproduces transformers' `GPT2LMHeadModel` numerically (fp32
+logits; tests/gpt2_test.py compares them): learned position embeddings,
+pre-norm blocks, a final `ln_f` and an LM head tied to the word embeddings
+(or an untied `lm_head`).
 Our GPT-2 has no dropout, also when it is trained.
 
 >>> model, params = init_model(GPT2Config.tiny(), key=jax.random.key(0))

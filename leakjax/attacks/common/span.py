@@ -84,8 +84,7 @@ def span_of(
     accurate: use the QR-iteration SVD (LAPACK gesvd), whose small singular
       values are accurate to float32 round-off; the default
       divide-and-conquer one raises the floor of a float32 gradient's
-      spectrum from ~1e-8 to ~5e-8 of the largest, which hides gaps of
-      batches near the rank limit (measured on SmolLM2, b = 16).
+      spectrum, which can hide the gaps of batches near the rank limit.
 
   Returns:
     A :class:`Span`.
