@@ -6,8 +6,12 @@ the DCT/overlap defense with its perplexity cost. The algorithm lives in
 :mod:`leakjax.attacks.inversion.runner` (read top-down from its `run`),
 the tables and plots in :mod:`experiments.embed_parrot_report`.
 
-`--ep_variants` picks the Embed Parrot variants: `ep` (the paper's
-architecture) and `ep_skip` (plus a ridge-initialised linear skip, ours).
+`--preset=NAME` (:mod:`leakjax.attacks.inversion.presets`: `paper`, the
+paper's protocol; `strongest`, the default: the best Embed Parrot setting
+measured) sets the defaults; explicit flags override it, and config.json
+records its name. `--ep_variants` picks the Embed Parrot variants: `ep`
+(the paper's architecture), `ep_skip` (plus a ridge-initialised linear
+skip, ours) and `ep_pretrained` (a pretrained Decode Model).
 The target's hidden states are computed once and cached (`--cache_dir`);
 a re-run with the same `--workdir` resumes from `results.jsonl` and the
 Embed Parrot checkpoint. Timings go to `timings.json`, not the summary.
@@ -26,35 +30,38 @@ from absl import flags
 from experiments import common
 from experiments import embed_parrot_report as report
 from leakjax import io
-from leakjax.attacks.inversion import runner
+from leakjax.attacks.inversion import presets, runner
 
 FLAGS = flags.FLAGS
 Config = runner.InversionConfig
 
 
 def define_flags() -> None:
-  """--workdir/--data/--seed/--mesh, --cache_dir and one flag per field."""
+  """--workdir/--data/--seed/--mesh, --cache_dir, --preset and one flag per
+  field."""
   common.define_common_flags('/tmp/leakjax_embed_parrot')
   flags.DEFINE_string(
     'cache_dir',
     '/tmp/leakjax_embed_parrot_cache',
     'Hidden-state caches and the Embed Parrot checkpoint.',
   )
+  common.define_preset_flag(presets.PRESETS)
   common.define_config_flags(Config)
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)
 
 
 def config_from_flags() -> Config:
-  """The frozen config; `--data` replaces `--corpora`/`--train_corpus`."""
+  """The frozen config: `--preset`'s values where a flag was not given;
+  `--data` replaces `--corpora`/`--train_corpus`."""
   common.reject_data_fields(
     'each corpus of --corpora is read with its default text field'
   )
   if FLAGS.data:
-    return common.config_from_flags(
-      Config, corpora=(f'data={FLAGS.data}',), train_corpus='data'
+    return common.config_from_preset_flags(
+      presets.PRESETS, corpora=(f'data={FLAGS.data}',), train_corpus='data'
     )
-  return common.config_from_flags(Config)
+  return common.config_from_preset_flags(presets.PRESETS)
 
 
 def run(

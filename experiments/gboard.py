@@ -11,7 +11,14 @@ flags -> :class:`gboard.GboardConfig` (flags generated from its fields) ->
 from `leakjax/attacks/gboard/runner.py`) -> the report
 (`experiments/gboard_report.py`: summary.json, summary.md, figures).
 
+`--preset=NAME` (:mod:`leakjax.attacks.gboard.presets`: `paper`, Suliman &
+Leith's protocol with Algorithm 2; `strongest`, the default: the no-oracle
+word rule measured on held-out data) sets the defaults; explicit flags
+override it, and config.json records its name. The committed flagfiles set
+every field a preset sets, so they run the same under either.
+
   python -m experiments.gboard --flagfile=experiments/configs/gboard_sms.flags
+  python -m experiments.gboard --preset=paper --workdir=W
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from experiments import common
 from experiments import gboard_report as report_lib
 from leakjax import io, sharding
 from leakjax.attacks import gboard
-from leakjax.attacks.gboard import runner
+from leakjax.attacks.gboard import presets, runner
 
 Config = gboard.GboardConfig
 # Config fields whose flag is written by hand: `public` is one
@@ -46,7 +53,8 @@ def run_experiment(
 
 # ------------------------------------------------------------------- flags
 def define_flags() -> None:
-  """`--workdir/--data/--mesh/--distributed` and one flag per config field.
+  """`--workdir/--data/--mesh/--distributed`, `--preset` and one flag per
+  config field.
 
   `--data`, as in every experiment, names the private corpus: here the
   clients' messages (the same as `--sms`, which it overrides).
@@ -84,20 +92,26 @@ def define_flags() -> None:
     ],
     'n_k:B[:max E] of the DPSGD-like trajectories.',
   )
+  common.define_preset_flag(presets.PRESETS)
   common.define_config_flags(Config, skip=HAND_WRITTEN)
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)
 
 
 def config_from_flags() -> gboard.GboardConfig:
+  """The config of the parsed flags: `--preset`'s values where a flag was
+  not given (the hand-written `--public` and `--dpsgd_runs` too)."""
   f = flags.FLAGS
+  preset = presets.overrides(f.preset)
+  hand = {}
+  for name, parse in (
+    ('public', runner.parse_public),
+    ('dpsgd_runs', runner.parse_dpsgd_runs),
+  ):
+    given = f[name].present or name not in preset
+    hand[name] = parse(f[name].value) if given else preset[name]
   private = {'sms': f.data} if f.data else {}
-  return common.config_from_flags(
-    Config,
-    public=runner.parse_public(f.public),
-    dpsgd_runs=runner.parse_dpsgd_runs(f.dpsgd_runs),
-    **private,
-  )
+  return common.config_from_preset_flags(presets.PRESETS, **hand, **private)
 
 
 def main(argv):

@@ -167,6 +167,19 @@ def _added_default_fields(config: Any, stored: Mapping[str, Any]) -> set[str]:
   return added
 
 
+def _record_fields(config: Any) -> set[str]:
+  """Fields of dataclass `config` that record how it was made rather than
+  what it computes (`dataclasses.field(compare=False)`, e.g. the name of
+  the preset it started from)."""
+  if not dataclasses.is_dataclass(config):
+    return set()
+  return {f.name for f in dataclasses.fields(config) if not f.compare}
+
+
+def _without(values: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+  return {k: v for k, v in values.items() if k not in names}
+
+
 # Writers of this process that created their workdir's config.json and
 # have written nothing else yet (see `forget_unstarted_runs`).
 _FRESH: list[ExperimentWriter] = []
@@ -288,7 +301,9 @@ class ExperimentWriter:
         the stored config lacks that are at their dataclass default: a run
         made before a field was added resumes (leakjax adds config fields
         with defaults that keep the old behaviour), and config.json is
-        rewritten with them.
+        rewritten with them. Fields declared `compare=False` record how
+        the config was made (the preset's name), not what it computes:
+        they never block a resume, and config.json takes the new values.
       inputs: the run's input files or folders by name (the corpus, the
         model weights; None entries and non-paths are skipped). Their
         sha256 go to provenance.json with the environment; resuming after
@@ -309,8 +324,8 @@ class ExperimentWriter:
     cfg_path = self.workdir / 'config.json'
     if cfg_path.exists():
       old = _read_workdir_json(cfg_path)
-      added = _added_default_fields(config, old)
-      if added and old == {k: v for k, v in cfg.items() if k not in added}:
+      ignore = _added_default_fields(config, old) | _record_fields(config)
+      if old != cfg and _without(old, ignore) == _without(cfg, ignore):
         atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
         old = cfg
       if old != cfg:

@@ -719,8 +719,8 @@ def test_flags_are_exactly_the_config_fields(fresh_flags):
   fields = {f.name for f in dataclasses.fields(dlib.DifferentialConfig)}
   assert set(fresh_flags) - NOT_CONFIG == fields
   fresh_flags(['prog', '--data=corpus.txt'])
-  # Every flag's default is the field's default.
-  assert exp.config_from_flags() == dlib.DifferentialConfig(data='corpus.txt')
+  # The default preset's fields; every other flag's default is the field's.
+  assert exp.config_from_flags() == dlib.presets.config(data='corpus.txt')
 
 
 def test_committed_quick_flagfile_gives_its_config(fresh_flags):
@@ -756,4 +756,5 @@ def test_committed_quick_flagfile_gives_its_config(fresh_flags):
     score='ds',
     top=10,
     seed=0,
+    preset='paper',  # the flagfile's --preset
   )

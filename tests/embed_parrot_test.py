@@ -18,7 +18,13 @@ from leakjax import train as train_lib
 from leakjax._jit import jitted
 from leakjax.attacks.inversion import bei_hei as ei
 from leakjax.attacks.inversion import embed_parrot as ep
-from leakjax.attacks.inversion import hidden_states, runner, scoring, texts
+from leakjax.attacks.inversion import (
+  hidden_states,
+  presets,
+  runner,
+  scoring,
+  texts,
+)
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2, llama
 from leakjax.tokenization import gpt2_tokenizer
@@ -572,8 +578,8 @@ def test_every_config_field_is_a_flag_and_back(ep_flags):
   assert set(ep_flags) == fields | hand_written
   assert not fields & hand_written
   ep_flags(['prog'])
-  # The flag defaults are the dataclass defaults.
-  assert experiment.config_from_flags() == experiment.Config()
+  # The flag defaults are the default preset's config.
+  assert experiment.config_from_flags() == presets.config()
 
 
 @pytest.mark.parametrize(

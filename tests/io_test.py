@@ -130,6 +130,29 @@ def test_resume_accepts_fields_added_at_their_default(tmp_path):
     io.ExperimentWriter(other, New(b=8))
 
 
+def test_resume_ignores_record_fields_and_rewrites_them(tmp_path):
+  @dataclasses.dataclass(frozen=True)
+  class Old:
+    b: int = 4
+
+  @dataclasses.dataclass(frozen=True)
+  class New:
+    b: int = 4
+    preset: str | None = dataclasses.field(default=None, compare=False)
+
+  io.ExperimentWriter(tmp_path, Old()).add_result({'b': 4})
+  # A run made before presets resumes under one, and records it.
+  w = io.ExperimentWriter(tmp_path, New(preset='paper'))
+  assert w.done(b=4) is not None
+  stored = json.loads((tmp_path / 'config.json').read_text())
+  assert stored == {'b': 4, 'preset': 'paper'}
+  io.ExperimentWriter(tmp_path, New(preset='strongest'))
+  stored = json.loads((tmp_path / 'config.json').read_text())
+  assert stored['preset'] == 'strongest'
+  with pytest.raises(LeakjaxError, match='changed: b'):
+    io.ExperimentWriter(tmp_path, New(b=8, preset='strongest'))
+
+
 def test_pytree_file_round_trip_keeps_dtypes_and_shapes(tmp_path):
   import jax
   import jax.numpy as jnp

@@ -12,14 +12,21 @@ update `D' \\ D`. Read top-down:
 * :mod:`.runner` -- the canary experiment of Sec. 4, read top-down from
   `runner.run(config, writer)` (:class:`DifferentialConfig`), with its
   corpus (:mod:`.corpus`), M and M' (:mod:`.training`) and the attack of
-  each pair (:mod:`.evaluation`).
+  each pair (:mod:`.evaluation`);
+* :mod:`.presets` -- the named configs (`paper`, `strongest`).
 
 >>> from leakjax.attacks import differential as dlib
 >>> ds = dlib.differential_score(model, model, params, params_prime,
 ...                              ids)                          # doctest: +SKIP
 """
 
-from leakjax.attacks.differential import canaries, rank_search, runner, score
+from leakjax.attacks.differential import (
+  canaries,
+  presets,
+  rank_search,
+  runner,
+  score,
+)
 from leakjax.attacks.differential.canaries import (
   CANARY_LENGTH,
   PROFILES,
@@ -27,7 +34,6 @@ from leakjax.attacks.differential.canaries import (
   make_canaries,
 )
 from leakjax.attacks.differential.rank_search import (
-  DEFAULT_CHUNK_CANDIDATES,
   RankBeamState,
   SearchResult,
   halving_widths,
@@ -46,7 +52,6 @@ from leakjax.attacks.differential.score import (
 
 __all__ = [
   'CANARY_LENGTH',
-  'DEFAULT_CHUNK_CANDIDATES',
   'PROFILES',
   'SCORES',
   'Canary',
@@ -60,6 +65,7 @@ __all__ = [
   'differential_score',
   'halving_widths',
   'make_canaries',
+  'presets',
   'rank_beam_search',
   'rank_search',
   'ranked',

@@ -31,8 +31,8 @@ log-partition), and a top-k selection over `k * |T|` candidates. The step
 runs over chunks of `chunk_rows` sequences (`lax.map`) so that memory stays
 at `O(chunk_rows * V)` whatever `k` and `|T|` are (|T| = 10,000 for the
 word-level LSTMs, 49,152 for SmolLM2, where step 2 of the halving schedule
-scores 2.4e9 candidates). Measured on the 2x200 LSTM with |T| = 10,000 and
-n = 5 (`benchmarks/dr_search.py`): 198 GFLOP, ~3.5 CPU-seconds.
+scores 2.4e9 candidates). `benchmarks/dr_search.py` measures it on the
+2x200 LSTM with |T| = 10,000 and n = 5 (see benchmarks/results/).
 """
 
 from __future__ import annotations

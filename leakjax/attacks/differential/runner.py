@@ -96,8 +96,8 @@ class DifferentialConfig:
       so that k sets the number of update steps (a batch of k identical rows
       would give the gradient of one row, whatever k). Default: plain SGD
       at 0.1. (Adam at M's peak rate hardly moves the canary's rare words;
-      SGD at 1, Zaremba et al.'s PTB rate, memorizes it but multiplies M's
-      perplexity by 30 or more.)
+      SGD at 1, Zaremba et al.'s PTB rate, memorizes it but ruins the
+      snapshot's perplexity: see reports/differential/README.md.)
     continue_epochs: epochs of continued training on D' \ D.
     continue_learning_rate: the constant rate of continued training.
     continue_batch_size: sentences per step of continued training.
@@ -116,6 +116,9 @@ class DifferentialConfig:
     score: what the beam search ranks by, 'ds' or 'rel_ds'.
     top: found sequences stored per search.
     seed: data split, canary words, initializations, data order.
+    preset: the named preset the config started from
+      (:mod:`leakjax.attacks.differential.presets`), recorded; None: none. Not
+      compared: two configs whose other fields agree give the same run.
   """
 
   data: str
@@ -149,6 +152,7 @@ class DifferentialConfig:
   score: str = 'ds'
   top: int = 10
   seed: int = 0
+  preset: str | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
     unknown = [c for c in self.canary_types if c not in PROFILES]

@@ -14,10 +14,11 @@ pipeline :func:`recover` (:mod:`pipeline`), which calls the kernels:
   scores of candidate orderings;
 
 and :mod:`leakjax.metrics` scores the result (ROUGE, NERR, bag
-precision/recall).
+precision/recall). :mod:`presets` names the settings of :class:`FilmConfig`
+(`paper`, FILM's protocol; `strongest`).
 """
 
-from leakjax.attacks.film import beam_search, pipeline, reorder, runner
+from leakjax.attacks.film import beam_search, pipeline, presets, reorder, runner
 from leakjax.attacks.film.beam_search import BeamSearchConfig, bag_beam_search
 from leakjax.attacks.film.pipeline import (
   FilmAttackConfig,
@@ -40,6 +41,7 @@ __all__ = [
   'bag_beam_search',
   'beam_search',
   'pipeline',
+  'presets',
   'recover',
   'reorder',
   'reorder_scores',

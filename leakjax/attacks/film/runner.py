@@ -140,6 +140,9 @@ class FilmConfig:
     repetitions: Beam searches per batch (multi-sentence recovery, Sec.
       4.5).
     seed: Random seed (data split, batch draws, reordering keys).
+    preset: the named preset the config started from
+      (:mod:`leakjax.attacks.film.presets`), recorded; None: none. Not
+      compared: two configs whose other fields agree give the same run.
   """
 
   mode: str = 'attack'
@@ -183,6 +186,7 @@ class FilmConfig:
   grad_paths: str = ''
   repetitions: int = 1
   seed: int = 0
+  preset: str | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
     if self.mode not in MODES:

@@ -79,7 +79,9 @@ the result types; the detectors' building blocks stay in their modules):
   read top-down from `runner.run(config, writer)`: :class:`GboardConfig`,
   then the corpora and θ0 (:mod:`~leakjax.attacks.gboard.corpora`), the
   victim clients (:mod:`~leakjax.attacks.gboard.clients`) and the attack
-  sweep (:mod:`~leakjax.attacks.gboard.sweep`).
+  sweep (:mod:`~leakjax.attacks.gboard.sweep`);
+* :mod:`~leakjax.attacks.gboard.presets` -- the named configs (`paper`,
+  `strongest`).
 
 All array functions are pure and jit-able. The parameters are explicit
 arguments; the model holds none and is compared by value, so it is a
@@ -98,11 +100,11 @@ and new θ of the same shapes reuse the compiled kernel:
 ...                   length=4, bos_id=1)                       # +SKIP
 """
 
+from leakjax.attacks.gboard import presets
 from leakjax.attacks.gboard.mixture import recover_words_auto
 from leakjax.attacks.gboard.reconstruct import (
   KEEP_RULES,
   Reconstruction,
-  greedy_generate,
   padded_indices,
   reconstruct_sentences,
   select_sentences,
@@ -135,12 +137,12 @@ __all__ = [
   'candidate_mask',
   'choose_threshold',
   'client_config',
-  'greedy_generate',
   'load_snapshot',
   'output_bias',
   'output_rows',
   'output_rows_update',
   'padded_indices',
+  'presets',
   'reconstruct_sentences',
   'recover_words',
   'recover_words_auto',

@@ -51,13 +51,11 @@ def mixture_word_posterior(
   """Log-odds and posterior that each word was typed, under local DP noise.
 
   The bias alone carries little of a typed word's signal under Algorithm
-  3's noise: on the SMS updates (DPSGD-like σ = 0.1, n_k = 256, B = 32,
-  E = 50) the noise-free update of a typed word is a median 7.7 noise
-  standard deviations long, and only ~1 % of its squared length is in the
-  bias; the rest is in the word's D = 96 tied output-row entries, and
-  across typed words it lies in a ~10-dimensional subspace (93 % of the
-  energy in 10 principal directions; the hidden states that predicted the
-  words share a direction). A chi-square over all 96 entries
+  3's noise: on the SMS updates the noise-free update of a typed word lies
+  almost all in the word's D = 96 tied output-row entries, and across
+  typed words in a few principal directions (the hidden states that
+  predicted the words share directions; reports/gboard/README.md, "The
+  mixture"). A chi-square over all 96 entries
   (:func:`row_update_scores`) spreads that signal over 96 degrees of
   freedom. Here, with no true words:
 
@@ -69,16 +67,15 @@ def mixture_word_posterior(
      whose eigenvalue exceeds the Marchenko-Pastur edge
      `(1 + sqrt((D + 1) / V))²` of pure unit noise (at least one). When
      even the leading one is below `min_signal` x the edge, no word is
-     typed (all log-odds -inf): pure Gaussian noise gives 0.99-1.00 x, the
-     SMS σ = 0.1 updates 1.00-1.03 x at E = 1 (where even a detector told
-     each typed word's noise-free direction reaches only 0.34-0.47 x the
-     F1 upper bound) and 3.3-5.2 x at E = 50; without the guard the
-     mixture fits the tails of pure noise and keeps ~700-1000 words.
-     Nor when the bulk is not Gaussian: the 90th percentile of the
-     words' mean squared standardised entry must be below 2 x that of
-     chi2(D + 1) / (D + 1) (SMS DP updates with σ >= 0.01: 1.0-1.3 x;
-     noise-free updates: 100-20000 x, where a mixture with a white null
-     kept 0.41 x the upper bound on a small model).
+     typed (all log-odds -inf): pure Gaussian noise lies at the edge, and
+     without the guard the mixture would fit its tails and call them
+     typed. (The SMS σ = 0.1 updates, in edges: "The mixture's guard on
+     the SMS updates" in reports/gboard/README.md.) Nor when the bulk is
+     not Gaussian: the 90th percentile of the words' mean squared
+     standardised entry must be below 2 x that of chi2(D + 1) / (D + 1).
+     Noise-free updates (drift, no noise) lie far above it, and a mixture
+     with a white null fits them badly (:func:`recover_words_auto` reads
+     them with the bias rule).
   3. A Gaussian mixture in those k directions, fitted by EM: the null
      component is fixed at N(0, I_k) (known white noise; it may not widen
      to swallow weak typed words), two free components (full covariance)
@@ -92,12 +89,12 @@ def mixture_word_posterior(
      a word is `log p(typed components) - log p(null + other)`.
 
   Decision (not in the paper, which reads a magnitude threshold off a plot
-  of the bias): on the SMS σ = 0.1 updates this lifted F1 / upper bound at
-  n_k = 64, B = 32, E = 50 / 100 from 0.888 / 0.917 (bias + row
-  chi-square, Stouffer) to 0.954 / 0.991, and at n_k = 256 from
-  0.537 / 0.725 to 0.818 / 0.867 (reports/gboard/README.md). Three or
-  more free components fitted n_k = 256 better and n_k = 16 worse, so two
-  are used.
+  of the bias, Sec. 6.1): on the SMS σ = 0.1 updates the mixture beats
+  the bias + row chi-square (Stouffer) rule at n_k = 64 and 256, B = 32,
+  from E = 50 on (reports/gboard/README.md, the DPSGD-like σ = 0.1
+  table). Three or more
+  free components fitted the largest datasets better and the smallest
+  worse, so two are used.
 
   Args:
     delta: `b1 - b0`, `[vocab]`.
@@ -134,7 +131,7 @@ def mixture_word_posterior(
 
   # The null is Gaussian white noise: per word, the mean square of the
   # standardised entries is then chi2(dim) / dim; noise-free updates (drift
-  # only) put their 90th percentile at 100-20000 x that.
+  # only) put their 90th percentile far above that.
   mean_sq = jnp.where(candidates, jnp.mean(x**2, 1), jnp.nan)
   wh = 2.0 / (9.0 * dim)
   chi2_q90 = (1.0 - wh + 1.2815516 * math.sqrt(wh)) ** 3  # Wilson-Hilferty
@@ -273,17 +270,16 @@ def recover_words_auto(
   * otherwise (noise, but no low-rank signal found): the Stouffer sum of
     the bias z-score and the row chi-square z-score
     (:func:`row_update_scores`), cut by :func:`max_f1_cut` among rising
-    biases (on pure noise it keeps 0-5 of 9500 words).
+    biases.
 
   The mixture is preferred to the Stouffer rule as the noisy-regime
   rule: the chi-square spreads the row signal over all D entries. On the
-  SMS DPSGD-like σ = 0.1 updates (reports/gboard/noise_detectors) F1 /
-  upper went from 0.888 / 0.917 to 0.954 / 0.991 at n_k = 64, B = 32,
-  E = 50 / 100 and from 0.537 / 0.725 to 0.818 / 0.867 at n_k = 256
-  (n_k = 16, E = 50 / 100 / 1000: 0.982 / 0.991 / 0.912 -> 0.973 / 0.965 /
-  0.982). The mixture assumes the typed words' row updates share a few
-  directions (true of the LSTM's hidden states); signal spread evenly over
-  all D entries is left to the chi-square. Noise-free updates fail the
+  SMS DPSGD-like σ = 0.1 updates the mixture is ahead at n_k = 64 and
+  256 from E = 50 on, and mixed at n_k = 16 (reports/gboard/README.md,
+  the σ = 0.1 table; reports/gboard/noise_detectors/bounds.json). The
+  mixture assumes the typed words' row updates share a few directions
+  (true of the LSTM's hidden states); signal spread evenly over all D
+  entries is left to the chi-square. Noise-free updates fail the
   guard's Gaussian-bulk test by orders of magnitude and keep the bias
   rule.
 
@@ -295,16 +291,16 @@ def recover_words_auto(
     bias0: θ0's output bias `[vocab]` (:func:`output_bias`).
     q: the FDR level.
     max_drift: the bias rule's regime (:func:`drift_to_noise`) when the
-      mixture does not apply. Pure noise gives ~3.3, noise-free updates
-      thousands; on the SMS sweep the bias rule beat the chi-square rule
-      above ~9.
+      mixture does not apply. Pure noise gives about 3.1, noise-free
+      updates far more; chosen on the SMS run (reports/gboard/README.md,
+      "Where the constants come from").
     bias_first_drift: above this the bias rule applies even where the
       mixture would: the largest drifts (frequent untyped words) are then
-      far out in the tails that a white-noise null does not model. On the
-      SMS sweep (202 noisy rows) the mixture lost to the bias rule above
-      ~100 (single noise σ = 1e-5, n_k = 32, E = 50: 0.918 against 0.990)
-      and won at 12-40 (DPSGD-like σ = 0.01, n_k = 256, E = 50 / 100:
-      0.981 / 0.977 against 0.866 / 0.892).
+      far out in the tails that a white-noise null does not model. Chosen
+      on the SMS run's noisy updates, where the mixture lost to the bias
+      rule at the largest drifts (the weakest single noise) and won at
+      moderate ones (reports/gboard/README.md, "Where the constants come
+      from"; `drift_to_noise` in its summary.json).
 
   Returns:
     bool `[vocab]`.

@@ -108,6 +108,9 @@ class GboardConfig:
       client sentences they have never seen. None: no exclusion. The SMS
       ham set has 750 distinct 4-word sentences, so after a pool of 400
       at most 350 remain.
+    preset: the named preset the config started from
+      (:mod:`leakjax.attacks.gboard.presets`), recorded; None: none. Not
+      compared: two configs whose other fields agree give the same run.
   """
 
   sms: str = SMS_DEFAULT
@@ -142,6 +145,7 @@ class GboardConfig:
   keep_rule: str = 'cover'
   seed: int = 0
   heldout_from_seed: int | None = None
+  preset: str | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
     for name, allowed in (

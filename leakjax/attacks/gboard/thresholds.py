@@ -147,9 +147,10 @@ def max_f1_cut(
   from the null (V = number of candidates), so `TP(t) ≈ k(t) - V Φ(-t)`;
   the number of typed words is estimated as `n1 = max_t TP(t)` and the
   cut maximises `2 TP(t) / (k(t) + n1)`. `TP(t)` is taken `slack` null
-  standard deviations low (`- slack sqrt(V Φ(-t))`): without it, pure
-  noise passes hundreds of entries (the excess wanders up near t = 2);
-  with 3, 20 draws of 9500 N(0, 1) entries passed 0-5 (2: up to 2845).
+  standard deviations low (`- slack sqrt(V Φ(-t))`): without it the
+  excess of pure noise wanders up near t = 2 and the cut passes it. The
+  default 3 was set on pure N(0, 1) noise alone, so that it passes almost
+  no entry (reports/gboard/README.md, "No-oracle rules").
   Returns +inf when no cut has a positive estimate. Used by
   :func:`stouffer_words`.
 
@@ -275,8 +276,9 @@ def rescued_words(
   those whose relative residual is an outlier (above median + `z` x
   1.4826 MAD of that pool) are returned. Under local DP noise the pool is
   (nearly) empty and nothing is rescued. The defaults (gate 30, z 5) were
-  set on FedSGD/FedAvg updates of SMS datasets (n_k 16-256): they rescued
-  0-19 missed typed words per dataset at the cost of 0-2 untyped ones.
+  set on the noise-free FedSGD/FedAvg updates of the SMS run (n_k 16-256);
+  what they rescue there is `num_rescued` in reports/gboard/summary.json,
+  and the word rule's F1 with this rescue is `rescue_f1`.
 
   Args:
     delta: `b1 - b0`, `[vocab]`.
@@ -353,14 +355,12 @@ def convexity_violations(
   Only words whose bias fell clearly (`delta < median - gate * scale`, the
   robust scale of :func:`robust_noise_scale`) are flagged: for rare words
   the fall is a few float32 steps and `g` is meaningless; under local DP
-  noise the set is (nearly) empty. On the 28 noise-free SMS updates of
-  reports/gboard (n_k 16-256, FedSGD and FedAvg E <= 1000, B full/32) it
-  flagged 0-55 missed typed words per update at the cost of 0-9 untyped
-  ones, raising the worst F1 / upper bound from 0.935 to 0.970. The
-  defaults were chosen there (the true words only score the choice, never
-  enter the rule); the worst F1 / upper over those updates for other
-  settings: num_sources 32 / 128: 0.969 / 0.973; margin 0.2 / 0.5: 0.975
-  / 0.944; gate 30: 0.960.
+  noise the set is (nearly) empty. It replaced :func:`rescued_words` on
+  the noise-free SMS updates of reports/gboard (`num_convex` in its
+  summary.json; the worst F1 of each, "The convexity test against the
+  row-residual rescue" in reports/gboard/README.md). The defaults were
+  chosen there, the true words only scoring the choice, never entering
+  the rule (reports/gboard/README.md, "Where the constants come from").
 
   Args:
     delta: `b1 - b0`, float `[vocab]`.
@@ -434,8 +434,10 @@ def drift_to_noise(
 ) -> Float[Array, '']:
   """`(median - 10th smallest) / scale` of `delta`: is drift above noise?
 
-  Pure Gaussian noise gives about 3.3 (V = 9502); without noise the
-  frequent untyped words' drift `-η Σ p` is thousands of noise scales.
+  Pure Gaussian noise gives about `-Φ⁻¹(10 / V)`, 3.1 for V = 9502 (the
+  10th smallest of V standard normals); without noise the frequent
+  untyped words' drift `-η Σ p` puts it far higher (`drift_to_noise` in
+  reports/gboard/summary.json).
   """
   if candidates is None:
     candidates = jnp.ones(delta.shape, bool)
@@ -473,8 +475,8 @@ def stouffer_words(
 ) -> Bool[Array, ' V']:
   """bool `[vocab]`: :func:`stouffer_scores` cut by :func:`max_f1_cut`
   among the words whose bias rose (:func:`recover_words_auto`'s fallback
-  when the mixture sees no low-rank signal; on pure noise it keeps 0-5 of
-  9500 words)."""
+  when the mixture sees no low-rank signal; :func:`max_f1_cut`'s slack
+  keeps pure noise out)."""
   if candidates is None:
     candidates = jnp.ones(delta.shape, bool)
   combined = stouffer_scores(delta, rows, candidates)

@@ -5,6 +5,8 @@
   layer i;
 * :mod:`dct` -- the DCT/overlap defense (Sec. 5.3.1) and its perplexity;
 * :mod:`embed_parrot` -- the Embed Parrot model (Sec. 4.3) and its training;
+* :mod:`presets` -- the named settings of the experiment (`paper`,
+  `strongest`), :class:`leakjax.presets.Presets` of its config;
 * :mod:`runner` -- the experiment (Tables 2-6), read top-down from
   `runner.run(config, writer)`: :class:`InversionConfig`, the texts
   (:mod:`texts`), the target's cached hidden states (:mod:`hidden_states`),
@@ -15,7 +17,13 @@
 >>> guess = hei_ids(states[1], model.word_embeddings(params))  # doctest: +SKIP
 """
 
-from leakjax.attacks.inversion import bei_hei, dct, embed_parrot, runner
+from leakjax.attacks.inversion import (
+  bei_hei,
+  dct,
+  embed_parrot,
+  presets,
+  runner,
+)
 from leakjax.attacks.inversion.bei_hei import (
   bei_hei_ids,
   bei_ids,
@@ -35,7 +43,6 @@ from leakjax.attacks.inversion.embed_parrot import (
   EmbedParrotLoss,
   predict_batches,
   train,
-  train_config,
 )
 from leakjax.attacks.inversion.runner import InversionConfig, InversionRun
 
@@ -58,7 +65,7 @@ __all__ = [
   'layer_states',
   'make_dct_defense',
   'predict_batches',
+  'presets',
   'runner',
   'train',
-  'train_config',
 ]

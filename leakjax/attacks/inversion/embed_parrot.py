@@ -47,9 +47,8 @@ standardised input to the output, started at the closed-form ridge
 regression `H^i -> H^0` of the training data, with the Output-Adapter
 starting at zero, so training starts from the linear inverse and learns what
 it misses; the plain architecture's linear path runs through a `width`-rank
-bottleneck. On SmolLM2-135M layer 25, after 1,000 steps, the skip variant
-reaches ROUGE-1 0.75 on held-out Enron against 0.66 without it
-(`reports/embed_parrot/`); the ridge map alone was not scored.
+bottleneck. How much the skip adds is measured in
+reports/embed_parrot/README.md.
 
 Pure pieces (`EmbedParrot`, `init_variables`, `loss_fn`, `EmbedParrotLoss`,
 `predict`) are jit-able; :func:`train` hands `EmbedParrotLoss` to the
@@ -605,9 +604,9 @@ def train(
     real = rows >= 0  # -1: a filler row of a partial batch
     rows = np.where(real, rows, 0)
     # Trim padding to a multiple of 16 (at most T/16 compiled shapes). A
-    # pretrained Decode Model keeps the full length instead: its deep
-    # training step compiles for about 35 s on a GPU, far longer than the
-    # padding costs, so one shape is cheaper than four.
+    # pretrained Decode Model keeps the full length instead: compiling its
+    # deep training step costs far more than the padding, so one shape is
+    # cheaper than four.
     longest = lengths[rows][real].max() if real.any() else 1
     width = (
       t

@@ -120,6 +120,9 @@ class InversionConfig:
     seed: Random seed (data sample, Embed Parrot, DCT defenses).
     mesh: Device mesh of the target passes, e.g. "data:8"; None: one
       device.
+    preset: the named preset the config started from
+      (:mod:`leakjax.attacks.inversion.presets`), recorded; None: none. Not
+      compared: two configs whose other fields agree give the same run.
   """
 
   model: str = models.SMOLLM2_ALIAS
@@ -156,6 +159,7 @@ class InversionConfig:
   sbert_limit: int = 50
   seed: int = 0
   mesh: str | None = None
+  preset: str | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
     check_positive(
