@@ -132,6 +132,7 @@ for path in sys.argv[2:]:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'module, config',
   [
@@ -163,6 +164,7 @@ def test_committed_flagfiles_pass_the_config_checks(module, config):
   assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_cli_binary_flagfile(tmp_path):
   path = tmp_path / 'bin.flags'
   path.write_bytes(b'\x80\x81\n')
@@ -255,6 +257,7 @@ def test_failed_first_run_does_not_block_the_corrected_one(tmp_path):
     io.ExperimentWriter(tmp_path, {'data': 'other.txt'}, enabled=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'experiment, args, fragment',
   [
@@ -404,6 +407,7 @@ def test_check_finite_sees_bfloat16():
     errors.check_finite(jnp.asarray([1.0, jnp.nan], jnp.bfloat16), 'x')
 
 
+@pytest.mark.slow
 def test_film_bag_refuses_a_nan_gradient():
   model, params = tiny()
   grads = tiny_grads()
@@ -439,6 +443,7 @@ def test_logits_refuse_out_of_vocabulary_ids(bad):
     model.decode(params, model.init_cache(params, 1, 8), ids)
 
 
+@pytest.mark.slow
 def test_traced_ids_are_not_checked():
   model, params = tiny()
   ids = jnp.asarray([[1, 2, 3]], jnp.int32)
@@ -446,6 +451,7 @@ def test_traced_ids_are_not_checked():
   np.testing.assert_allclose(out, model.logits(params, ids), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_beam_search_refuses_out_of_vocabulary_ids():
   model, params = tiny()
   config = bs.BeamSearchConfig(num_beams=2, length=2)
@@ -484,6 +490,7 @@ class _RunsCode:
     return (print, ('this ran from the checkpoint',))
 
 
+@pytest.mark.slow
 def test_pickled_checkpoint_with_code_is_refused_without_unsafe_advice(
   tmp_path, capsys
 ):

@@ -62,6 +62,7 @@ def input_tokens(ids, mask):
   return set(ids[:, :-1][has_target > 0].tolist())
 
 
+@pytest.mark.slow
 def test_untied_nonzero_rows_are_exactly_the_input_tokens():
   model, params = tiny_gpt2(tied=False)
   ids, mask = batch([7, 4, 9])
@@ -85,6 +86,7 @@ def test_max_length_from_position_gradient(lengths):
   assert int(jax.jit(bow.max_length_from_positions)(pos)) == max(lengths)
 
 
+@pytest.mark.slow
 def test_pruned_gradient_keeps_precision_one():
   model, params = tiny_gpt2(tied=False)
   ids, mask = batch([9, 9, 9], seed=3)
@@ -143,6 +145,7 @@ def test_target_sign_separates_targets_from_absent_tokens():
   assert t[targets].min() > 10 * t[absent].max()
 
 
+@pytest.mark.slow
 def test_layer_norm_span_residuals_match_brute_force():
   rng = np.random.default_rng(1)
   v, p, d = 40, 6, 16
@@ -181,6 +184,7 @@ def test_layer_norm_span_residuals_match_brute_force():
   assert set(np.flatnonzero(np.asarray(res) < 1e-2)) == {3, 7, 11}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ['llama', 'gpt2'])
 def test_tied_bag_finds_every_input_token_and_nothing_else(family):
   model, params = tiny_llama() if family == 'llama' else tiny_gpt2(tied=True)
@@ -303,6 +307,7 @@ def test_unsupported_first_layer_inputs_are_a_clear_error():
 BAG_MASK = jax.jit(bow.bag_mask, static_argnames=('model', 'method', 'config'))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'family,method',
   [
@@ -364,6 +369,7 @@ def test_bag_mask_compiles_once_for_new_params():
   assert len(traces) == 1
 
 
+@pytest.mark.slow
 def test_tied_bag_with_a_silent_embedding_gradient():
   """Frozen embeddings: ∇W = 0, so only the span test can name tokens; it
   is used without a spectral gap while the rank leaves room."""

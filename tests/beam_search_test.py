@@ -143,6 +143,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family,config', CASES)
 def test_kernel_matches_python_reference(family, config):
   model, params = tiny(family)
@@ -164,6 +165,7 @@ def test_kernel_matches_python_reference(family, config):
   assert set(np.asarray(out.tokens[0, :, 2:]).ravel()) <= set(bag)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ['gpt2', 'llama'])
 def test_traced_length_in_a_wider_buffer_matches_reference(family):
   """`num_steps` tokens into a `length`-token buffer: the beams of a
@@ -202,6 +204,7 @@ def test_traced_length_in_a_wider_buffer_matches_reference(family):
     )
 
 
+@pytest.mark.slow
 def test_prior_ngrams_are_penalised_and_match_reference():
   model, params = tiny('llama')
   config = bs.BeamSearchConfig(num_beams=4, length=4, prior_penalty=3.0)
@@ -225,6 +228,7 @@ def test_prior_ngrams_are_penalised_and_match_reference():
   assert ref[0][0] != first
 
 
+@pytest.mark.slow
 def test_scores_are_log_probabilities_without_repeats():
   model, params = tiny('gpt2')
   config = CASES[0][1]  # bigram ban; compiled already
@@ -291,6 +295,7 @@ def test_rebuilt_model_reuses_the_compiled_search():
   assert SEARCH._cache_size() == size  # pylint: disable=protected-access
 
 
+@pytest.mark.slow
 def test_sharded_searches_equal_one_device():
   if jax.device_count() < 2:
     pytest.skip('needs several (fake) devices')

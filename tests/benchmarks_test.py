@@ -35,6 +35,7 @@ def one_torch_thread():
   torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_quick_suite_on_tiny_gpt2(tmp_path, one_torch_thread):
   del one_torch_thread
   result = run_lib.run_all(

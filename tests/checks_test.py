@@ -84,6 +84,7 @@ ENTRY_POINTS = {
 
 
 # ------------------------------------------------------- gradient pytrees
+@pytest.mark.slow
 @pytest.mark.parametrize('entry', ENTRY_POINTS)
 def test_a_wrapped_gradient_is_named_as_the_flax_slip(entry):
   model, params = tiny()
@@ -149,6 +150,7 @@ def test_vocab_size_is_checked_against_the_embedding_rows():
       ENTRY_POINTS[entry](model, params, params)
 
 
+@pytest.mark.slow
 def test_differential_score_refuses_two_vocabularies():
   model, params = tiny(200)
   other, params_other = tiny(150)

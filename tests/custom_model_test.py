@@ -179,6 +179,7 @@ def sentences(n=3, t=7, seed=1):
 
 
 # ------------------------------------------------------------ protocol
+@pytest.mark.slow
 @pytest.mark.parametrize('build', BUILDERS)
 def test_wrapped_model_satisfies_the_protocol(build):
   model = BUILDERS[build]()
@@ -198,6 +199,7 @@ def test_wrapped_model_satisfies_the_protocol(build):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('build', BUILDERS)
 def test_decoding_equals_logits_under_jit(build):
   model = BUILDERS[build]()
@@ -278,6 +280,7 @@ def np_sequence_logp(model, params, seq):
   return float(sum(logp[t - 1, seq[t]] for t in range(1, len(seq))))
 
 
+@pytest.mark.slow
 def test_bag_mask_finds_the_inputs_of_a_batch():
   """Tied head: the span test on q/k/v finds every input token."""
   model = without_cache()
@@ -331,6 +334,7 @@ def test_bag_mask_finds_the_inputs_of_a_batch():
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('build', BUILDERS)
 def test_bag_beam_search_matches_exhaustive_search(build):
   """With as many beams as sequences, the best beam is the brute-force best."""
@@ -380,6 +384,7 @@ def test_reorder_scores_match_one_gradient_per_candidate():
     np.testing.assert_allclose(scores[c], ppl[c] + 2.0 * norms[c], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_differential_score_and_rank_match_brute_force():
   model, model_prime = with_cache(), without_cache()
   params, params_prime = init_params(0), init_params(3)
@@ -451,6 +456,7 @@ def test_bei_hei_match_numpy(build):
   np.testing.assert_array_equal(attacks.hei_ids(hidden, jnp.asarray(emb)), hei)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('build', BUILDERS)
 def test_gboard_reconstruction_matches_a_greedy_loop(build):
   model = BUILDERS[build]()
@@ -535,6 +541,7 @@ def _kernel_calls():
   }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'name',
   [

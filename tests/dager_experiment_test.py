@@ -136,6 +136,7 @@ def test_batch_scores_best_prediction_per_original():
   assert empty['rougeL'] == 0.0 and empty['exact'] == 0.0
 
 
+@pytest.mark.slow
 def test_run_on_small_gpt2_recovers_batches_and_survives_frozen_embeddings(
   tmp_path,
 ):
@@ -163,6 +164,7 @@ def test_run_on_small_gpt2_recovers_batches_and_survives_frozen_embeddings(
   assert 'rank-limited' in (tmp_path / 'summary.md').read_text()
 
 
+@pytest.mark.slow
 def test_hybrid_attack_runs_through_the_experiment(tmp_path):
   # Below the rank limit the span term picks each sentence's first word
   # (scored over every candidate); the small GPT-2's LM is random, so where
@@ -182,6 +184,7 @@ def test_hybrid_attack_runs_through_the_experiment(tmp_path):
   assert 0 < summary['rouge1@attack=hybrid,b=1'] <= 1
 
 
+@pytest.mark.slow
 def test_hybrid_start_allocation_runs_through_the_experiment(tmp_path):
   # With --hybrid_start_dims each search starts with the first token
   # allocated to it, and the row records both; --hybrid_prior_start and
@@ -207,6 +210,7 @@ def test_hybrid_start_allocation_runs_through_the_experiment(tmp_path):
     tiny_hybrid(hybrid_weight_evidence=-1.0)
 
 
+@pytest.mark.slow
 def test_fedavg_view_of_one_full_batch_step_is_the_fedsgd_gradient():
   # One local epoch of one full-batch step: θ1 = θ0 − η g, so what the
   # attacker reconstructs, −Δ / (η · steps), is the FedSGD gradient g.
@@ -228,6 +232,7 @@ def test_fedavg_view_of_one_full_batch_step_is_the_fedsgd_gradient():
   assert not np.any(np.asarray(get_path(frozen, emb)))
 
 
+@pytest.mark.slow
 def test_data_column_and_label_choose_the_private_rows(tmp_path):
   # A .tsv with two text columns and a label: only the `Body` of the rows
   # labelled private may reach the client batches.
@@ -370,6 +375,7 @@ def test_the_strongest_flagfile_is_the_preset(fresh_flags):
   assert short.attacks == ('hybrid',) and short.batch_sizes == (64,)
 
 
+@pytest.mark.slow
 def test_film_attack_runs_through_the_experiment(tmp_path):
   # FILM on the same client gradient as DAGER: it draws with the batch's
   # own key (dager_client.batch_key), so two runs recover the same sentences.
@@ -393,6 +399,7 @@ def test_film_attack_runs_through_the_experiment(tmp_path):
   assert dager_client.batch_key(cfg, 4, 2) == dager_client.batch_key(cfg, 4, 2)
 
 
+@pytest.mark.slow
 def test_baselines_come_from_the_caller(tmp_path):
   # The runner imports no other paper: 'film' is whatever the caller
   # passes, scored on the same gradient, and refused when none is passed.

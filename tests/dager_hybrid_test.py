@@ -161,6 +161,7 @@ def search(family, taken_rows, config=CONFIG, kernel=hybrid_search):
   return np.asarray(row)[: int(length)].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_search_recovers_each_sentence_in_turn(family):
   first = search(family, [])
@@ -169,6 +170,7 @@ def test_search_recovers_each_sentence_in_turn(family):
   assert second in ROWS and second != first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_start_penalty_moves_the_next_search_to_another_first_word(family):
   # Without penalties the second search repeats the first sentence; the
@@ -182,6 +184,7 @@ def test_start_penalty_moves_the_next_search_to_another_first_word(family):
   assert second in ROWS and second[1] != first[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_default_search_leaves_the_end_to_the_lm(family):
   # The default scores a sentence end like the best continuation: every
@@ -199,6 +202,7 @@ def test_default_search_leaves_the_end_to_the_lm(family):
   assert any(got[:-1] == row[: len(got) - 1] for row in ROWS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_beams_are_ranked_and_lead_with_the_search_sentence(family):
   # hybrid_beams returns every final beam, best first; its first row is
@@ -256,6 +260,7 @@ def test_search_compiles_once_for_new_taken_rows():
   assert hybrid_search._cache_size() == size
 
 
+@pytest.mark.slow
 def test_host_settings_never_recompile_the_search():
   # The kernel's static config holds only what it reads: the selection's
   # and the host loop's settings give the same SearchConfig, so the search
@@ -286,6 +291,7 @@ def test_host_settings_never_recompile_the_search():
   )
 
 
+@pytest.mark.slow
 def test_kernels_run_eagerly_and_under_a_users_own_jit():
   # The kernels are plain functions: called eagerly, or jitted by the
   # user, they give what the host loop's wrappers give.
@@ -396,6 +402,7 @@ def test_whitening_matches_numpy():
   np.testing.assert_allclose(white @ cov @ white, np.eye(6), atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_head_score_names_each_next_token(family):
   model, params = tiny(family)
@@ -471,6 +478,7 @@ def head_search(family, real, valid, head, config, is_start=None):
   return np.asarray(row)[: int(length)].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_head_term_alone_recovers_a_sentence(family):
   # No span term and no LM: the head gradient alone must lead the search
@@ -620,6 +628,7 @@ def test_cut_variants_cut_at_word_boundaries_and_close_with_an_end():
   assert got == [[0, 10, 11, 12, 15], [0, 10, 11, 12, 13]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'chunk,transformed', ((2, False), (4, False), (2, True))
 )
@@ -741,6 +750,7 @@ def test_allocate_starts_hands_out_the_largest_counts_first():
     hybrid.allocate_starts(counts, np.zeros(4, bool), 2)
 
 
+@pytest.mark.slow
 def test_estimated_starts_name_both_sentences_first_tokens():
   # The tiny Llama (RoPE: BOS's head input is the same in every sentence,
   # as on SmolLM2): the two largest estimated counts over every token but
@@ -768,6 +778,7 @@ def test_estimated_starts_name_both_sentences_first_tokens():
   assert np.linalg.matrix_rank(share, tol=1e-6 * np.abs(share).max()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_prior_start_reads_the_lm_from_its_own_context(family):
   # The LM prior comes from a context that starts with another token;
@@ -875,6 +886,7 @@ def test_evidence_matches_numpy_and_reads_a_planted_context():
     hybrid.HybridConfig(weight_evidence=-1.0, start_dims=4)
 
 
+@pytest.mark.slow
 def test_evidence_leads_the_search_through_a_sentence():
   # With the span and the LM off and the cosine all but off, the ratio
   # alone (N from the starts' estimate) leads each search, given its

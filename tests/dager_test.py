@@ -199,6 +199,7 @@ def numpy_first_layer_residuals(model, params, grads, rank):
   return numpy_residuals(x, q).min(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', FAMILIES)
 def test_token_filter_finds_exactly_the_input_tokens(family):
   model, params = tiny(family)
@@ -233,6 +234,7 @@ def prefix_recompute_model(family):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layer', [0, 1])
 @pytest.mark.parametrize('build', ['gpt2', 'llama', 'gpt2_prefix'])
 def test_block_decode_in_two_chunks_equals_block_inputs(build, layer):
@@ -252,6 +254,7 @@ def test_block_decode_in_two_chunks_equals_block_inputs(build, layer):
 
 
 # ------------------------------------------------------ the layer-2 search
+@pytest.mark.slow
 @pytest.mark.parametrize('length', [0, 3])
 @pytest.mark.parametrize('family', FAMILIES)
 def test_extension_residuals_match_brute_force(family, length):
@@ -310,6 +313,7 @@ def assert_recovered(family, rows, result):
   assert sorted(result.prefixes) == sorted(r[:-1] for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batch', BATCHES)
 @pytest.mark.parametrize('family', FAMILIES)
 def test_recover_finds_the_batch_exactly(family, batch):

@@ -131,6 +131,7 @@ def search(m, params, params_prime, context, tokens=None, **kwargs):
 
 
 # ----------------------------------------------------------------- DS
+@pytest.mark.slow
 @pytest.mark.parametrize('use_jit', [False, True])
 @pytest.mark.parametrize('num_context', [1, 3])
 def test_differential_score_equals_direct_computation(
@@ -229,6 +230,7 @@ def reference_search(m, p, pp, context, tokens, widths, groups, score):
   return np.asarray(out_seqs), np.asarray(out_vals)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'groups,score,context',
   [
@@ -319,6 +321,7 @@ def test_model_is_a_static_argument_new_params_never_recompile(pair):
   assert not np.array_equal(a.ds, b.ds)
 
 
+@pytest.mark.slow
 def test_search_over_the_smollm2_vocabulary_on_a_tiny_llama():
   """|T| = 49,152 (SmolLM2's vocabulary) through the Llama decode cache."""
   from leakjax.models import llama  # pylint: disable=g-import-not-at-top
@@ -414,6 +417,7 @@ class BigramLM:
     return self.logits(params, ids), cache + ids.shape[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['own_class', 'from_functions'])
 def test_any_language_model_scores_and_searches(kind):
   """DS and the search need only the protocol (`from_functions` without a
@@ -458,6 +462,7 @@ def test_any_language_model_scores_and_searches(kind):
 
 
 # ----------------------------------------------------- DR (Prop. 3.3)
+@pytest.mark.slow
 def test_dr_lower_bound_never_exceeds_true_rank(pair):
   m, p, pp = pair
   n, v = 3, TINY.vocab_size
@@ -497,6 +502,7 @@ def test_dr_bound_ignores_the_sequence_itself():
 
 
 # ---------------------------------------------- planted canary recovery
+@pytest.mark.slow
 def test_search_finds_a_canary_planted_by_training():
   """M' = M trained further on a canary: the search finds it at DR 0."""
   words = ['<UNK>', '<S>'] + [f'w{i}' for i in range(28)]
@@ -564,6 +570,7 @@ def write_corpus(path, num_lines=80, seed=0):
   path.write_text('\n'.join(lines) + '\n')
 
 
+@pytest.mark.slow
 def test_experiment_smoke(tmp_path):
   import json  # pylint: disable=g-import-not-at-top
 
@@ -723,6 +730,7 @@ def test_flags_are_exactly_the_config_fields(fresh_flags):
   assert exp.config_from_flags() == dlib.presets.config(data='corpus.txt')
 
 
+@pytest.mark.slow
 def test_committed_quick_flagfile_gives_its_config(fresh_flags):
   import pathlib  # pylint: disable=g-import-not-at-top
 

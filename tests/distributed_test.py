@@ -138,6 +138,7 @@ def _rows(workdir):
   ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('experiment', sorted(RUNS))
 def test_two_processes_write_one_run_equal_to_one_process(tmp_path, experiment):
   data = _data_flags(experiment, tmp_path)
@@ -217,6 +218,7 @@ print('READ', host['y'].tolist(), int(host['n']))
 """
 
 
+@pytest.mark.slow
 def test_mesh_across_processes_places_and_reads_back(tmp_path):
   address = f'localhost:{_free_port()}'
   procs = [

@@ -77,6 +77,7 @@ CONFIG = ep.EmbedParrotConfig(
 )
 
 
+@pytest.mark.slow
 def test_forward_shapes_and_causality():
   variables = ep.init_variables(CONFIG, key=jax.random.key(0))
   x = jax.random.normal(jax.random.key(1), (2, 5, 32))
@@ -109,6 +110,7 @@ def test_cosine_loss_hand_values():
   )
 
 
+@pytest.mark.slow
 def test_training_reduces_loss_and_beats_hei(tmp_path):
   ids, mask, deep, h0 = tiny_data()
   cfg = ep.train_config(
@@ -145,6 +147,7 @@ def test_training_reduces_loss_and_beats_hei(tmp_path):
     ep.train(CONFIG, deep, h0, mask, cfg, key=jax.random.key(9), workdir=ckpt)
 
 
+@pytest.mark.slow
 def test_train_matches_a_hand_written_adamw_loop():
   # Independent reference: the same batches (the epoch permutation of
   # leakjax.data.batch_indices) through optax's clip + AdamW with a warmup
@@ -228,6 +231,7 @@ def test_linear_skip_starts_at_ridge_and_improves():
   assert acc > 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ['llama', 'gpt2'])
 def test_decoder_states_of_token_embeddings_are_the_model_states(family):
   # Independent reference: the model's own forward pass. Fed its own token
@@ -254,6 +258,7 @@ def test_decoder_states_of_token_embeddings_are_the_model_states(family):
   )
 
 
+@pytest.mark.slow
 def test_pretrained_decoder_trains_every_weight_and_starts_at_ridge():
   ids, mask, deep, h0 = tiny_data()
   model, params = tiny_llama()
@@ -333,6 +338,7 @@ def test_train_rejects_bad_shapes():
     )
 
 
+@pytest.mark.slow
 def test_ppl_term_is_model_nll_for_exact_embeddings_and_differentiable():
   model, params = tiny_llama()
   ids, mask, deep, h0 = tiny_data()
@@ -360,6 +366,7 @@ def test_ppl_term_is_model_nll_for_exact_embeddings_and_differentiable():
   assert any(np.abs(np.asarray(g)).max() > 0 for g in leaves)
 
 
+@pytest.mark.slow
 def test_train_with_ppl_term_needs_target_params_and_runs():
   model, params = tiny_llama()
   _, mask, deep, h0 = tiny_data()
@@ -416,6 +423,7 @@ def _write_corpora(folder: Path) -> str:
   return f'a={folder / "a.json"},b={folder / "b.txt"}'
 
 
+@pytest.mark.slow
 def test_experiment_smoke(tmp_path):
   tok = gpt2_tokenizer()
   model, params = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok, layers=2)
@@ -506,6 +514,7 @@ def test_experiment_smoke(tmp_path):
     assert again[k] == pytest.approx(v, nan_ok=True), k
 
 
+@pytest.mark.slow
 def test_experiment_with_a_pretrained_decoder(tmp_path):
   # ep_pretrained: a saved model as Decode Model, then EP+PPL on top of it.
   tok = gpt2_tokenizer()
@@ -746,6 +755,7 @@ def _chain_model(tok, sentences):
   return model, {'w': jnp.zeros((tok.vocab_size, 2))}
 
 
+@pytest.mark.slow
 def test_model_samples_are_whole_distinct_sentences():
   tok = gpt2_tokenizer()
   sentences = [
@@ -776,6 +786,7 @@ def test_model_samples_are_whole_distinct_sentences():
     dataclasses.replace(cfg, sample_temperature=0.0)
 
 
+@pytest.mark.slow
 def test_experiment_adds_model_samples_to_the_training_texts(
   tmp_path, monkeypatch
 ):

@@ -47,6 +47,7 @@ MODELS = {'llama': tiny_llama, 'gpt2': tiny_gpt2}
 
 
 # ------------------------------------------------------------------ layers
+@pytest.mark.slow
 @pytest.mark.parametrize('family', sorted(MODELS))
 def test_layer_states_shapes_and_definitions(family):
   model, params = MODELS[family]()
@@ -180,6 +181,7 @@ def test_head_without_flax_modules_has_no_separable_final_norm():
 
 
 # --------------------------------------------------------------- HEI, BEI
+@pytest.mark.slow
 def test_hei_at_layer0_recovers_tokens_exactly():
   model, params = tiny_llama()
   ids, mask = random_ids(200, (4, 9), seed=3)
@@ -189,6 +191,7 @@ def test_hei_at_layer0_recovers_tokens_exactly():
   np.testing.assert_array_equal(jax.jit(ei.hei_ids)(h0, emb), ids)
 
 
+@pytest.mark.slow
 def test_hei_layer0_text_f1_with_real_tokenizer():
   tok = gpt2_tokenizer()
   model, params = tiny_llama(vocab_size=tok.vocab_size, tokenizer=tok)
@@ -299,6 +302,7 @@ def test_hei_sharded_over_batch_equals_single_device():
 
 
 # ------------------------------------------------------------ DCT defense
+@pytest.mark.slow
 @pytest.mark.parametrize('n', [1, 8, 33])
 def test_dct_matrix_is_orthonormal_dct2(n):
   c = np.asarray(dct.dct_matrix(n))

@@ -67,6 +67,7 @@ def test_an_undocumented_field_is_refused(fresh_flags):
     common.define_config_flags(Undocumented)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'module', ['film', 'dager', 'differential', 'gboard', 'embed_parrot']
 )

@@ -17,6 +17,7 @@ def _tiny():
   return gpt2.init_model(config, key=jax.random.key(0))
 
 
+@pytest.mark.slow
 def test_beam_search_row():
   row = film_kernels.bench_beam_search(
     *_tiny(), searches=2, beams=4, bag=16, length=6, reps=1
@@ -32,6 +33,7 @@ def test_reorder_scores_row():
   assert row['seconds'] > 0 and row['flops'] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('seq_len', [32, 64])
 def test_forward_flops_match_xla_cost_analysis(seq_len):
   # Matmul-dominated shapes (d = 256). XLA also counts the masked half of

@@ -56,6 +56,7 @@ def _head_rows(jitted, *args) -> set[int]:
   return {int(r or 1) for r in found}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'num_beams,num_groups',
   [
@@ -132,6 +133,7 @@ def _candidates(num: int, width: int = 12, seed: int = 0):
   return jnp.asarray(ids), jnp.asarray(mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'num,chunk',
   [
@@ -175,6 +177,7 @@ def tiny_with_words():
   )
 
 
+@pytest.mark.slow
 def test_recover_with_mesh_equals_one_device(mesh):
   model, params = tiny_with_words()
   ids, mask = model.tokenizer.encode_batch(list(TEXTS), add_bos=True)

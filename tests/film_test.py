@@ -58,6 +58,7 @@ def memorising_model():
   return model, params
 
 
+@pytest.mark.slow
 def test_film_recovers_a_memorised_sentence_from_its_gradient():
   model, params = memorising_model()
   tok = model.tokenizer
@@ -99,6 +100,7 @@ def frozen_gradient(model, params, sentence):
   return ids, grads
 
 
+@pytest.mark.slow
 def test_client_batches_are_padded_to_a_token_bucket():
   """The runner pads a client batch to a multiple of 8 tokens (one compiled
   gradient for many batches), within the model's longest sequence; the
@@ -145,6 +147,7 @@ def test_client_batches_are_padded_to_a_token_bucket():
   assert ids.shape[1] == 30
 
 
+@pytest.mark.slow
 def test_the_client_gradient_compiles_once_per_model_and_defense(monkeypatch):
   """The runner jits `fl.client_gradient` at each call; jax.jit's cache
   (function, static arguments, shapes) keeps that to one trace."""
@@ -170,6 +173,7 @@ def test_the_client_gradient_compiles_once_per_model_and_defense(monkeypatch):
   assert len(traces) == 2
 
 
+@pytest.mark.slow
 def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
   """FILM Sec. 5's defense empties ∇W, yet layer 0's gradient still spans
   the inputs (test 1 of the tied bag method), so the bag survives."""
@@ -183,6 +187,7 @@ def test_frozen_embeddings_hide_the_rows_but_not_the_first_layer():
   assert set(bag.ids.tolist()) == inputs
 
 
+@pytest.mark.slow
 def test_frozen_embeddings_end_to_end_with_sentence_ends():
   """With ∇W silent, the bag (inputs only) lacks the final '.', so the
   search adds the vocabulary's sentence ends: the sentence can end."""
@@ -239,6 +244,7 @@ SMOKE = dict(
 )
 
 
+@pytest.mark.slow
 def test_experiment_frozen_embeddings_past_the_span_rank(tmp_path):
   """At b = 8 the tiny model's 64-wide first layer sees more inputs than
   the span test can separate: an empty bag, a zero row, not a crash."""
@@ -254,6 +260,7 @@ def test_experiment_frozen_embeddings_past_the_span_rank(tmp_path):
   assert summary['rougeL@b=8,defense=freeze'] == 0.0
 
 
+@pytest.mark.slow
 def test_experiment_smoke_and_resume(tmp_path):
   cfg = runner.FilmConfig(**SMOKE)
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
@@ -290,6 +297,7 @@ def test_experiment_smoke_and_resume(tmp_path):
   assert chunked['rougeL@b=2'] == summary['rougeL@b=2']
 
 
+@pytest.mark.slow
 def test_experiment_early_stopping(tmp_path):
   # Sec. 6.1: train "until the loss on the evaluation set increased". A
   # learning rate this large makes the held-out loss go up at once.
@@ -326,6 +334,7 @@ def test_experiment_early_stopping(tmp_path):
   assert f'attacked at step {state["best"]["step"]} (lowest eval loss)' in md
 
 
+@pytest.mark.slow
 def test_experiment_bag_mode_with_defenses(tmp_path):
   cfg = runner.FilmConfig(
     **{**SMOKE, 'batch_sizes': (2,)}, mode='bag', defenses=('none', 'dp:10')
@@ -350,6 +359,7 @@ def test_experiment_bag_mode_with_defenses(tmp_path):
   assert summary['bag_precision@b=2,defense=dp:10,method=dp'] < 0.5
 
 
+@pytest.mark.slow
 def test_experiment_utility_mode_trains_under_each_defense(tmp_path):
   defenses = ('none', 'freeze', 'prune:0.9', 'dp:1')
   cfg = runner.FilmConfig(
@@ -539,5 +549,6 @@ def test_preprocess_appendix_b1():
     runner.private_sentences(strict, texts, tok, ppl)
 
 
+@pytest.mark.slow
 def test_paper_table3_counts_match_the_runner():
   assert tuple(film_report.PAPER_TABLE3) == runner.MULTI_SENTENCE_COUNTS

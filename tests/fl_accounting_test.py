@@ -59,6 +59,7 @@ def test_epsilon_values_and_edge_cases():
     fl.epsilon(1.0, 0.01, 100, 1e-5, accountant='moments')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('target', [1.0, 5.0, 10.0, 15.0])  # FILM Table 4b
 def test_sigma_for_epsilon_inverts_epsilon(target):
   q, steps, delta = 16 / 1000, 500, 1e-5

@@ -15,6 +15,7 @@ LR = 0.1
 ATOL = 1e-7
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', fx.FAMILIES)
 def test_fedsgd_update_is_theta0_minus_lr_gradient(family):
   model, params = fx.model(family)
@@ -56,6 +57,7 @@ def test_pad_tokens_do_not_change_the_gradient(family):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', fx.FAMILIES)
 @pytest.mark.parametrize('chunk', [2, 3])
 def test_microbatched_gradient_is_the_batch_gradient(family, chunk):
@@ -84,6 +86,7 @@ def test_microbatched_gradient_is_the_batch_gradient(family, chunk):
     fl.client_gradient(model, params, ids, mask, microbatch=0)
 
 
+@pytest.mark.slow
 def test_fedsgd_equals_fedavg_one_step_with_dp_sgd():
   """Same key => client_gradient and client_update draw the same noise."""
   model, params = fx.model('gpt2')
@@ -100,6 +103,7 @@ def test_fedsgd_equals_fedavg_one_step_with_dp_sgd():
   assert fx.tree_max_abs_diff(grad, clean) > 0.03
 
 
+@pytest.mark.slow
 def test_scan_equals_python_loop_of_jitted_steps():
   """E=2, B=3 over 7 sentences (batches 3, 3, 1), Adam, DP-SGD in
   microbatches of 2, GBoard step noise, single noise and pruning."""
@@ -128,6 +132,7 @@ def test_scan_equals_python_loop_of_jitted_steps():
   fx.assert_trees_equal(scan.update, looped.update)
 
 
+@pytest.mark.slow
 def test_minibatch_fedavg_matches_sgd_on_model_loss():
   """E=2, B=3 over 7 sentences equals SGD steps on `Model.loss` of the
   scheduled batches; the last batch of each epoch is a batch of 1."""
@@ -150,6 +155,7 @@ def test_minibatch_fedavg_matches_sgd_on_model_loss():
   assert fx.tree_max_abs_diff(result.params, params0) > 1e-2
 
 
+@pytest.mark.slow
 def test_padded_client_equals_unpadded_and_skips_empty_batches():
   """A client of 2 sentences stored in 8 rows (num_examples=2) with B=4:
   each epoch has one real batch and one empty one, which must not move
@@ -169,6 +175,7 @@ def test_padded_client_equals_unpadded_and_skips_empty_batches():
   np.testing.assert_allclose(padded.losses[::2], alone.losses, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_client_update_traces_once_for_new_keys_and_sizes():
   model, params = fx.model('cifg')
   ids, mask = fx.sentences(model, n=6)
@@ -235,6 +242,7 @@ def test_stack_clients_pads_sizes_and_lengths():
   assert int(data.mask[0].sum()) == 6 and int(data.mask[1].sum()) == 20
 
 
+@pytest.mark.slow
 def test_bad_inputs_raise_leakjax_error():
   model, params = fx.model('cifg')
   ids, mask = fx.sentences(model, n=3)

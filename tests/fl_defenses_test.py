@@ -68,6 +68,7 @@ def test_pruning_count_is_exact_with_ties():
   assert defenses.num_pruned(3, 0.5) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scope', ['tensor', 'global'])
 def test_pruning_with_many_ties_matches_a_stable_sort(scope):
   # Magnitudes on a coarse grid (many exact ties, zeros, signs): the
@@ -170,6 +171,7 @@ def test_dp_sgd_noise_std_is_sigma_times_clip():
   assert abs(noise.mean()) < 5 * expected / np.sqrt(noise.size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('algorithm', ['dpsgd_like', 'single_noise'])
 def test_gboard_local_noise_std(algorithm):
   """GBoard Alg. 3: θ1 = θ0 − η(∇ℓ + N(0, σ)); Alg. 4: θ1 + N(0, σ)."""
@@ -193,6 +195,7 @@ def test_gboard_local_noise_std(algorithm):
 
 
 # ------------------------------------------------------- frozen embeddings
+@pytest.mark.slow
 def test_frozen_tied_gpt2_gradient_has_no_embedding_rows():
   model, params = fx.model('gpt2')
   assert model.paths.lm_head is None  # tied: wte is also the LM head
@@ -209,6 +212,7 @@ def test_frozen_tied_gpt2_gradient_has_no_embedding_rows():
   assert np.abs(frozen['wpe']['embedding']).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_frozen_composes_with_fedavg_dp_noise_and_pruning():
   """FedAvg (E=2, B=3, AdamW with weight decay) with frozen wte/wpe, DP-SGD,
   single noise and 90% pruning: the frozen matrices do not move and are not
@@ -241,6 +245,7 @@ def test_frozen_composes_with_fedavg_dp_noise_and_pruning():
   assert np.isfinite(result.losses).all()
 
 
+@pytest.mark.slow
 def test_frozen_cifg_tied_and_untied_heads():
   tied, tied_params = fx.model('cifg')
   untied, untied_params = fx.model('cifg_untied')

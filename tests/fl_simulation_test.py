@@ -23,6 +23,7 @@ def three_clients():
   return model, params, parts, fl.stack_clients(parts)
 
 
+@pytest.mark.slow
 def test_round_is_example_weighted_average_of_client_updates():
   """FILM Eq. 3 with FedSGD clients: θ + Σ_k (n_k / n) Δ_k."""
   model, params, parts, data = three_clients()
@@ -48,6 +49,7 @@ def test_round_is_example_weighted_average_of_client_updates():
   assert fx.tree_max_abs_diff(result.params, params) > 1e-3
 
 
+@pytest.mark.slow
 def test_round_with_one_client_is_that_clients_update():
   model, params, parts, _ = three_clients()
   ids, mask = parts[0]
@@ -86,6 +88,7 @@ def test_train_federated_snapshots_are_the_models_at_iteration_t():
   assert run.losses.shape == (3,) and np.all(np.diff(run.losses) < 0)
 
 
+@pytest.mark.slow
 def test_train_federated_samples_clients_and_learns():
   model, params, _, data = three_clients()
   config = fl.ClientConfig(epochs=2, batch_size=2, learning_rate=0.5)

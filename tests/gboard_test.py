@@ -68,6 +68,7 @@ def _sentences(n: int, length: int = 4, seed: int = 0) -> np.ndarray:
 
 
 # ----------------------------------------------------------- word recovery
+@pytest.mark.slow
 def test_fedsgd_word_recovery_is_exact():
   model, params = _model()
   ids = _sentences(4)
@@ -220,6 +221,7 @@ def _drift_update(seed=0):
   )
 
 
+@pytest.mark.slow
 def test_rescue_and_auto_without_noise():
   delta, rows, typed, hidden = _drift_update()
   cand = gboard.candidate_mask(delta.shape[0])
@@ -270,6 +272,7 @@ def _peaked_update(typed_count: int):
   )
 
 
+@pytest.mark.slow
 def test_convexity_finds_typed_word_whose_bias_fell():
   delta, rows, rows0, bias0, typed, word = _peaked_update(8)
   cand = gboard.candidate_mask(delta.shape[0])
@@ -309,6 +312,7 @@ def test_convexity_flags_nothing_untyped():
   ).any()
 
 
+@pytest.mark.slow
 def test_auto_uses_rows_under_noise():
   # Local DP noise: each typed word's bias is only ~2.5 noise scales up,
   # but its D = 16 row entries are too; bias + rows finds what bias misses.
@@ -369,6 +373,7 @@ def _f1(found: set, typed: set) -> float:
   return 2 * tp / (len(found) + len(typed))
 
 
+@pytest.mark.slow
 def test_mixture_finds_low_rank_signal_and_skips_drift():
   delta, rows, typed, frequent = _low_rank_noisy_update()
   cand = gboard.candidate_mask(delta.shape[0])
@@ -393,6 +398,7 @@ def test_mixture_finds_low_rank_signal_and_skips_drift():
   np.testing.assert_allclose(jitted[1], post, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_mixture_sees_no_signal_in_pure_noise():
   rng = np.random.default_rng(7)
   delta = jnp.asarray(rng.normal(0, 1e-3, 9502), jnp.float32)
@@ -441,6 +447,7 @@ def _reference(model, params0, params1, start, allowed, length, bos):
   return ids, (pp0 - pp1) / pp0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('jit', [False, True])
 def test_batched_reconstruction_matches_reference(jit):
   model, params0 = _model(scale=0.7)
@@ -477,6 +484,7 @@ def test_batched_reconstruction_matches_reference(jit):
   assert np.all(np.isneginf(np.asarray(out.scores)[~valid]))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
   jax.device_count() < 2,
   reason='needs >= 2 devices (tests/conftest.py fakes 8)',
@@ -611,6 +619,7 @@ def test_client_config_emulates_sentence_sum_loss():
   assert config.defense.update_noise_std == 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batch', ['full', '4'])
 def test_batch_sum_loss_is_sentence_sum_with_eta_times_batch(batch):
   (model, params0), ids = _model(), _sentences(8)
@@ -702,6 +711,7 @@ def _write_corpora(tmp_path):
   return sms, public
 
 
+@pytest.mark.slow
 def test_experiment_smoke(tmp_path):
   from experiments import gboard as experiment  # noqa: PLC0415
 
@@ -986,6 +996,7 @@ def test_paper_claims_table_reads_the_named_settings():
   assert rows[4].endswith('not run / not run / not run / 0.50 |')
 
 
+@pytest.mark.slow
 def test_spread_over_datasets_in_the_report():
   from experiments import gboard_report  # noqa: PLC0415
 

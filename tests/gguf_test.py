@@ -550,6 +550,7 @@ def smollm2_transformers(smollm2):
 SMOLLM2_TEXT = 'The capital of France is Paris, and it is famous for its food.'
 
 
+@pytest.mark.slow
 def test_smollm2_config_and_load_time(smollm2):
   model, params, seconds, _ = smollm2
   c = model.config
@@ -573,6 +574,7 @@ def test_smollm2_config_and_load_time(smollm2):
   assert seconds < 60
 
 
+@pytest.mark.slow
 def test_smollm2_logits_match_transformers(smollm2, smollm2_transformers):
   model, params = smollm2[:2]
   ids = np.array([model.tokenizer.encode(SMOLLM2_TEXT)], np.int32)
@@ -583,6 +585,7 @@ def test_smollm2_logits_match_transformers(smollm2, smollm2_transformers):
   assert diff <= 1e-3, diff
 
 
+@pytest.mark.slow
 def test_smollm2_prefers_natural_text(smollm2):
   model, params = smollm2[:2]
   words = SMOLLM2_TEXT.rstrip('.').split()
@@ -599,6 +602,7 @@ def test_smollm2_prefers_natural_text(smollm2):
   assert ppl[1] >= 10 * ppl[0], ppl
 
 
+@pytest.mark.slow
 def test_smollm2_tokenizer_matches_transformers(smollm2):
   model, _, _, path = smollm2
   theirs = transformers.AutoTokenizer.from_pretrained(

@@ -136,6 +136,7 @@ def _edit_tensors(directory, edit):
 
 
 # ----------------------------------------------------------- numerics
+@pytest.mark.slow
 @pytest.mark.parametrize('padded', [False, True])
 @pytest.mark.parametrize('jit', [False, True])
 def test_logits_match_transformers(loaded, torch_model, padded, jit):
@@ -241,6 +242,7 @@ def test_hidden_states_match_transformers(loaded, torch_model):
 
 
 # ----------------------------------------------------------- decoding
+@pytest.mark.slow
 @pytest.mark.parametrize('jit', [False, True])
 def test_decode_matches_logits(loaded, jit):
   model, params = loaded
@@ -467,6 +469,7 @@ def _tiny_config(family, **overrides):
 _FAMILIES = {'gpt2': gpt2, 'llama': llama}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ['gpt2', 'llama'])
 def test_equal_configs_give_equal_models_that_compile_once(family):
   lib = _FAMILIES[family]

@@ -141,6 +141,7 @@ def test_loaded_params_and_paths(pair):
   assert ours == llama.make_model(ours.config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'tied,jit',
   [(False, False), (False, True), (True, True)],
@@ -182,6 +183,7 @@ def test_padding_mask_matches_transformers_and_isolates_padding(untied):
   np.testing.assert_array_equal(got2[real], got[real])
 
 
+@pytest.mark.slow
 def test_gradients_match_transformers(pair):
   ours, params, hf_model, _ = pair
   ids = _ids(2, 10, seed=5)
@@ -199,6 +201,7 @@ def test_gradients_match_transformers(pair):
   assert worst > 0  # the comparison saw real gradients
 
 
+@pytest.mark.slow
 def test_decode_matches_full_forward_eager(untied):
   ours, params, _, _ = untied
   ids = _ids(3, 6, seed=7)
@@ -213,6 +216,7 @@ def test_decode_matches_full_forward_eager(untied):
   np.testing.assert_array_equal(np.asarray(cache.index), [6, 6, 6])
 
 
+@pytest.mark.slow
 def test_decode_matches_full_forward_jit(pair):
   ours, params, _, _ = pair
   ids = _ids(3, 12, seed=7)
@@ -367,6 +371,7 @@ def test_too_long_and_out_of_range_inputs_raise(untied):
     ours.logits(params, np.array([[1, VOCAB]], np.int32))
 
 
+@pytest.mark.slow
 def test_init_model_and_bfloat16(untied):
   ours, params, _, _ = untied
   config = ours.config

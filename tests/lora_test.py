@@ -36,6 +36,7 @@ def batch():
   return lora.Batch(ids, mask)
 
 
+@pytest.mark.slow
 def test_targets_are_the_attention_projections_and_start_is_the_model():
   model, params = tiny()
   cfg = lora.LoraConfig(rank=2)
@@ -78,6 +79,7 @@ def test_merge_adds_the_scaled_low_rank_product_and_nothing_else():
   )
 
 
+@pytest.mark.slow
 def test_adapter_gradient_is_the_chain_rule_of_the_kernel_gradient():
   # Independent reference: at b = 0, dL/db = scale * a^T dL/dW, with dL/dW
   # the full model's gradient; dL/da = 0.
@@ -99,6 +101,7 @@ def test_adapter_gradient_is_the_chain_rule_of_the_kernel_gradient():
     assert not np.any(np.asarray(grads[path]['a']))
 
 
+@pytest.mark.slow
 def test_fit_trains_only_the_adapters_and_lowers_the_loss():
   model, params = tiny()
   cfg = lora.LoraConfig(rank=4)
@@ -135,6 +138,7 @@ def test_fit_trains_only_the_adapters_and_lowers_the_loss():
   )
 
 
+@pytest.mark.slow
 def test_bad_settings_are_refused():
   _, params = tiny()
   with pytest.raises(LeakjaxError, match='no 2-D parameter'):

@@ -192,6 +192,7 @@ def test_cifg_forget_gate_is_coupled():
 
 
 # ------------------------------------------------------------------- model
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 @pytest.mark.parametrize('jit', [False, True])
 def test_logits_and_hidden_states_match_numpy(name, jit):
@@ -246,6 +247,7 @@ def test_padding_does_not_reach_real_positions(name):
   assert not np.allclose(np.asarray(a)[~real], np.asarray(b)[~real])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 @pytest.mark.parametrize('jit', [False, True])
 def test_decode_matches_logits(name, jit):
@@ -287,6 +289,7 @@ def test_decode_cache_reorders_like_beams():
 
 
 # --------------------------------------------------------------- gradients
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_gradient_reaches_output_bias_and_embeddings(name):
   config = CONFIGS[name]

@@ -159,6 +159,7 @@ def test_first_layer_inputs_are_block_0s_inputs(variant):
   )
 
 
+@pytest.mark.slow
 def test_logits_match_transformers(variant):
   name, model, params, hf_model = variant
   ids = _ids()
@@ -170,6 +171,7 @@ def test_logits_match_transformers(variant):
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_gradients_match_transformers(variant):
   name, model, params, hf_model = variant
   ids = _ids(seed=3)
@@ -189,6 +191,7 @@ def test_gradients_match_transformers(variant):
     )
 
 
+@pytest.mark.slow
 def test_save_load_round_trip(variant, tmp_path):
   name, model, params, _ = variant
   models.save(model, params, tmp_path / 'again')

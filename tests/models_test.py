@@ -16,6 +16,7 @@ def leaves_equal(a, b) -> bool:
   )
 
 
+@pytest.mark.slow
 def test_gpt2_tiny_is_a_fresh_model_of_the_seed():
   model, params = models.load_model(models.GPT2_TINY, seed=3)
   again = models.load_model(models.GPT2_TINY, seed=3)[1]
@@ -25,6 +26,7 @@ def test_gpt2_tiny_is_a_fresh_model_of_the_seed():
   assert leaves_equal(params, again) and not leaves_equal(params, other)
 
 
+@pytest.mark.slow
 def test_random_init_keeps_the_architecture_and_tokenizer(tmp_path):
   model, params = models.load_model(models.GPT2_TINY, seed=0)
   models.save(model, params, tmp_path / 'ckpt')

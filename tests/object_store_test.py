@@ -144,6 +144,7 @@ def test_model_directory_on_a_bucket_is_marked_complete(bucket, tmp_path):
   }
 
 
+@pytest.mark.slow
 def test_experiment_on_a_bucket_writes_what_a_local_run_writes(
   bucket, tmp_path
 ):

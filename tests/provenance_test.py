@@ -114,6 +114,7 @@ def test_failed_fresh_run_leaves_no_provenance(tmp_path):
   assert not (tmp_path / 'w' / 'config.json').exists()
 
 
+@pytest.mark.slow
 def test_film_experiment_refuses_an_edited_corpus(tmp_path):
   corpus = tmp_path / 'corpus.txt'
   sentences = [f'Anna Berg met client number {i} in Oslo.' for i in range(12)]

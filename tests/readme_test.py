@@ -5,6 +5,7 @@ import re
 
 import jax
 import numpy as np
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -13,6 +14,7 @@ def python_blocks(text: str) -> list[str]:
   return re.findall(r'```python\n(.*?)```', text, flags=re.S)
 
 
+@pytest.mark.slow
 def test_readme_examples_run(tmp_path, monkeypatch, capsys):
   blocks = python_blocks((ROOT / 'README.md').read_text())
   assert len(blocks) >= 3, 'the API tour lost its examples'

@@ -126,6 +126,7 @@ def test_truncate_at_first_sentence_end():
   assert int(n) == LENGTH
 
 
+@pytest.mark.slow
 def test_candidate_scores_match_one_gradient_per_candidate():
   model, params = tiny()
   ids = jnp.asarray([[1, 5, 6, 7, 0], [1, 7, 6, 5, 9], [1, 9, 9, 0, 0]])
@@ -161,6 +162,7 @@ def test_candidate_scores_match_one_gradient_per_candidate():
   )
 
 
+@pytest.mark.slow
 def test_reorder_only_improves_and_reports_the_final_score():
   model, params = tiny()
   config = ro.ReorderConfig(
@@ -204,6 +206,7 @@ def test_reorder_only_improves_and_reports_the_final_score():
   assert np.array_equal(np.asarray(again.tokens), toks)
 
 
+@pytest.mark.slow
 def test_a_padded_buffer_changes_no_result():
   """A buffer padded past `max_length` reorders exactly as the unpadded one.
 

@@ -84,6 +84,7 @@ def _without_timings(rows):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'module, flags, keys, total, compare',
   [

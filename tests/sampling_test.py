@@ -65,6 +65,7 @@ def tiny_model():
   return model, params
 
 
+@pytest.mark.slow
 def test_greedy_limit_is_the_argmax_continuation():
   model, params = tiny_model()
   prompt = jnp.array([[1, 7], [1, 30]], jnp.int32)
@@ -79,6 +80,7 @@ def test_greedy_limit_is_the_argmax_continuation():
   np.testing.assert_array_equal(got, ids)
 
 
+@pytest.mark.slow
 def test_first_token_follows_the_tempered_nucleus_distribution():
   model, params = tiny_model()
   n, temperature, top_p = 20000, 0.7, 0.8
@@ -104,6 +106,7 @@ def test_first_token_follows_the_tempered_nucleus_distribution():
   assert 0.5 * np.abs(freq - probs).sum() < 0.02  # total variation
 
 
+@pytest.mark.slow
 def test_a_model_without_a_cache_samples_the_same_tokens():
   model, params = tiny_model()
   no_cache = models.from_functions(

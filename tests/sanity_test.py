@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import jax
+import pytest
 
 from leakjax import models, tokenization
 from leakjax.models import gpt2
@@ -19,6 +20,7 @@ def _run(*args):
   )
 
 
+@pytest.mark.slow
 def test_sanity_runs_on_a_checkpoint_and_data(tmp_path):
   config = gpt2.GPT2Config.tiny(vocab_size=50257)
   model, params = gpt2.init_model(
@@ -42,6 +44,7 @@ def test_sanity_runs_on_a_checkpoint_and_data(tmp_path):
   assert 'perplexity' in (tmp_path / 'w' / 'summary.md').read_text()
 
 
+@pytest.mark.slow
 def test_sanity_bad_path_exits_2_without_output(tmp_path):
   out = _run('--model=/no/such/dir', f'--workdir={tmp_path / "w"}')
   assert out.returncode == 2

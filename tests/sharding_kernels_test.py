@@ -70,6 +70,7 @@ def _assert_spread(x):
   assert len(x.sharding.device_set) == NUM_DEVICES, x.sharding
 
 
+@pytest.mark.slow
 def test_beam_search_sharded_over_searches(tiny, mesh):
   model, params = tiny
   rng = np.random.default_rng(0)
@@ -102,6 +103,7 @@ def test_beam_search_sharded_over_searches(tiny, mesh):
   assert np.isfinite(np.asarray(score1)).all()
 
 
+@pytest.mark.slow
 def test_reorder_scores_sharded_over_candidates(tiny, mesh):
   model, params = tiny
   ids, mask = _batch(2 * NUM_DEVICES, 12, seed=1)
@@ -114,6 +116,7 @@ def test_reorder_scores_sharded_over_candidates(tiny, mesh):
   assert len(set(np.round(np.asarray(n1), 6))) > 1  # norms differ per row
 
 
+@pytest.mark.slow
 def test_differential_scores_sharded_over_sequences(tiny, mesh):
   model, params = tiny
   # M' = M with perturbed weights (an "update"), same architecture.
@@ -184,6 +187,7 @@ def _head_rows(jitted, args, vocab: int = 37, **kwargs) -> set[int]:
   return {int(r) for r in re.findall(rf'f32\[(\d+),{vocab}\]\S* dot\(', hlo)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'groups,score,context,tokens,chunk_rows',
   [
@@ -258,6 +262,7 @@ def test_differential_rank_search_rejects_a_mesh_without_data_axis(mesh):
     )
 
 
+@pytest.mark.slow
 def test_differential_experiment_shards_ds_and_dr_search(mesh):
   (m, params), (_, params_prime) = _random_lstm(0), _random_lstm(1)
   cfg = dlib.DifferentialConfig(data='', vocab_size=37, min_width=16)

@@ -27,6 +27,7 @@ from tests.dager_hybrid_test import (
 )
 
 
+@pytest.mark.slow
 def test_selection_searched_and_refine_studies_of_an_oversampled_run(
   tmp_path, fresh_flags
 ):
@@ -115,6 +116,7 @@ def test_studies_refuse_a_run_without_its_searches(tmp_path):
     load_run(path)
 
 
+@pytest.mark.slow
 def test_beams_study_repeats_the_runs_searches_and_beams(tmp_path):
   # Each search's next beams join the selection's pool; the row records
   # them, and the selection keeps one sentence per search.
@@ -205,6 +207,7 @@ def test_match_gradient_is_the_objective_and_its_gradient():
   assert np.asarray(got)[2] == -np.inf  # pointing away: no match
 
 
+@pytest.mark.slow
 def test_edit_gains_match_numpy():
   model, params = tiny('llama')
   seq = ROWS[0]
@@ -261,6 +264,7 @@ def test_edit_gains_match_numpy():
   assert len(edits) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
 def test_refine_repairs_a_substituted_and_an_inserted_token(family):
   # From the batch with one token of sentence 0 replaced and a token

@@ -136,6 +136,7 @@ def test_config_errors(kwargs, match):
 
 
 # -------------------------------------------------------------- kernels
+@pytest.mark.slow
 def test_sgd_step_is_params_minus_lr_grad():
   """One full-batch SGD step through `train` is exactly p - lr * grad."""
   model, params = tiny_model()
@@ -274,6 +275,7 @@ def test_early_stopping_keeps_best_params():
   np.testing.assert_allclose(got['loss'], best['loss'], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
   model, params = tiny_model()
   model = with_logit_dropout(model)
@@ -518,6 +520,7 @@ def _one_sgd_step(defense, **config):
   return model, params, result.params, jnp.asarray(ids), jnp.asarray(mask)
 
 
+@pytest.mark.slow
 def test_dp_sgd_training_step_is_the_clipped_per_example_mean():
   from leakjax import fl
 
@@ -539,6 +542,7 @@ def test_dp_sgd_training_step_is_the_clipped_per_example_mean():
   )
 
 
+@pytest.mark.slow
 def test_pruned_training_step_keeps_each_tensors_largest_entries():
   from leakjax import fl
 
@@ -560,6 +564,7 @@ def test_pruned_training_step_keeps_each_tensors_largest_entries():
   )
 
 
+@pytest.mark.slow
 def test_frozen_embeddings_do_not_move_under_weight_decay():
   from leakjax import fl
 

@@ -193,6 +193,7 @@ def dager_config():
 
 
 # ------------------------------------------------------------ declaration
+@pytest.mark.slow
 @pytest.mark.parametrize('layout', LAYOUTS)
 def test_declared_kernels_read_as_one_dim_by_out_matrix(layout):
   params = init_params(layout)
@@ -220,6 +221,7 @@ def test_declared_kernels_read_as_one_dim_by_out_matrix(layout):
   np.testing.assert_array_equal(jitted(params), want)
 
 
+@pytest.mark.slow
 def test_block_inputs_and_first_layer_by_method_name():
   model, params = declare('stock'), init_params('stock')
   ids, mask = pad(BATCH)
@@ -288,6 +290,7 @@ def test_params_given_wrapped_are_refused_at_build():
 
 
 # ------------------------------------------------------------------ DAGER
+@pytest.mark.slow
 @pytest.mark.parametrize('layout', LAYOUTS)
 def test_dager_recovers_the_batch_of_a_stock_flax_model_exactly(layout):
   model, params = declare(layout), init_params(layout)
@@ -301,6 +304,7 @@ def test_dager_recovers_the_batch_of_a_stock_flax_model_exactly(layout):
 
 
 # ---------------------------------------------------------- bag of words
+@pytest.mark.slow
 @pytest.mark.parametrize('layout', LAYOUTS)
 def test_the_tied_bag_of_a_stock_flax_model_holds_every_input(layout):
   model, params = declare(layout), init_params(layout)
