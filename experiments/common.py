@@ -100,6 +100,40 @@ def reject_data_fields(why: str) -> None:
       raise LeakjaxError(f'--{name} is not used by this experiment', why)
 
 
+# Config fields that name corpora: a source (`data`, `sms`), `(name,
+# source)` pairs (`public`) or `name=source` strings (`corpora`).
+DATA_FIELDS = ('data', 'sms', 'public', 'corpora')
+
+
+def data_sets(cfg) -> list[str]:
+  """The named data sets (:mod:`leakjax.datasets`) that `cfg` reads, in
+  the order of :data:`DATA_FIELDS`."""
+  from leakjax import datasets  # pylint: disable=g-import-not-at-top
+
+  sources = []
+  for field in DATA_FIELDS:
+    value = getattr(cfg, field, None)
+    if isinstance(value, str):
+      sources.append(value)
+    elif value:
+      for item in value:
+        pair = item.split('=', 1) if isinstance(item, str) else item
+        sources.append(pair[-1])
+  return [s for s in dict.fromkeys(sources) if s in datasets.REGISTRY]
+
+
+def require_data(cfg) -> None:
+  """Resolves every named data set of `cfg` before any work: one error
+  names all the missing ones and how to supply them.
+
+  Raises:
+    LeakjaxError: see :func:`leakjax.datasets.require`.
+  """
+  from leakjax import datasets  # pylint: disable=g-import-not-at-top
+
+  datasets.require(data_sets(cfg))
+
+
 def check_flagfiles(argv: Sequence[str]) -> None:
   """Refuses flagfiles that absl would misread, before it reads them.
 
@@ -153,6 +187,29 @@ def _quiet_orbax(record) -> bool:
   )
 
 
+def quiet_backend_probe() -> None:
+  """Hides JAX's INFO lines about backends it tried and could not start.
+
+  On a machine without the accelerator (libtpu installed on a CPU host)
+  JAX logs `Unable to initialize backend 'tpu'` at INFO on every run,
+  which absl shows. Only the level of that logger
+  (`jax._src.xla_bridge`) changes, and only when nobody asked for more
+  (`--verbosity=1` or more, `JAX_LOGGING_LEVEL`, `JAX_DEBUG_LOG_MODULES`)
+  or set it: which backends start is untouched, JAX's warnings (a TPU or
+  GPU present but unused) still show, and a backend named in
+  `JAX_PLATFORMS` that fails still raises.
+  """
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+
+  probe = std_logging.getLogger('jax._src.xla_bridge')
+  asked = logging.get_verbosity() > 0 or any(
+    os.environ.get(v) for v in ('JAX_LOGGING_LEVEL', 'JAX_DEBUG_LOG_MODULES')
+  )
+  if probe.level == std_logging.NOTSET and not asked:
+    probe.setLevel(std_logging.WARNING)
+
+
 def run(main) -> None:
   """`app.run(main)` with LeakjaxError -> one stderr line, exit code 2."""
   try:
@@ -164,6 +221,7 @@ def run(main) -> None:
   def wrapped(argv):
     # Orbax logs a dozen INFO lines per checkpoint; warnings still show.
     logging.get_absl_handler().addFilter(_quiet_orbax)
+    quiet_backend_probe()
     if 'distributed' in FLAGS and FLAGS.distributed:
       import jax  # pylint: disable=g-import-not-at-top
 

@@ -106,6 +106,7 @@ def main(argv):
   del argv
   f = flags.FLAGS
   cfg = config_from_flags()
+  common.require_data(cfg)  # every named data set, before any work
   mesh = sharding.data_mesh(f.mesh)
   start = time.perf_counter()
   summary = run_experiment(cfg, f.workdir, mesh=mesh)

@@ -100,10 +100,11 @@ def config_from_flags() -> DifferentialConfig:
 
 def main(argv):
   del argv
+  cfg = config_from_flags()
+  common.require_data(cfg)  # every named data set, before any work
   mesh = sharding.data_mesh(flags.FLAGS.mesh)
   if mesh is not None:
     logging.info('DS scoring and DR search sharded over %s', dict(mesh.shape))
-  cfg = config_from_flags()
   start = time.perf_counter()
   summary = run_experiment(cfg, flags.FLAGS.workdir, mesh=mesh)
   common.print_summary(flags.FLAGS.workdir, summary, start)

@@ -85,7 +85,9 @@ def run(
 
 def main(argv):
   del argv
-  summary = run(config_from_flags(), FLAGS.workdir, FLAGS.cache_dir)
+  cfg = config_from_flags()
+  common.require_data(cfg)  # every named data set, before any work
+  summary = run(cfg, FLAGS.workdir, FLAGS.cache_dir)
   if jax.process_index() != 0:  # only process 0 wrote the workdir
     print(f'process {jax.process_index()}: done')
     return

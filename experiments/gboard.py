@@ -117,8 +117,10 @@ def config_from_flags() -> gboard.GboardConfig:
 def main(argv):
   del argv
   workdir = flags.FLAGS.workdir
+  cfg = config_from_flags()
+  common.require_data(cfg)  # --sms and every --public data set, at once
   mesh = sharding.data_mesh(flags.FLAGS.mesh)
-  summary = run_experiment(config_from_flags(), workdir, mesh=mesh)
+  summary = run_experiment(cfg, workdir, mesh=mesh)
   if jax.process_index() != 0:  # only process 0 wrote the workdir
     print(f'process {jax.process_index()}: done')
     return

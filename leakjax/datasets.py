@@ -2,22 +2,27 @@
 
 `--data=film-enron` (and the other names below) works wherever a corpus
 path does (:func:`leakjax.data.load_corpus`). A name resolves to a file in
-the cache folder, `$LEAKJAX_DATA` (default `~/.cache/leakjax/data`), which
-is filled on first use from
+the cache folder, `$LEAKJAX_DATA` (default `~/.cache/leakjax/data`), at
+`<name>/<filename>`, which is filled on first use from
 
 1. a local mirror: each folder of `$LEAKJAX_DATA_MIRROR` (a
-   `os.pathsep`-separated list) holding the file at its `mirror_path`, or
+   `os.pathsep`-separated list) laid out as the cache (`<name>/<filename>`,
+   e.g. `film-enron/dataset.json`; a copy of a cache folder is a mirror),
+   or holding the file at its older `mirror_path` (`enron_film/...`), or
 2. the data set's URL (pinned to a commit where the source is a git
    repository),
 
 and is verified against its pinned hash every time it is resolved (once
 per process and file): its sha256 or, for a file only known by its place
 in a git repository, its git blob id (`git hash-object`, the SHA-1 of
-`blob <size>\\0` and the bytes; `wikitext-2-train`). Without a mirror or network, the error says which
-file to put where.
+`blob <size>\\0` and the bytes; `wikitext-2-train`). An experiment
+resolves all the data sets of its config before any work
+(:func:`require`), and one error names every missing one with the command
+or mirror layout that supplies them.
 
   python -m leakjax.data list            # names, sources, licences, status
   python -m leakjax.data fetch NAME...   # into the cache (all by default)
+  python -m leakjax.data add NAME FILE   # a file got by hand, checked
   python -m leakjax.data verify          # hash of every cached file
 """
 
@@ -44,14 +49,18 @@ class Dataset:
     name: what `--data` takes.
     filename: the file's name in the cache.
     sha256: of the file's bytes; None when only `git_blob` is known.
-    url: where to download it; None: no stable URL (see `how`).
-    mirror_path: its path inside a mirror folder.
+    url: where to download it; None: no URL whose bytes are pinned (`how`
+      says why and how to get the file).
+    mirror_path: its path inside a mirror folder of the older layout (a
+      mirror laid out as the cache, `<name>/<filename>`, is read first).
     source: where it comes from, in words.
     licence: its licence.
     citation: what to cite.
     how: how to get the file by hand, when `url` cannot serve it.
     git_blob: the file's git blob id in the repository `url` points into
       (at the pinned commit), checked when `sha256` is None.
+    header: a first line the file has and its upstream copy lacks:
+      `python -m leakjax.data add` puts it in front of a file without it.
   """
 
   name: str
@@ -64,6 +73,7 @@ class Dataset:
   citation: str
   how: str = ''
   git_blob: str | None = None
+  header: str = ''
 
   def __post_init__(self):
     if not self.sha256 and not self.git_blob:
@@ -75,6 +85,14 @@ class Dataset:
     if self.sha256:
       return f'sha256 {self.sha256}'
     return f'git blob {self.git_blob}'
+
+  @property
+  def mirror_paths(self) -> tuple[str, ...]:
+    """Where a mirror folder may hold the file: laid out as the cache, then
+    at the older `mirror_path`."""
+    return tuple(
+      dict.fromkeys((f'{self.name}/{self.filename}', self.mirror_path))
+    )
 
 
 REGISTRY: dict[str, Dataset] = {
@@ -160,6 +178,9 @@ REGISTRY: dict[str, Dataset] = {
       name='sms-spam',
       filename='SMSSpamCollection.tsv',
       sha256='fae7ea7d915ef73903e5c2f46ffa2f4a39909a574e20fda4f2b81f7cb1e15e1f',
+      # No URL: UCI serves the collection only inside a zip archive, as
+      # SMSSpamCollection without the header line, and the archive's bytes
+      # are not pinned here; `add` checks the file against the sha256 above.
       url=None,
       mirror_path='sms_spam/SMSSpamCollection.tsv',
       source=(
@@ -172,11 +193,13 @@ REGISTRY: dict[str, Dataset] = {
         ' Learning Repository, 2011'
       ),
       how=(
-        'download https://archive.ics.uci.edu/static/public/228/'
-        'sms+spam+collection.zip, unzip SMSSpamCollection and add the header:'
-        " printf 'Label\\tSMS\\n' | cat - SMSSpamCollection >"
-        ' SMSSpamCollection.tsv'
+        'no URL is pinned (UCI serves it inside a zip archive whose bytes'
+        ' are not pinned here): download https://archive.ics.uci.edu/static/'
+        'public/228/sms+spam+collection.zip, unzip it and run: python -m'
+        ' leakjax.data add sms-spam SMSSpamCollection (puts the header line'
+        ' Label<TAB>SMS in front and checks the sha256)'
       ),
+      header='Label\tSMS\n',
     ),
   )
 }
@@ -261,13 +284,55 @@ def _download(url: str, target: Path) -> Path:
   return Path(tmp)
 
 
+class MissingDataError(LeakjaxError):
+  """A named data set is in neither the cache nor a mirror, and cannot be
+  downloaded."""
+
+  def __init__(self, names, reason: str):
+    self.names = list(names)
+    self.reason = reason
+    super().__init__(*_missing_message(self.names, reason))
+
+
+def _missing_message(names: list[str], reason: str) -> tuple[str, str]:
+  """(problem, fix) for the data sets `names`, none of them available."""
+  sets = [get(n) for n in names]
+  folders = os.pathsep.join(str(m) for m in mirrors())
+  mirror = (
+    f'no folder of $LEAKJAX_DATA_MIRROR={folders} holds them'
+    if folders
+    else '$LEAKJAX_DATA_MIRROR is not set'
+  )
+  many = len(names) > 1
+  problem = (
+    f'data set{"s" if many else ""} {", ".join(names)}'
+    f' {"are" if many else "is"} not in the cache {data_dir()}'
+    f' ({reason}; {mirror})'
+  )
+  fixes = []
+  fetchable = [d.name for d in sets if d.url]
+  if fetchable:
+    fixes.append(
+      f'run: python -m leakjax.data fetch {" ".join(fetchable)} (needs network)'
+    )
+  fixes += [f'{d.name}: {d.how}' for d in sets if not d.url]
+  fixes.append(
+    'or set LEAKJAX_DATA_MIRROR to a folder holding '
+    + ', '.join(d.mirror_paths[0] for d in sets)
+    + f', or put the file{"s" if many else ""} at '
+    + ', '.join(f'{cached_path(d.name)} ({d.pin})' for d in sets)
+  )
+  return problem, '; '.join(fixes)
+
+
 def path(name: str, *, download: bool = True) -> Path:
   """The verified local file of data set `name`, fetched if needed.
 
   Raises:
     LeakjaxError: unknown name; a cached or mirrored file with another
-      sha256; no mirror holds it and it cannot be downloaded (the message
-      names the file to put where).
+      sha256.
+    MissingDataError: no mirror holds it and it cannot be downloaded (the
+      message names the file to put where).
   """
   dataset = get(name)
   target = cached_path(name)
@@ -279,8 +344,7 @@ def path(name: str, *, download: bool = True) -> Path:
       f' ({dataset.pin[:20]}…): damaged or replaced',
       f'delete it and run: python -m leakjax.data fetch {name}',
     )
-  for mirror in mirrors():
-    candidate = mirror / dataset.mirror_path
+  for candidate in (m / p for m in mirrors() for p in dataset.mirror_paths):
     if candidate.is_file():
       if not _matches(candidate, dataset):
         raise LeakjaxError(
@@ -290,7 +354,7 @@ def path(name: str, *, download: bool = True) -> Path:
         )
       _install(candidate, target)
       return target
-  reason = 'no URL'
+  reason = f'{name} has no URL' if not dataset.url else 'not downloaded'
   if dataset.url and download:
     try:
       tmp = _download(dataset.url, target)
@@ -306,17 +370,71 @@ def path(name: str, *, download: bool = True) -> Path:
         )
       os.replace(tmp, target)
       return target
-  how = dataset.how or f'download {dataset.url}'
+  raise MissingDataError([name], reason)
+
+
+def require(names) -> dict[str, Path]:
+  """The verified files of the data sets `names`, all resolved at once.
+
+  An experiment calls it before any work, so a missing data set stops it
+  at the start and one error names every missing one. After the first
+  failed download no other is tried (offline, each would fail alike).
+
+  Raises:
+    MissingDataError: naming every unavailable data set of `names` and
+      how to supply each (fetch, add, or a mirror folder).
+    LeakjaxError: unknown name, or a file with another hash.
+  """
+  found, missing, reasons, download = {}, [], [], True
+  for name in dict.fromkeys(names):
+    try:
+      found[name] = path(name, download=download)
+    except MissingDataError as e:
+      missing.append(name)
+      reasons.append(e.reason)
+      download = download and not e.reason.startswith('download failed')
+  if missing:
+    reason = '; '.join(
+      dict.fromkeys(r for r in reasons if r != 'not downloaded')
+    )
+    raise MissingDataError(missing, reason or 'not downloaded')
+  return found
+
+
+def add(name: str, source: str | os.PathLike) -> Path:
+  """Puts the file `source` into the cache as data set `name`.
+
+  The file must have the pinned hash, or, for a data set with a `header`,
+  have it once that line is put in front (the upstream copy without it).
+
+  Raises:
+    LeakjaxError: unknown name, unreadable file, or neither form matches.
+  """
+  dataset = get(name)
+  source = Path(source).expanduser()
+  if not source.is_file():
+    raise LeakjaxError(f'{source} is not a file', 'check the path')
+  target = cached_path(name)
+  if _matches(source, dataset):
+    _install(source, target)
+    return target
+  if dataset.header:
+    with tempfile.TemporaryDirectory() as tmp:
+      joined = Path(tmp) / dataset.filename
+      joined.write_bytes(dataset.header.encode() + source.read_bytes())
+      if _matches(joined, dataset):
+        _install(joined, target)
+        return target
   raise LeakjaxError(
-    f'data set {name!r} is not at {target} ({reason}; no mirror in'
-    ' $LEAKJAX_DATA_MIRROR holds it)',
-    f'{how}, and put it at {target} ({dataset.pin}), or set'
-    f' $LEAKJAX_DATA_MIRROR to a folder holding {dataset.mirror_path}',
+    f'{source} does not have the pinned hash of data set {name!r}'
+    f' ({dataset.pin})',
+    f'get the file as the data set says: {dataset.how or dataset.url}',
   )
 
 
 def main(argv: list[str]) -> int:
-  """`list | fetch [NAME...] | verify`; returns the exit status."""
+  """`list | fetch [NAME...] | add NAME FILE | verify`; returns the exit
+  status."""
   command, names = (argv[0] if argv else 'list'), argv[1:]
   if command == 'list':
     for d in REGISTRY.values():
@@ -324,6 +442,14 @@ def main(argv: list[str]) -> int:
       state = 'cached' if target.exists() else 'not fetched'
       print(f'{d.name}: {d.source}; {d.licence}; cite {d.citation}')
       print(f'  {state}: {target}')
+      print(f'  from: {d.url}' if d.url else f'  by hand: {d.how}')
+    return 0
+  if command == 'add' and len(names) == 2:
+    try:
+      print(f'{names[0]}: ok, {add(*names)}')
+    except LeakjaxError as e:
+      print(f'{names[0]}: {e}', file=sys.stderr)
+      return 2
     return 0
   if command in ('fetch', 'verify'):
     status = 0
@@ -337,17 +463,22 @@ def main(argv: list[str]) -> int:
         print(f'{name}: {e}', file=sys.stderr)
         status = 2
     return status
-  print('usage: python -m leakjax.data list|fetch [NAME...]|verify')
+  print(
+    'usage: python -m leakjax.data list|fetch [NAME...]|add NAME FILE|verify'
+  )
   return 2
 
 
 __all__ = [
   'REGISTRY',
   'Dataset',
+  'MissingDataError',
+  'add',
   'cached_path',
   'data_dir',
   'get',
   'main',
   'mirrors',
   'path',
+  'require',
 ]

@@ -220,8 +220,13 @@ def run(
   texts = load_texts(cfg) if texts is None else texts
   start = time.perf_counter()
   model, params = models.load_model(cfg.model, seed=cfg.seed)
-  logging.info('model %s loaded in %.1f s', model, time.perf_counter() - start)
+  logging.info(
+    'model %s loaded in %.1f s', cfg.model, time.perf_counter() - start
+  )
+  # Preprocessing needs the tokenizer; the batches are checked before any
+  # fine-tuning or gradient.
   sentences = private_sentences(cfg, texts, model.tokenizer)
+  check_enough_sentences(cfg, len(sentences))
   extra: dict[str, Any] = {
     'num_sentences': len(sentences),
     'hidden_size': model.hidden_size,
@@ -299,6 +304,30 @@ def private_sentences(
     max_tokens=config.max_tokens,
     max_sentences=config.max_sentences,
   )
+
+
+def sentences_needed(config: DagerConfig) -> int:
+  """How many sentences the batches of `config` take: batches up to
+  `first_batch + num_batches` of the largest b."""
+  return (config.first_batch + config.num_batches) * max(config.batch_sizes)
+
+
+def check_enough_sentences(config: DagerConfig, num_sentences: int) -> None:
+  """Raises LeakjaxError if `num_sentences` preprocessed sentences hold
+  fewer than :func:`sentences_needed`."""
+  needed = sentences_needed(config)
+  if num_sentences < needed:
+    b = max(config.batch_sizes)
+    raise LeakjaxError(
+      f'the batches need {needed} sentences ({config.first_batch} +'
+      f' {config.num_batches} batches of b = {b}), the corpus has'
+      f' {num_sentences} after preprocessing (sentences of fewer than'
+      f' {config.max_tokens} tokens'
+      + (f', at most {config.max_sentences}' if config.max_sentences else '')
+      + ')',
+      'use more data, fewer --num_batches, a smaller --first_batch or'
+      ' smaller --batch_sizes',
+    )
 
 
 def fine_tune(
@@ -563,6 +592,8 @@ __all__ = [
   'load_texts',
   'past_rank_limit',
   'private_sentences',
+  'check_enough_sentences',
+  'sentences_needed',
   'run',
   'writer_inputs',
 ]
