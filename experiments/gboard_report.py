@@ -509,40 +509,7 @@ def make_plots(cfg, summary, writer, res, model, datasets):
     n: plt.cm.viridis(i / max(len(cfg.num_sentences) - 1, 1))
     for i, n in enumerate(cfg.num_sentences)
   }
-  # Fig. 2: F1 vs E, per B.
-  fig, axes = plt.subplots(
-    1,
-    len(cfg.batch_sizes),
-    figsize=(5 * len(cfg.batch_sizes), 3.6),
-    squeeze=False,
-  )
-  for ax, b in zip(axes[0], cfg.batch_sizes):
-    for n_k in cfg.num_sentences:
-      es = [
-        e
-        for e in cfg.epochs
-        if not math.isnan(
-          _get(summary, 'f1', B=b, E=e, n_k=n_k, noise='none', sigma=0.0)
-        )
-      ]
-      if not es:
-        continue
-      f1 = [
-        _get(summary, 'f1', B=b, E=e, n_k=n_k, noise='none', sigma=0.0)
-        for e in es
-      ]
-      up = [
-        _get(summary, 'f1_upper', B=b, E=e, n_k=n_k, noise='none', sigma=0.0)
-        for e in es
-      ]
-      ax.plot(es, f1, 'o-', color=colors[n_k], label=f'n_k={n_k}')
-      ax.plot(es, up, '--', color=colors[n_k], alpha=0.5)
-    ax.set_xscale('log')
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel('local epochs E')
-    ax.set_ylabel('word F1 (no oracle)')
-    ax.set_title(f'B={b} (dashed: F1 upper bound)')
-    ax.legend(fontsize=7)
+  fig = _word_recovery_figure(cfg, summary, res, colors)
   names.append(writer.save_figure(fig, 'fig2_word_recovery.png'))
   plt.close(fig)
   # Fig. 3: Levenshtein vs reconstruction F1 per E.
@@ -627,6 +594,117 @@ def make_plots(cfg, summary, writer, res, model, datasets):
   )
   plt.close('all')
   return names
+
+
+def _word_recovery_figure(cfg, summary, res, colors):
+  """Fig. 2 (Sec. 4.3.1): noise-free word F1 against E, one column per B.
+
+  Top row: the rule's F1 (solid) and its vocabulary bound (dashed: the F1
+  of returning exactly the true in-vocabulary words), on an axis fitted to
+  the data. Bottom row: their ratio. With several datasets per setting the
+  bars span ±1 standard deviation over them. The paper's text gives no
+  values for Fig. 2, only that F1 is high and constant over E, B and n_k;
+  the caption quotes that.
+  """
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
+
+  def runs(b, e, n_k):
+    # A full-batch run with n_k <= B is the B run too (summarize).
+    return [
+      r
+      for r in res
+      if r['noise'] == 'none'
+      and not r.get('scale')
+      and r['E'] == e
+      and r['n_k'] == n_k
+      and (r['B'] == b or (r['B'] == 'full' and _is_alias(b, n_k)))
+      and r.get('f1_upper')
+    ]
+
+  fig, axes = plt.subplots(
+    2,
+    len(cfg.batch_sizes),
+    figsize=(4.2 * len(cfg.batch_sizes) + 1.6, 5.6),
+    squeeze=False,
+    sharex=True,
+    sharey='row',
+  )
+  # Every bar end and bound per row, to fit the axes to them.
+  lows = {0: [], 1: []}
+  for col, b in enumerate(cfg.batch_sizes):
+    for i, n_k in enumerate(cfg.num_sentences):
+      p = dict(B=b, n_k=n_k, noise='none', sigma=0.0)
+      es = [
+        e for e in cfg.epochs if not math.isnan(_get(summary, 'f1', E=e, **p))
+      ]
+      if not es:
+        continue
+      # Colours share x: a small shift per n_k keeps the bars apart.
+      xs = [e * 1.08 ** (i - (len(cfg.num_sentences) - 1) / 2) for e in es]
+      f1 = [_get(summary, 'f1', E=e, **p) for e in es]
+      up = [_get(summary, 'f1_upper', E=e, **p) for e in es]
+      ratio = [f / u for f, u in zip(f1, up, strict=True)]
+      spread = [
+        (
+          np.std([r['f1'] for r in runs(b, e, n_k)], ddof=1),
+          np.std([r['f1'] / r['f1_upper'] for r in runs(b, e, n_k)], ddof=1),
+        )
+        if len(runs(b, e, n_k)) > 1
+        else (0.0, 0.0)
+        for e in es
+      ]
+      kw = dict(color=colors[n_k], markersize=4, capsize=2, clip_on=False)
+      axes[0][col].errorbar(xs, f1, [s[0] for s in spread], fmt='o-', **kw)
+      axes[0][col].plot(xs, up, '--', color=colors[n_k], alpha=0.7)
+      axes[1][col].errorbar(xs, ratio, [s[1] for s in spread], fmt='o-', **kw)
+      for row, ys in ((0, f1), (1, ratio)):
+        for y, sd in zip(ys, spread, strict=True):
+          lows[row] += [y - sd[row], y + sd[row]]
+      lows[0] += up
+    alias = '' if b == 'full' else f' (n_k ≤ {b}: the full-batch run)'
+    axes[0][col].set_title(f'B={b}{alias}', fontsize=9)
+    axes[1][col].axhline(1.0, color='grey', lw=0.8, ls=':')
+    axes[1][col].set_xlabel('local epochs E (1 = FedSGD)')
+  for row, label in ((0, 'word F1'), (1, 'F1 / vocabulary bound')):
+    low, high = min(lows[row], default=0.0), max(lows[row], default=1.0)
+    axes[row][0].set_ylim(
+      max(0.0, math.floor(low * 100 - 1) / 100), max(high, 1.0) + 0.005
+    )
+    axes[row][0].set_ylabel(label)
+  for ax in axes.flat:
+    ax.set_xscale('log')
+    ax.set_xticks(cfg.epochs, [str(e) for e in cfg.epochs])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+  handles = [
+    Line2D([], [], color=colors[n], marker='o', label=f'n_k={n}')
+    for n in cfg.num_sentences
+  ] + [
+    Line2D([], [], color='k', marker='o', label='rule F1 (no oracle)'),
+    Line2D([], [], color='k', ls='--', label='vocabulary bound'),
+  ]
+  fig.legend(
+    handles=handles, loc='center left', bbox_to_anchor=(1.0, 0.55), fontsize=8
+  )
+  fig.suptitle('Word recovery, no noise (Suliman & Leith Fig. 2)', fontsize=10)
+  fig.text(
+    0.01,
+    -0.02,
+    "Paper (Sec. 4.3.1, Fig. 2): no values in its text; F1 'high' and"
+    ' constant over E, B and n_k, its maximum the vocabulary bound.\n'
+    'Vocabulary bound: F1 of returning exactly the true in-vocabulary'
+    ' words.'
+    + (
+      f' Bars: ±1 sd over {cfg.num_datasets} datasets.'
+      if cfg.num_datasets > 1
+      else ''
+    ),
+    fontsize=7,
+    va='top',
+  )
+  fig.tight_layout()
+  return fig
 
 
 def _reconstruction_figure(cfg, res, colors):
@@ -790,17 +868,62 @@ def _magnitude_plot(ax, cfg, model, datasets, workdir: Path):
   ax.legend(fontsize=6)
 
 
+def rerender_plots(workdir: str | Path) -> list[str]:
+  """Re-draws the figures of a finished run from its config.json,
+  summary.json and results.jsonl (a committed report folder); returns the
+  names written. summary.md stays (its header needs the run's model and
+  corpus facts); Fig. 5 needs the run's update files (`deltas/`), so a
+  folder without them keeps its Fig. 5."""
+  import io as _io  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+
+  from leakjax.attacks.gboard import runner  # pylint: disable=g-import-not-at-top
+
+  workdir = Path(workdir)
+  cfg = runner.load_config(workdir)
+  summary = json.loads((workdir / 'summary.json').read_text())
+  res = [
+    r
+    for line in (workdir / 'results.jsonl').read_text().splitlines()
+    if line.strip() and (r := json.loads(line)).get('kind') == 'attack'
+  ]
+  kept = set()
+  if not (workdir / 'deltas').is_dir():
+    kept.add('fig5_dpsgd_threshold.png')
+  written = []
+
+  def save_figure(fig, name):
+    if name not in kept:
+      buf = _io.BytesIO()
+      fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
+      io.atomic_write_bytes(workdir / name, buf.getvalue())
+      written.append(name)
+    return name
+
+  folder = types.SimpleNamespace(workdir=workdir, save_figure=save_figure)
+  make_plots(cfg, summary, folder, res, None, [])
+  return written
+
+
 def main(argv: list[str]) -> None:
   """`python -m experiments.gboard_report W`: the paper-statements table of
-  a finished run from `W/summary.json` (e.g. a committed report folder)."""
+  a finished run from `W/summary.json` (e.g. a committed report folder);
+  `python -m experiments.gboard_report --plots W`: its figures re-drawn
+  (:func:`rerender_plots`)."""
   import json  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
 
+  plots = '--plots' in argv
+  argv = [a for a in argv if a != '--plots']
   if len(argv) != 1:
-    sys.exit('usage: python -m experiments.gboard_report WORKDIR')
+    sys.exit('usage: python -m experiments.gboard_report [--plots] WORKDIR')
   path = Path(argv[0]) / 'summary.json'
   if not path.is_file():
     sys.exit(f'leakjax: error: {path} does not exist')
+  if plots:
+    print('\n'.join(rerender_plots(argv[0])))
+    return
   print('\n'.join(paper_claims_markdown(json.loads(path.read_text()))))
 
 
