@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import json
 import pathlib
+import time
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ from leakjax import fl, metrics, models
 from leakjax import train as train_lib
 from leakjax.attacks import film
 from leakjax.attacks.common import bag as bow
-from leakjax.attacks.film import bag_only, client, runner
+from leakjax.attacks.film import bag_only, client, runner, stages, training
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
 from leakjax.models import get_path, gpt2
@@ -281,6 +282,9 @@ def test_experiment_smoke_and_resume(tmp_path):
   assert json.loads((tmp_path / 'config.json').read_text())['model'] == (
     models.GPT2_TINY
   )
+  # A fine-tuning this short leaves no checkpoint (a resume redoes it).
+  assert SMOKE['train_steps'] < training.CHECKPOINT_MIN_STEPS
+  assert not (tmp_path / 'train').exists()
   # Resuming recomputes nothing and gives the same summary.
   again = film_exp.run_experiment(cfg, tmp_path, progress=False)
   assert again == summary
@@ -298,9 +302,10 @@ def test_experiment_smoke_and_resume(tmp_path):
 
 
 @pytest.mark.slow
-def test_experiment_early_stopping(tmp_path):
+def test_experiment_early_stopping(tmp_path, monkeypatch):
   # Sec. 6.1: train "until the loss on the evaluation set increased". A
   # learning rate this large makes the held-out loss go up at once.
+  monkeypatch.setattr(training, 'CHECKPOINT_MIN_STEPS', 1)  # state to read
   cfg = runner.FilmConfig(
     **{
       **SMOKE,
@@ -552,3 +557,15 @@ def test_preprocess_appendix_b1():
 @pytest.mark.slow
 def test_paper_table3_counts_match_the_runner():
   assert tuple(film_report.PAPER_TABLE3) == runner.MULTI_SENTENCE_COUNTS
+
+
+def test_heartbeat_fills_silent_stages(monkeypatch):
+  lines = []
+  monkeypatch.setattr(
+    stages.logging, 'info', lambda fmt, *args: lines.append(fmt % args)
+  )
+  with stages.Heartbeat(every=0.2) as beat:
+    beat.stage = 'compiling'
+    time.sleep(0.7)
+  assert lines and all('compiling: still working' in x for x in lines)
+  stages.return_freed_memory()  # glibc's malloc_trim, or nothing

@@ -324,6 +324,8 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
   monkeypatch.setattr(data_lib, 'take_batch', real_take)
   state = train_lib.checkpoint_state(tmp_path / 'b')
   assert state['step'] == 3 and not state['finished']
+  # A run that goes on keeps Adam's moments; a finished one (below) not.
+  assert (tmp_path / 'b' / 'checkpoint' / '3' / 'opt_state').is_dir()
 
   resumed = train_lib.train(
     model,
@@ -353,6 +355,9 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
   )
   assert done.start_step == done.step == 9
   assert_trees_equal(done.params, whole.params)
+  last_step = tmp_path / 'b' / 'checkpoint' / '9'
+  assert (last_step / 'params').is_dir()
+  assert not (last_step / 'opt_state').exists()
 
   # The returned model loads with leakjax.models.load; the checkpoint
   # holds the last step's params (here the best ones as well).
@@ -385,6 +390,21 @@ def test_resume_gives_same_params_as_uninterrupted_run(tmp_path, monkeypatch):
       workdir=tmp_path / 'b',
       progress=False,
     )
+
+
+def test_donated_params_train_the_same_and_are_deleted():
+  model, params = tiny_model()
+  config = train_lib.TrainConfig(
+    learning_rate=1e-2, batch_size=5, num_steps=3, log_every=1
+  )
+  kept = train_lib.train(model, params, CORPUS, None, config, progress=False)
+  mine = jax.tree.map(jnp.array, params)
+  given = train_lib.train(
+    model, mine, CORPUS, None, config, progress=False, donate=True
+  )
+  assert_trees_equal(given.params, kept.params)
+  assert all(leaf.is_deleted() for leaf in jax.tree.leaves(mine))
+  assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(params))
 
 
 def test_checkpoint_readers_and_an_old_layout(tmp_path):

@@ -29,9 +29,10 @@ The defaults follow FILM (Gupta et al. 2022) Sec. 6.1: initial learning rate
 >>> result.params, result.best_eval['perplexity']  # doctest: +SKIP
 
 `workdir/checkpoint/` is an orbax `CheckpointManager` folder holding the
-last checkpointed step: items `params`, `opt_state`, `state` (JSON: step,
-key, history, best eval, config and data fingerprint) and, when the best
-evaluated parameters differ from the last ones, `best`. Orbax writes each
+last checkpointed step: items `params`, `opt_state` (not in the last
+checkpoint of a finished run, which never steps again), `state` (JSON:
+step, key, history, best eval, config and data fingerprint) and, when the
+best evaluated parameters differ from the last ones, `best`. Orbax writes each
 step asynchronously (training goes on while it is written) and commits it
 atomically, on local disks and object stores (`gs://`) alike, so a run
 killed at any moment resumes from its last committed step

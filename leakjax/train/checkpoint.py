@@ -84,14 +84,19 @@ def _host_tree(tree: PyTree) -> PyTree:
 def _write_checkpoint(
   manager, params, opt_state, best_params, state: dict[str, Any]
 ) -> None:
-  """Saves step `state['step']` (asynchronously; one step is kept)."""
+  """Saves step `state['step']` (asynchronously; one step is kept).
+
+  The checkpoint of a finished run holds no optimizer state: it never steps
+  again, and Adam's two moments would double or triple its size.
+  """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   items = {
     'params': ocp.args.PyTreeSave(_host_tree(params)),
-    'opt_state': ocp.args.PyTreeSave(_host_tree(opt_state)),
     'state': ocp.args.JsonSave(json.loads(json.dumps(state))),
   }
+  if not state['finished']:
+    items['opt_state'] = ocp.args.PyTreeSave(_host_tree(opt_state))
   best = state['best']
   if best_params is not None and best is not None:
     if best['step'] != state['step']:
@@ -217,7 +222,7 @@ def _read_checkpoint(
 ):
   """(params, opt_state, best_params, state) of the manager's last step,
   or None without one; params take the structure and dtypes of
-  `template`."""
+  `template`; opt_state is None when the run had finished."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   step = manager.latest_step()
@@ -257,9 +262,11 @@ def _read_checkpoint(
     )
   template = jax.eval_shape(lambda p: p, template)
   params = _restore_tree(manager, step, 'params', template)
-  opt_state = _restore_tree(
-    manager, step, 'opt_state', jax.eval_shape(optimizer.init, template)
-  )
+  opt_state = None  # a finished run takes no further step
+  if not state['finished']:
+    opt_state = _restore_tree(
+      manager, step, 'opt_state', jax.eval_shape(optimizer.init, template)
+    )
   best_params = None
   best = state['best']
   if best is not None and config.restore_best:

@@ -62,6 +62,7 @@ def train(
   workdir: str | os.PathLike | None = None,
   progress: bool = True,
   defense: Any = None,
+  donate: bool = False,
 ) -> TrainResult:
   """Fine-tunes `params` of `model` on `train_texts`.
 
@@ -70,8 +71,8 @@ def train(
 
   Args:
     model: any leakjax Model; texts are tokenized with `model.tokenizer`.
-    params: the starting parameters (not modified; training works on a
-      copy).
+    params: the starting parameters (not modified, unless `donate`; training
+      works on a copy).
     train_texts: the training examples, or pre-tokenized `(ids, mask)`
       int `[num_examples, time]` arrays (right-padded).
     eval_texts: evaluation examples (or arrays); None: no evaluation, no
@@ -85,6 +86,9 @@ def train(
       through, as a defended federated client's would (frozen parameters
       stay as they are); None: plain fine-tuning. See
       :class:`LanguageModelLoss`.
+    donate: hand `params` over to training (:func:`fit`'s `donate`): they
+      are deleted, and the model holds one copy of the weights less while
+      it trains.
 
   Returns:
     A :class:`TrainResult`.
@@ -147,6 +151,7 @@ def train(
     workdir=workdir,
     fingerprint=fingerprint,
     progress=progress,
+    donate=donate,
   )
   trained = loss.full_params(result.params, frozen)
   if jax.process_index() != 0:

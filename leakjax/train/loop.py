@@ -78,6 +78,7 @@ def fit(
   fingerprint: str = '',
   progress: bool = True,
   desc: str = 'train',
+  donate: bool = False,
 ) -> FitResult:
   """Minimises `loss_fn` over `params`: the training loop of the library.
 
@@ -87,8 +88,8 @@ def fit(
 
   Args:
     loss_fn: a :class:`LossFn`.
-    params: the starting parameters (not modified; training works on a
-      copy).
+    params: the starting parameters (not modified, unless `donate`; training
+      works on a copy).
     make_batch: the batch of an array of example indices, `[batch_size]`
       int, where -1 marks a filler row of the last partial batch (see
       :func:`leakjax.data.take_batch`). Batches of one shape compile once.
@@ -114,6 +115,9 @@ def fit(
       fingerprint is refused.
     progress: show a tqdm bar.
     desc: the bar's and the log lines' label.
+    donate: let the first step take over `params`' buffers instead of a
+      copy of them (one model's worth of memory less while training); the
+      caller's `params` are then deleted and must not be used again.
 
   Raises:
     LeakjaxError: no full batch with `drop_remainder`, a NaN/inf loss or
@@ -153,8 +157,9 @@ def fit(
       '%s: resuming from %s at step %d', desc, manager.directory, state['step']
     )
   else:
-    # Copies: the step donates its buffers, the caller keeps `params`.
-    params = jax.tree.map(jnp.array, params)
+    if not donate:
+      # Copies: the step donates its buffers, the caller keeps `params`.
+      params = jax.tree.map(jnp.array, params)
     opt_state = optimizer.init(params)
     best_params = None
     state = {
@@ -226,9 +231,18 @@ def fit(
         )
         epoch_of_rows = epoch
       batch = make_batch(epoch_rows[offset])
+      if step == start_step:
+        log.info(
+          '%s: compiling the step (%d steps to go)', desc, total_steps - step
+        )
+        compiling = time.perf_counter()
       params, opt_state, metrics = step_fn(
         params, frozen, opt_state, batch, key, np.int32(step)
       )
+      if step == start_step:
+        log.info(
+          '%s: step compiled in %.1f s', desc, time.perf_counter() - compiling
+        )
       # Reading the previous step's metrics only now keeps the device busy.
       if pending is not None:
         window.add(*pending)
@@ -286,8 +300,10 @@ def fit(
 
   ran = state['step'] > start_step
   state['finished'] = True
+  opt_state = None  # freed: a finished run's checkpoint does not hold it
   if manager is not None:
     if ran:
+      log.info('%s: writing the checkpoint of step %d', desc, state['step'])
       _write_checkpoint(manager, params, opt_state, best_params, state)
     manager.close()
   final = best_params if keep_best and best_params is not None else params

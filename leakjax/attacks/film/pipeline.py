@@ -32,11 +32,13 @@ devices (parameters replicated); the recovered sentences are the same.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from jax.sharding import Mesh
 
 from leakjax import checks, sharding
@@ -349,6 +351,14 @@ def recover(
   prior_len = np.zeros((max(1, config.repetitions),), np.int32)
   beam_search = jitted(_beam_search, static_argnames=_BEAM_SEARCH_STATIC)
   recoveries = []
+  start = time.perf_counter()
+  logging.info(
+    'FILM: bag of %d tokens, %d prompts; beam search of %d beams, %d steps',
+    len(bag_ids),
+    len(prompts),
+    beam_cfg.num_beams,
+    num_steps,
+  )
   for rep in range(config.repetitions):
     use_prior = config.repetitions > 1
     out = beam_search(
@@ -379,6 +389,12 @@ def recover(
       Recovery(text=text, tokens=tokens, beam_text=text, beam_score=score)
     )
   if config.reorder is not None:
+    logging.info(
+      'FILM: beam search done in %.1f s; reordering (%d + %d steps)',
+      time.perf_counter() - start,
+      config.reorder.phrase_steps,
+      config.reorder.token_steps,
+    )
     rcfg = config.reorder
     fixed = min(rcfg.fixed_prefix, prompt_arr.shape[-1])
     rcfg = dataclasses.replace(rcfg, fixed_prefix=max(1, fixed))

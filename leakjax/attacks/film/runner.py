@@ -55,7 +55,7 @@ from leakjax import io, metrics, models
 from leakjax._jit import jitted
 from leakjax.attacks.common import bag as bow
 from leakjax.attacks.common.corpus import load_texts, writer_inputs
-from leakjax.attacks.film import bag_only, client, pipeline, training
+from leakjax.attacks.film import bag_only, client, pipeline, stages, training
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError, check_positive
@@ -269,10 +269,27 @@ def run(
   Returns:
     The rows and the facts the report needs.
   """
+  with stages.Heartbeat() as beat:
+    return _run(
+      config,
+      writer,
+      beat,
+      texts=texts,
+      progress=progress,
+      mesh=mesh,
+      microbatch=microbatch,
+    )
+
+
+def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
+  """:func:`run`, naming each stage to `beat` (a
+  :class:`~leakjax.attacks.film.stages.Heartbeat`)."""
   cfg = config
   texts = load_texts(cfg) if texts is None else texts
   start = time.perf_counter()
+  beat.stage = f'loading {cfg.model}'
   model, params = models.load_model(cfg.model, init=cfg.init, seed=cfg.seed)
+  beat.stage = 'preprocessing the sentences'
   logging.info('model %s loaded in %.1f s', model, time.perf_counter() - start)
   ppl_fn = lambda ts: perplexities(model, params, ts)
   sentences = private_sentences(cfg, texts, model.tokenizer, ppl_fn)
@@ -285,6 +302,7 @@ def run(
     'num_train': len(train_texts),
     'hidden_size': model.hidden_size,
   }
+  stages.return_freed_memory()
   if cfg.mode == 'utility':
     training.utility(
       model,
@@ -297,6 +315,7 @@ def run(
     )
     return FilmRun(results=writer.results, extra=extra)
   if cfg.train_steps:
+    beat.stage = 'fine-tuning'
     params, trained = training.fine_tune(
       model,
       params,
@@ -307,6 +326,7 @@ def run(
       progress=progress,
     )
     extra.update(trained)
+    stages.return_freed_memory()
   if len(train_texts) < max(cfg.batch_sizes):
     raise LeakjaxError(
       f'{len(train_texts)} training sentences, fewer than'
@@ -328,6 +348,9 @@ def run(
       if writer.done(**match) is not None:
         counter.skipped()
         continue
+      beat.stage = (
+        f'[{counter.done + 1}/{counter.total}] b={point["b"]} batch {index}'
+      )
       rows_idx = client.draw_batch(
         len(train_texts), point['b'], index, cfg.seed
       )
@@ -352,6 +375,7 @@ def run(
         )
       for row in rows:
         writer.add_result(row)
+      stages.return_freed_memory()
       counter.computed()
       _log_rows(counter, point['b'], index, rows, cfg.mode)
   return FilmRun(results=writer.results, extra=extra)
@@ -542,6 +566,7 @@ def attack_batch(
     model, params, texts, defense, key, microbatch
   )
   grad_s = time.perf_counter() - start
+  logging.info('b=%d batch %d: client gradient in %.1f s', b, index, grad_s)
   fcfg = attack_config(cfg, point['beams'], point['ngram'], point['beta'])
   start = time.perf_counter()
   bag = bow.extract_bag(

@@ -37,6 +37,10 @@ def train_config(cfg: FilmConfig, **fields) -> train_lib.TrainConfig:
   )
 
 
+# Fine-tuning runs of fewer steps write no checkpoint (see fine_tune).
+CHECKPOINT_MIN_STEPS = 100
+
+
 def fine_tune(
   model,
   params,
@@ -47,7 +51,17 @@ def fine_tune(
   *,
   progress: bool = True,
 ) -> tuple[Any, dict[str, Any]]:
-  """θ^t: `cfg.train_steps` fine-tuning steps; returns `(params, extra)`."""
+  """θ^t: `cfg.train_steps` fine-tuning steps; returns `(params, extra)`.
+
+  Runs of at least CHECKPOINT_MIN_STEPS steps leave θ^t in
+  `workdir/checkpoint/` (:func:`leakjax.train.train`), which a resumed run
+  reads back instead of training again. Shorter runs write nothing: a
+  resumed run trains again, and as the steps are deterministic it attacks
+  the same θ^t; redoing a few dozen steps costs less than writing and
+  keeping a copy of the model (reports/film_quickstart/README.md).
+  """
+  if cfg.train_steps < CHECKPOINT_MIN_STEPS:
+    workdir = None
   tcfg = train_config(
     cfg,
     eval_every=cfg.eval_every or max(1, cfg.train_steps // 4),
@@ -62,6 +76,7 @@ def fine_tune(
     tcfg,
     workdir=workdir,
     progress=progress,
+    donate=True,  # θ^0 is not needed again: one model less in memory
   )
   extra: dict[str, Any] = {
     'trained_steps': result.step,
@@ -168,4 +183,4 @@ def utility(
     )
 
 
-__all__ = ['fine_tune', 'train_config', 'utility']
+__all__ = ['CHECKPOINT_MIN_STEPS', 'fine_tune', 'train_config', 'utility']
