@@ -85,8 +85,9 @@ def config_from_flags() -> FilmConfig:
 def main(argv):
   del argv
   f = flags.FLAGS
-  mesh = sharding.data_mesh(f.mesh)
   cfg = config_from_flags()
+  common.require_data(cfg)
+  mesh = sharding.data_mesh(f.mesh)
   start = time.perf_counter()
   summary = run_experiment(
     cfg, f.workdir, mesh=mesh, microbatch=f.grad_microbatch or None

@@ -290,7 +290,9 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
   beat.stage = f'loading {cfg.model}'
   model, params = models.load_model(cfg.model, init=cfg.init, seed=cfg.seed)
   beat.stage = 'preprocessing the sentences'
-  logging.info('model %s loaded in %.1f s', model, time.perf_counter() - start)
+  logging.info(
+    'model %s loaded in %.1f s', cfg.model, time.perf_counter() - start
+  )
   ppl_fn = lambda ts: perplexities(model, params, ts)
   sentences = private_sentences(cfg, texts, model.tokenizer, ppl_fn)
   train_texts, eval_texts = (
