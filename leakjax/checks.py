@@ -1,6 +1,6 @@
 """Up-front checks of an attack's inputs, each failing in one line.
 
-Every attack's host entry point (:func:`leakjax.attacks.common.extract_bag`,
+Every attack's host entry point (:func:`leakjax.recovery.extract_bag`,
 :func:`leakjax.attacks.film.recover`, :func:`leakjax.attacks.dager.recover`)
 calls :func:`check_inputs` before any work, so that a model that lacks a
 fact, params or a gradient that do not fit it, or a tokenizer without a

@@ -20,7 +20,6 @@ import pytest
 from experiments import common
 from leakjax import errors, fl, io
 from leakjax.attacks import dager
-from leakjax.attacks.common import bag as bow
 from leakjax.attacks.dager.runner import DagerConfig
 from leakjax.attacks.differential.runner import DifferentialConfig
 from leakjax.attacks.film import beam_search as bs
@@ -29,6 +28,7 @@ from leakjax.attacks.gboard import GboardConfig
 from leakjax.attacks.inversion.runner import InversionConfig
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2
+from leakjax.recovery import bag as bow
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 64

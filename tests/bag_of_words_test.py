@@ -1,4 +1,4 @@
-"""Tests of leakjax.attacks.common.bag and .span (FILM Sec. 4.2, 6.3)."""
+"""Tests of leakjax.recovery.bag and .span (FILM Sec. 4.2, 6.3)."""
 
 import dataclasses
 import functools
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from leakjax import fl
-from leakjax.attacks.common import bag as bow
-from leakjax.attacks.common import span as span_lib
 from leakjax.errors import LeakjaxError
 from leakjax.models import FirstLayerInputs, get_path, gpt2, llama
+from leakjax.recovery import bag as bow
+from leakjax.recovery import span as span_lib
 
 VOCAB = 300
 

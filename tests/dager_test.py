@@ -27,10 +27,10 @@ import pytest
 from leakjax import fl, models, sharding
 from leakjax._jit import jitted
 from leakjax.attacks import dager
-from leakjax.attacks.common import span as span_lib
 from leakjax.attacks.dager import search as sr
 from leakjax.errors import LeakjaxError
 from leakjax.models import get_path, gpt2, llama
+from leakjax.recovery import span as span_lib
 
 V, D = 101, 32
 FAMILIES = ('gpt2', 'llama')

@@ -18,11 +18,11 @@ from experiments import film as film_exp
 from leakjax import fl, metrics, models
 from leakjax import train as train_lib
 from leakjax.attacks import film
-from leakjax.attacks.common import bag as bow
 from leakjax.attacks.film import bag_only, client, runner, stages, training
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
 from leakjax.models import get_path, gpt2
+from leakjax.recovery import bag as bow
 from leakjax.tokenization import gpt2_tokenizer
 
 SECRETS = (

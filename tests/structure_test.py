@@ -1,6 +1,6 @@
 """The package's shape: paper packages stand alone, modules stay short.
 
-STYLE.md: papers share code through neutral modules (`leakjax.attacks.common`,
+STYLE.md: papers share code through neutral modules (`leakjax.recovery`,
 models, fl, tokenization, metrics), never by importing each other; one
 concept per module.
 """
@@ -12,15 +12,12 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ATTACKS = ROOT / 'leakjax' / 'attacks'
-NEUTRAL = 'common'  # the one attack package every paper may import
 MAX_LINES = 700
 
 
 def paper_packages() -> list[str]:
   return sorted(
-    p.name
-    for p in ATTACKS.iterdir()
-    if (p / '__init__.py').exists() and p.name != NEUTRAL
+    p.name for p in ATTACKS.iterdir() if (p / '__init__.py').exists()
   )
 
 
@@ -66,7 +63,7 @@ def test_the_import_parser_sees_every_form(tmp_path):
     'from leakjax.attacks.inversion import dct\n'
     'from ..differential import score\n'
     'from . import beam_search\n'
-    'from leakjax.attacks.common import bag\n'
+    'from leakjax.recovery import bag\n'
   )
   got = attack_packages_imported(src, tmp_path)
   assert got == {
@@ -75,7 +72,6 @@ def test_the_import_parser_sees_every_form(tmp_path):
     'inversion',
     'differential',
     'film',
-    NEUTRAL,
   }
 
 
@@ -88,8 +84,8 @@ def test_a_paper_imports_no_other_paper(paper):
     if bad:
       found[str(path.relative_to(ROOT))] = sorted(bad)
   assert not found, (
-    f'{paper} imports other papers (share through leakjax.attacks.{NEUTRAL}'
-    f' or a neutral module instead): {found}'
+    f'{paper} imports other papers (share through leakjax.recovery'
+    ' or another neutral module instead): {found}'
   )
 
 
@@ -98,7 +94,7 @@ def test_the_neutral_package_imports_no_paper():
     str(path.relative_to(ROOT)): sorted(
       attack_packages_imported(path) & set(paper_packages())
     )
-    for path in sorted((ATTACKS / NEUTRAL).rglob('*.py'))
+    for path in sorted((ROOT / 'leakjax' / 'recovery').rglob('*.py'))
   }
   assert not any(found.values()), found
 

@@ -10,7 +10,7 @@ FILM (Gupta et al., NeurIPS 2022), sentences from a client's gradient:
 * :func:`bag_mask` -- kernel: bool `[V]` bag of words from the gradient
   (untied nonzero rows, DP threshold, tied span/sign/norm tests);
   :func:`extract_bag` is its host wrapper (a :class:`Bag` of NumPy ids);
-  both in :mod:`common`, since DAGER's hybrid reads the bag too;
+  both in :mod:`leakjax.recovery`, since DAGER's hybrid reads the bag too;
 * :func:`bag_beam_search` -- kernel: beam search restricted to a bag;
 * :func:`reorder_scores` -- kernel: gradient-matching + LM scores of
   candidate orderings;
@@ -60,19 +60,17 @@ experiment's algorithm: data, training, the sweep; `run(config, writer)`):
 :mod:`differential` (`score`, `rank_search`, `canaries`),
 :mod:`inversion` (`bei_hei`, `dct`, `embed_parrot`). No paper imports
 another: what two of them read off a gradient (the span of a projection
-gradient, the bag of words) is in :mod:`common`. The metrics that score
+gradient, the bag of words) is in the neutral :mod:`leakjax.recovery`. The metrics that score
 what an attack recovered are in :mod:`leakjax.metrics`.
 """
 
 from leakjax.attacks import (
-  common,
   dager,
   differential,
   film,
   gboard,
   inversion,
 )
-from leakjax.attacks.common import Bag, bag_mask, extract_bag
 from leakjax.attacks.dager import (
   DagerAttackConfig,
   DagerResult,
@@ -105,6 +103,7 @@ from leakjax.attacks.inversion import (
   layer_states,
   make_dct_defense,
 )
+from leakjax.recovery import Bag, bag_mask, extract_bag
 
 __all__ = [
   'Bag',
@@ -119,7 +118,6 @@ __all__ = [
   'bag_mask',
   'bei_hei_ids',
   'bei_ids',
-  'common',
   'dager',
   'differential',
   'differential_rank_lower_bound',

@@ -38,9 +38,9 @@ import numpy as np
 from absl import app, flags
 
 from leakjax import metrics
-from leakjax.attacks.common import bag as bow
 from leakjax.attacks.dager import client, hybrid, runner
 from leakjax.models.protocol import Model
+from leakjax.recovery import bag as bow
 from leakjax.tokenization import sentence_end_mask
 from studies.dager.study import load_run, run_batches
 

@@ -39,8 +39,8 @@ import numpy as np
 from absl import app, flags
 
 from leakjax import metrics
-from leakjax.attacks.common import bag as bow
 from leakjax.attacks.dager import client, hybrid, runner
+from leakjax.recovery import bag as bow
 from studies.dager.study import load_run, run_batches
 
 POWERS = (0.0, 0.5, 1.0)

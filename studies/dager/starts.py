@@ -38,8 +38,8 @@ from absl import app
 
 from leakjax import data as data_lib
 from leakjax import models
-from leakjax.attacks.common import bag as bow
 from leakjax.attacks.dager import client, hybrid, runner
+from leakjax.recovery import bag as bow
 from studies import report_dir
 
 REPORT = report_dir(__file__)

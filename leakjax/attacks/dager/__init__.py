@@ -5,7 +5,7 @@ NeurIPS 2024 (arXiv 2405.15586). Read top-down from :mod:`runner`:
 
 * :mod:`search` -- the kernels: the layer-1 token filter and the layer-2
   sequence search (one `lax.while_loop`), on the span of a projection
-  gradient (:mod:`leakjax.attacks.common.span`);
+  gradient (:mod:`leakjax.recovery.span`);
 * :mod:`pipeline` -- :func:`recover` on one gradient, with the last token
   of each sentence read off the head gradient;
 * :mod:`hybrid` -- past the rank limit, FILM's bag and beam search scored

@@ -42,10 +42,10 @@ from jaxtyping import Array, Float, Int
 
 from leakjax import checks, sharding
 from leakjax._jit import jitted
-from leakjax.attacks.common.span import span_of
 from leakjax.attacks.dager import search as sr
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model, get_path
+from leakjax.recovery.span import span_of
 
 PyTree = Any
 

@@ -46,9 +46,9 @@ from absl import logging
 from leakjax import data as data_lib
 from leakjax import io, metrics, models
 from leakjax import train as train_lib
-from leakjax.attacks.common.corpus import load_texts, writer_inputs
 from leakjax.attacks.dager import client, hybrid, pipeline, search
 from leakjax.errors import LeakjaxError, check_positive
+from leakjax.recovery.corpus import load_texts, writer_inputs
 
 ATTACKS = ('dager', 'film', 'hybrid')
 # Attacks of this package; the others are baselines passed to `run`.

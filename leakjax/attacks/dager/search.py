@@ -7,7 +7,7 @@ Petrov et al., "DAGER: Exact Gradient Inversion for Large Language Models"
    attention projections read `x̂ = norm(e_v + p_t)` for token `v` at
    position `t` (rotary models: `norm(e_v)`, one test per token). A token
    is a candidate iff some `x̂` lies in the span of the gradient of those
-   projections (:mod:`leakjax.attacks.common.span`). All `V` tokens (times
+   projections (:mod:`leakjax.recovery.span`). All `V` tokens (times
    the positions for learned position embeddings) are tested at once.
 2. **Layer-2 sequence search** (:func:`search_step`, :func:`sequence_search`): under
    causal attention, the input of block 2 at position `i` depends only on
@@ -51,14 +51,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from leakjax import sharding
-from leakjax.attacks.common.span import (
+from leakjax.errors import LeakjaxError
+from leakjax.models.protocol import Model
+from leakjax.recovery.span import (
   Span,
   residuals,
   span_of,
   span_residuals,
 )
-from leakjax.errors import LeakjaxError
-from leakjax.models.protocol import Model
 
 PyTree = Any
 
@@ -72,7 +72,7 @@ class SpanConfig:
       relative residual to the span is below this.
     layer2_tolerance: an extension passes the layer-2 test below this.
     min_gap_decades: the spectrum's drop at the rank for a valid span
-      (:func:`leakjax.attacks.common.span.span_of`).
+      (:func:`leakjax.recovery.span.span_of`).
     max_rank_fraction: rank limit as a fraction of the width d.
 
   Each tolerance sits, on a log scale, between the largest residual of a

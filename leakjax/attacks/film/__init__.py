@@ -5,9 +5,9 @@ Read top-down from :mod:`runner` (the experiment, :class:`FilmConfig` and
 :mod:`client`, :mod:`training` and :mod:`bag_only`), which calls the
 pipeline :func:`recover` (:mod:`pipeline`), which calls the kernels:
 
-* :func:`leakjax.attacks.common.bag_mask` / `extract_bag` (Sec. 4.2): the
+* :func:`leakjax.recovery.bag_mask` / `extract_bag` (Sec. 4.2): the
   bag of words from the gradient, shared with DAGER's hybrid, so it lives
-  in :mod:`leakjax.attacks.common`;
+  in :mod:`leakjax.recovery`;
 * :func:`bag_beam_search` (:mod:`beam_search`, Sec. 4.3): beam search
   restricted to the bag;
 * :func:`reorder_scores` (:mod:`reorder`, Sec. 4.4): gradient-matching + LM

@@ -2,7 +2,7 @@
 
 FILM Table 4 (precision and recall of the bag under gradient pruning and
 DP-SGD) and the tied-embedding comparison: for each defense, each bag
-method that applies (:func:`leakjax.attacks.common.bag.extract_bag`), plus
+method that applies (:func:`leakjax.recovery.bag.extract_bag`), plus
 the norm-threshold baseline at its best threshold
 (:func:`oracle_norm_threshold`, an oracle that knows the batch).
 """
@@ -15,8 +15,8 @@ import jax
 import numpy as np
 
 from leakjax import metrics, models
-from leakjax.attacks.common import bag as bow
 from leakjax.attacks.film import client
+from leakjax.recovery import bag as bow
 
 
 def bag_batch(

@@ -3,7 +3,7 @@
 The pipeline of Sec. 4, on one observed gradient and the model θ^t it was
 taken at:
 
-1. bag of words (Sec. 4.2, :mod:`leakjax.attacks.common.bag`, shared with
+1. bag of words (Sec. 4.2, :mod:`leakjax.recovery.bag`, shared with
    DAGER's hybrid);
 2. beam search over the bag from capitalised start words (Sec. 4.3,
    :func:`leakjax.attacks.film.beam_search.bag_beam_search`), repeated with a
@@ -43,11 +43,11 @@ from jax.sharding import Mesh
 
 from leakjax import checks, sharding
 from leakjax._jit import jitted
-from leakjax.attacks.common import bag as bow
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model, get_path
+from leakjax.recovery import bag as bow
 from leakjax.tokenization import sentence_end_mask
 
 PyTree = Any
@@ -58,7 +58,7 @@ class FilmAttackConfig:
   """The attack's settings (hashable).
 
   Attributes:
-    bag_method: see :func:`leakjax.attacks.common.bag.extract_bag`.
+    bag_method: see :func:`leakjax.recovery.bag.extract_bag`.
     tied: thresholds of the tied-embedding bag method.
     beam: beam-search settings (FILM Sec. 4.3, 7: k = 32, n = 2).
     reorder: reordering settings (Sec. 4.4); None skips reordering.

@@ -53,12 +53,12 @@ from absl import logging
 from leakjax import data as data_lib
 from leakjax import io, metrics, models
 from leakjax._jit import jitted
-from leakjax.attacks.common import bag as bow
-from leakjax.attacks.common.corpus import load_texts, writer_inputs
 from leakjax.attacks.film import bag_only, client, pipeline, stages, training
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError, check_positive
+from leakjax.recovery import bag as bow
+from leakjax.recovery.corpus import load_texts, writer_inputs
 
 MODES = ('attack', 'bag', 'utility')
 # FILM Table 3: the repetition counts k after which the multi-sentence

@@ -29,9 +29,9 @@ from absl import app
 
 from leakjax import data as data_lib
 from leakjax import metrics, models
-from leakjax.attacks.common import bag as bow
 from leakjax.attacks.film import client, runner
 from leakjax.models import llama
+from leakjax.recovery import bag as bow
 from studies import report_dir
 from studies.film_bag.defenses.dp_bound import load_config
 

@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from leakjax.attacks.common.span import Span, residuals
 from leakjax.attacks.dager.hybrid._common import PyTree
 from leakjax.attacks.dager.hybrid.config import SearchConfig
 from leakjax.attacks.dager.hybrid.heads import HeadScore
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model
+from leakjax.recovery.span import Span, residuals
 
 
 @flax.struct.dataclass

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from leakjax._jit import jitted
-from leakjax.attacks.common import bag as bow
 from leakjax.attacks.dager.hybrid._common import PyTree
 from leakjax.attacks.dager.hybrid.config import HybridConfig
 from leakjax.attacks.dager.hybrid.heads import (
@@ -31,6 +30,7 @@ from leakjax.attacks.dager.hybrid.spans import block_span, candidate_tokens
 from leakjax.attacks.dager.hybrid.starts import plan_starts, start_mask
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model
+from leakjax.recovery import bag as bow
 from leakjax.tokenization import sentence_end_mask
 
 
@@ -263,7 +263,7 @@ def recover(
     num_sentences: sentences to recover (the client's batch size, which
       the server knows in FedSGD).
     config: settings.
-    bag: FILM's bag (default: :func:`leakjax.attacks.common.bag.extract_bag`
+    bag: FILM's bag (default: :func:`leakjax.recovery.bag.extract_bag`
       with its automatic method).
     key: draws the model's samples for the head term's statistics
       (default: `jax.random.key(0)`).

@@ -11,13 +11,13 @@ import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from leakjax._jit import jitted
-from leakjax.attacks.common import bag as bow
-from leakjax.attacks.common.span import Span, span_of
 from leakjax.attacks.dager import search as sr
 from leakjax.attacks.dager.hybrid._common import PyTree
 from leakjax.attacks.dager.hybrid.config import HybridConfig
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model
+from leakjax.recovery import bag as bow
+from leakjax.recovery.span import Span, span_of
 from leakjax.tokenization import sentence_end_mask
 
 

@@ -12,15 +12,15 @@ two of them share live here:
   FILM's first stage and DAGER's hybrid candidates.
 """
 
-from leakjax.attacks.common import bag, span
-from leakjax.attacks.common.bag import (
+from leakjax.recovery import bag, span
+from leakjax.recovery.bag import (
   Bag,
   BagEvidence,
   TiedBagConfig,
   bag_mask,
   extract_bag,
 )
-from leakjax.attacks.common.span import (
+from leakjax.recovery.span import (
   Span,
   residuals,
   span_of,

@@ -20,7 +20,7 @@ Tied embeddings (GPT-2, SmolLM2: the LM head is `W`) make every row dense:
 number of target tokens). :func:`tied_bag` separates the batch from the
 dense output side with three tests, each with (near) zero false positives:
 
-1. input span (:func:`leakjax.attacks.common.span.span_residuals`; the
+1. input span (:func:`leakjax.recovery.span.span_residuals`; the
    low-rank idea of DAGER,
    Petrov et al. 2024): the first layer's input projection gradient is
    `Σ_n x̂_n δ_nᵀ`, x̂_n the normalised input embedding, so its column space
@@ -69,9 +69,9 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from leakjax import checks
-from leakjax.attacks.common.span import span_residuals
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model, get_path
+from leakjax.recovery.span import span_residuals
 
 PyTree = Any
 

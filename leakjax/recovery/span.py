@@ -18,7 +18,7 @@ rank limit). DAGER's code takes a fixed numerical tolerance per batch size
 :func:`span_residuals` measures every vocabulary token's first-layer input
 (RMSNorm(w_v), or LN(w_v + p_t) at every position t) against the span of
 the first block's input projections. Two attacks use it: the tied-embedding
-bag of words (:mod:`leakjax.attacks.common.bag`, test 1) and DAGER's layer-1
+bag of words (:mod:`leakjax.recovery.bag`, test 1) and DAGER's layer-1
 token filter (:func:`leakjax.attacks.dager.token_filter`), so it lives here,
 in neither paper's package.
 """
@@ -271,7 +271,7 @@ def span_residuals(
 ):
   """Each token's distance to the span of the model's first layer.
 
-  Test 1 of :func:`leakjax.attacks.common.bag.tied_bag` and DAGER's
+  Test 1 of :func:`leakjax.recovery.bag.tied_bag` and DAGER's
   layer-1 token filter (:func:`leakjax.attacks.dager.token_filter`).
 
   Reads :func:`first_layer_input_grad` and `model.first_layer_inputs`:
