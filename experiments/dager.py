@@ -35,24 +35,10 @@ DagerConfig = runner.DagerConfig
 
 
 def film_baseline(cfg: DagerConfig) -> runner.Baseline:
-  """FILM's pipeline (:func:`leakjax.attacks.film.recover`) as the DAGER
-  runner's 'film' attack: `film_beams` beams, n-gram size 2, β = 1,
-  `film_steps` phrase and token reordering steps, FILM's other settings at
-  their defaults."""
-  film_cfg = film.FilmConfig(
-    num_beams=(cfg.film_beams,),
-    phrase_steps=cfg.film_steps,
-    token_steps=cfg.film_steps,
-  )
-  attack = film.runner.attack_config(film_cfg, cfg.film_beams, 2, 1.0)
-
-  def recover(model, params, grads, *, key, mesh=None) -> list[str]:
-    result = film.recover(
-      model, params, grads, config=attack, key=key, mesh=mesh
-    )
-    return list(result.sentences)
-
-  return recover
+  """FILM's pipeline (:func:`leakjax.attacks.film.baseline`) as the DAGER
+  runner's 'film' attack: `film_beams` beams, `film_steps` reordering
+  steps."""
+  return film.baseline(cfg.film_beams, cfg.film_steps)
 
 
 def run_experiment(

@@ -68,23 +68,55 @@ def consecutive_batches(
 def client_view(model, params, ids, mask, spec: str, cfg: DagerConfig, *, key):
   """What the client sends under defense `spec`, as a gradient."""
   kind, values = parse_defense(spec)
+  if kind == 'fedavg':
+    return send(
+      model,
+      params,
+      ids,
+      mask,
+      fl.Defense(),
+      fedavg=(int(values[0]), int(values[1])),
+      learning_rate=cfg.fedavg_lr,
+      key=key,
+    )
+  defense = {
+    'none': fl.Defense,
+    'freeze': lambda: fl.freeze_embeddings(model),
+    'noise': lambda: fl.single_noise(values[0]),
+  }[kind]()
+  return send(model, params, ids, mask, defense, key=key)
+
+
+def send(
+  model,
+  params,
+  ids,
+  mask,
+  defense: fl.Defense,
+  *,
+  fedavg: tuple[int, int] | None = None,
+  learning_rate: float = 1e-4,
+  key,
+):
+  """What a client defended by `defense` sends, as a gradient: its FedSGD
+  gradient, or with `fedavg=(E, B)` its FedAvg update after E local epochs
+  of batch B at `learning_rate`, divided by `-learning_rate x steps`
+  (DAGER's FedAvg setting, Petrov et al. Table 4)."""
   # The runner jits the client's step once per process (`jitted`): each
   # model and defense compiles once.
-  if kind == 'fedavg':
-    epochs, batch = int(values[0]), int(values[1])
+  if fedavg is not None:
+    epochs, batch = fedavg
     config = fl.ClientConfig(
-      epochs=epochs, batch_size=batch, learning_rate=cfg.fedavg_lr
+      epochs=epochs,
+      batch_size=batch,
+      learning_rate=learning_rate,
+      defense=defense,
     )
     update = jitted(fl.client_update, static_argnames=fl.CLIENT_UPDATE_STATIC)
     result = update(model, params, ids, mask, config, key=key)
     steps = epochs * -(-ids.shape[0] // batch)
-    scale = -1.0 / (cfg.fedavg_lr * steps)
+    scale = -1.0 / (learning_rate * steps)
     return jax.tree.map(lambda d: d * scale, result.update)
-  defense = {
-    'none': fl.Defense(),
-    'freeze': fl.freeze_embeddings(model) if kind == 'freeze' else None,
-    'noise': fl.single_noise(values[0]) if kind == 'noise' else None,
-  }[kind]
   gradient = jitted(
     fl.client_gradient, static_argnames=fl.CLIENT_GRADIENT_STATIC
   )
@@ -107,15 +139,23 @@ def batch_key(cfg: DagerConfig, b: int, index: int) -> jax.Array:
   return jax.random.key(cfg.seed * 1_000_003 + b * 1009 + index)
 
 
+def padded_batch(model, texts, width: int) -> tuple[np.ndarray, np.ndarray]:
+  """Token ids and mask of `texts` (BOS first), right-padded to at least
+  `width` tokens: padding changes no gradient, and one width for every
+  batch is one compile."""
+  ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
+  width = max(ids.shape[1], width)
+  ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
+  mask = np.pad(mask, ((0, 0), (0, width - mask.shape[1])))
+  return ids, mask
+
+
 def batch_gradient(model, params, texts, b, index, spec, cfg):
   """What the client of batch `index` (`texts`, size b) sends under
   defense `spec`, with the batch's token ids and mask (padded to one
   width for every batch: padding changes no gradient, and one width is
   one compile)."""
-  ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
-  width = max(ids.shape[1], cfg.max_length or cfg.max_tokens + 1)
-  ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])))
-  mask = np.pad(mask, ((0, 0), (0, width - mask.shape[1])))
+  ids, mask = padded_batch(model, texts, cfg.max_length or cfg.max_tokens + 1)
   key = batch_key(cfg, b, index)
   grads = client_view(
     model, params, jnp.asarray(ids), jnp.asarray(mask), spec, cfg, key=key
@@ -129,5 +169,7 @@ __all__ = [
   'batch_key',
   'client_view',
   'consecutive_batches',
+  'padded_batch',
   'parse_defense',
+  'send',
 ]

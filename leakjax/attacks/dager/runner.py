@@ -497,15 +497,48 @@ def attack_batch(
   grads, ids, mask = client.batch_gradient(
     model, params, texts, b, index, spec, cfg
   )
+  row = attack_gradient(
+    model,
+    params,
+    grads,
+    texts,
+    ids,
+    mask,
+    attack,
+    cfg,
+    key=client.batch_key(cfg, b, index),
+    baselines=baselines,
+    mesh=mesh,
+  )
+  if row is not None:
+    row = {'b': b, 'batch': index, 'defense': spec, **row}
+  return row
+
+
+def attack_gradient(
+  model,
+  params,
+  grads,
+  texts: Sequence[str],
+  ids: np.ndarray,
+  mask: np.ndarray,
+  attack: str,
+  cfg: DagerConfig,
+  *,
+  key,
+  baselines: Mapping[str, Baseline] | None = None,
+  mesh=None,
+) -> dict[str, Any] | None:
+  """The attack `attack` on one sent gradient `grads` of the batch `texts`
+  (token `ids`, `mask` as :func:`client.batch_gradient` padded them), with
+  `key` the baselines' draws: the row's attack, scores and timing (None:
+  the hybrid below the rank limit with `hybrid_past_limit`). Another
+  experiment (the audit) builds the gradient its own way and calls this.
+  """
+  b = len(texts)
   lengths = mask.sum(1)
   true_ids = [ids[r, : lengths[r]].tolist() for r in range(len(texts))]
-  row: dict[str, Any] = {
-    'b': b,
-    'batch': index,
-    'defense': spec,
-    'attack': attack,
-    'num_tokens': int(mask.sum()),
-  }
+  row: dict[str, Any] = {'attack': attack, 'num_tokens': int(mask.sum())}
   start = time.perf_counter()
   if attack == 'dager':
     config = pipeline.DagerAttackConfig(
@@ -560,11 +593,7 @@ def attack_batch(
     )
   else:
     baseline = (baselines or {})[attack]
-    predictions = list(
-      baseline(
-        model, params, grads, key=client.batch_key(cfg, b, index), mesh=mesh
-      )
-    )
+    predictions = list(baseline(model, params, grads, key=key, mesh=mesh))
     pred_ids = [model.tokenizer.encode(s) for s in predictions]
     bos = getattr(model.tokenizer, 'bos_id', None)
     if bos is not None:
@@ -584,6 +613,7 @@ __all__ = [
   'DagerConfig',
   'DagerRun',
   'attack_batch',
+  'attack_gradient',
   'batch_scores',
   'config_from_json',
   'fine_tune',

@@ -20,6 +20,7 @@ precision/recall). :mod:`presets` names the settings of :class:`FilmConfig`
 
 from leakjax.attacks.film import beam_search, pipeline, presets, reorder, runner
 from leakjax.attacks.film.beam_search import BeamSearchConfig, bag_beam_search
+from leakjax.attacks.film.comparison import baseline
 from leakjax.attacks.film.pipeline import (
   FilmAttackConfig,
   FilmResult,
@@ -39,6 +40,7 @@ __all__ = [
   'Recovery',
   'ReorderConfig',
   'bag_beam_search',
+  'baseline',
   'beam_search',
   'pipeline',
   'presets',
