@@ -454,14 +454,18 @@ class ExperimentWriter:
         f'cannot write {self._results_path}: {e.strerror}', 'check --workdir'
       ) from None
 
-  def write_summary(self, summary: Mapping[str, float], markdown: str) -> None:
+  def write_summary(
+    self, summary: Mapping[str, float | str], markdown: str
+  ) -> None:
+    """Writes summary.json (numbers, and names such as the attack that
+    produced a number) and summary.md."""
     bad = {
       k: v
       for k, v in summary.items()
-      if not isinstance(v, (int, float)) or isinstance(v, bool)
+      if not isinstance(v, (int, float, str)) or isinstance(v, bool)
     }
     if bad:
-      raise TypeError(f'summary values must be numbers: {bad}')
+      raise TypeError(f'summary values must be numbers or names: {bad}')
     if not self.enabled:
       return
     self._write(

@@ -38,11 +38,17 @@ def test_writer_refuses_other_config(tmp_path):
     io.ExperimentWriter(tmp_path, {'b': 8})
 
 
-def test_summary_values_must_be_numbers(tmp_path):
+def test_summary_values_must_be_numbers_or_names(tmp_path):
   w = io.ExperimentWriter(tmp_path, {})
-  with pytest.raises(TypeError):
-    w.write_summary({'a': 'x'}, '')
+  for bad in ([1.0], {'x': 1}, None, True):
+    with pytest.raises(TypeError):
+      w.write_summary({'a': bad}, '')
   assert not (tmp_path / 'summary.json').exists()
+  # The name of the attack that produced a number is a value too.
+  w.write_summary({'exact@b=1': 1.0, 'attack@b=1': 'dager'}, '')
+  assert json.loads((tmp_path / 'summary.json').read_text())['attack@b=1'] == (
+    'dager'
+  )
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):

@@ -28,6 +28,8 @@ epochs, δ=1e-5: ε = 2.92; σ=1.2, 10 epochs: ε = 1.20).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 from typing import TYPE_CHECKING
 
@@ -174,6 +176,31 @@ def sigma_for_epsilon(
   eps = lambda s: epsilon(
     s, sampling_probability, steps, delta, accountant=accountant
   )
+  with _quiet_orders():
+    return _bisect(eps, target_epsilon, rtol)
+
+
+class _UnconvergedOrders(logging.Filter):
+  """Drops dp-accounting's warning that an RDP order did not converge: the
+  order is left out of the bound, which stays a valid upper bound on
+  epsilon, and a bisection would print it hundreds of times."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return 'failed to converge' not in str(record.msg)
+
+
+@contextlib.contextmanager
+def _quiet_orders():
+  quiet = _UnconvergedOrders()
+  logger = logging.getLogger('absl')
+  logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    logger.removeFilter(quiet)
+
+
+def _bisect(eps, target_epsilon: float, rtol: float) -> float:
   lo, hi = 0.0, 1.0
   while eps(hi) > target_epsilon:
     lo, hi = hi, 2.0 * hi
