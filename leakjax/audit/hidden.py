@@ -1,0 +1,130 @@
+"""Hidden states sent to a model provider, and what the provider reads back.
+
+The user runs the model's first layers and sends the hidden states `H^i`
+of one layer (split inference, Wan et al. 2024 Sec. 3); the provider holds
+the model. Attacks, cheapest first:
+
+* `bei` -- Base Embed Inversion (Sec. 4.1): the LM head on `H^i`;
+* `hei` -- Hotmap Embed Inversion (Sec. 4.2): the nearest input embedding;
+* `ridge` -- a linear inverse `H^i -> H^0` fitted by ridge regression on
+  the states of the attacker's own text, then HEI on its output: Embed
+  Parrot's linear skip (:func:`leakjax.attacks.inversion.embed_parrot.
+  ridge_solution`) without the decoder. Decision: the attacker's text is
+  the user's sentences that are neither attacked nor held out (an attacker
+  with text of the same kind: the worst case). The L2 penalty keeps the
+  fit defined with fewer tokens than features; without any such sentence
+  the attack is skipped.
+
+Scores are Wan et al.'s (Sec. 5.1.3): each text against its own
+reconstruction, position by position, ROUGE-1/L without stemming
+(:func:`leakjax.attacks.inversion.scoring.score_texts`), BOS not scored;
+`exact` is every scored token recovered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from leakjax._jit import jitted
+from leakjax.attacks.dager import client as dager_client
+from leakjax.attacks.inversion import bei_hei, embed_parrot
+from leakjax.attacks.inversion import scoring as inversion_scoring
+
+ATTACKS = ('bei', 'hei', 'ridge')
+
+
+@dataclasses.dataclass(frozen=True)
+class Inverse:
+  """A fitted linear inverse of one layer (`ridge`), or why there is none."""
+
+  kernel: np.ndarray | None
+  bias: np.ndarray | None
+  stats: dict[str, np.ndarray] | None
+  note: str = ''
+
+
+def _layer(layer: str):
+  return layer if layer == 'last' else int(layer)
+
+
+def states(model, params, ids, mask, layer: str) -> jax.Array:
+  """`H^layer` of a batch, float32 `[B, T, D]`."""
+  fn = jitted(bei_hei.layer_states, static_argnames=('model', 'layers'))
+  out = fn(model, params, jnp.asarray(ids), jnp.asarray(mask), (_layer(layer),))
+  return out[0].astype(jnp.float32)
+
+
+def fit_inverse(model, params, texts: Sequence[str], layer: str, width: int):
+  """The ridge inverse of `layer` fitted on `texts` (the attacker's)."""
+  if not texts:
+    return Inverse(None, None, None, 'no attacker text to fit on')
+  ids, mask = dager_client.padded_batch(model, texts, width)
+  hidden, target = [], []
+  for s in range(0, len(ids), 16):  # bounded memory
+    rows = slice(s, s + 16)
+    hidden.append(
+      np.asarray(states(model, params, ids[rows], mask[rows], layer))
+    )
+    target.append(np.asarray(states(model, params, ids[rows], mask[rows], '0')))
+  hidden, target = np.concatenate(hidden), np.concatenate(target)
+  stats = embed_parrot.feature_stats(hidden, mask)
+  kernel, bias = embed_parrot.ridge_solution(hidden, target, mask, stats)
+  return Inverse(kernel, bias, stats)
+
+
+def invert(
+  model, params, hidden: jax.Array, attack: str, inverse: Inverse | None = None
+) -> np.ndarray:
+  """Token ids `[B, T]` the attack `attack` reads from states `[B, T, D]`."""
+  if attack == 'bei':
+    fn = jitted(bei_hei.bei_ids, static_argnames=('model',))
+    return np.asarray(fn(model, params, hidden))
+  embeddings = model.word_embeddings(params)
+  if attack == 'ridge':
+    x = (hidden - inverse.stats['input_shift']) / inverse.stats['input_scale']
+    hidden = x @ inverse.kernel + inverse.bias
+  return np.asarray(jitted(bei_hei.hei_ids)(hidden, embeddings))
+
+
+def score(model, texts: Sequence[str], ids, mask, predicted) -> dict[str, Any]:
+  """Wan et al.'s scores of `predicted` ids against the batch's own."""
+  score_mask = np.asarray(mask).copy()
+  if model.tokenizer.bos_id is not None:
+    score_mask[:, 0] = 0
+  refs = bei_hei.decode_ids(model.tokenizer, ids, score_mask)
+  preds = bei_hei.decode_ids(model.tokenizer, predicted, score_mask)
+  scores = inversion_scoring.score_texts(preds, refs)
+  real = score_mask.astype(bool)
+  same = [
+    bool(np.array_equal(np.asarray(predicted)[r][real[r]], ids[r][real[r]]))
+    for r in range(len(texts))
+  ]
+  return {
+    'rouge1': float(np.mean(scores['rouge1'])),
+    'rougeL': float(np.mean(scores['rougeL'])),
+    'exact': float(np.mean(same)),
+    'recovered': preds,
+    'matched': preds,
+    'exact_each': same,
+  }
+
+
+def noisy(hidden: jax.Array, std: float, key) -> jax.Array:
+  """`noise:S` on hidden states: N(0, S^2) added to every coordinate."""
+  return hidden + std * jax.random.normal(key, hidden.shape, hidden.dtype)
+
+
+__all__ = [
+  'ATTACKS',
+  'Inverse',
+  'fit_inverse',
+  'invert',
+  'noisy',
+  'score',
+  'states',
+]
