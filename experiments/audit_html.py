@@ -651,14 +651,20 @@ class Browser:
 
 
 def screenshot(
-  html_path: str | os.PathLike, png_path: str | os.PathLike, width: int = 1000
+  html_path: str | os.PathLike,
+  png_path: str | os.PathLike,
+  width: int = 1000,
+  height: int | None = None,
 ) -> str:
-  """Saves the whole page `html_path` as headless Chromium shows it at
-  `width` CSS pixels to `png_path` (atomically); returns `png_path`."""
+  """Saves the page `html_path` as headless Chromium shows it at `width`
+  CSS pixels to `png_path` (atomically): its first `height` pixels, or the
+  whole page (None); returns `png_path`."""
   with Browser(width=width) as browser:
     browser.open(html_path)
     metrics = browser.call('Page.getLayoutMetrics')
-    size = metrics.get('cssContentSize') or metrics['contentSize']
+    size = dict(metrics.get('cssContentSize') or metrics['contentSize'])
+    if height is not None:
+      size['height'] = min(size['height'], height)
     shot = browser.call(
       'Page.captureScreenshot',
       format='png',

@@ -41,8 +41,8 @@ from leakjax.audit.config import AuditConfig, parse_defense
 from leakjax.errors import LeakjaxError
 
 # ROUGE-L from which a recovery without exact sentences is still worth
-# saying: more than half of each sentence's words come back in order.
-HIGH_ROUGE = 0.5
+# saying: a fifth of each sentence's words come back in order.
+HIGH_ROUGE = 0.2
 
 ATTACKS = {  # name in words, citation
   'dager': ('DAGER', 'Petrov et al., NeurIPS 2024'),
@@ -275,12 +275,16 @@ def _first_clause(cell: Cell, short: bool) -> str:
     return f'{cell.hits} of {cell.total} {attack}'
   verb = 'is' if cell.hits == 1 else 'are'
   if cell.artefact == 'snapshot':
+    # The search extracts openings of the sentences (`snapshot_length`
+    # tokens): one is read back when it is among the extracted sequences.
     if cell.hits == 0:
-      return f"none of the user's {cell.total} sentences ranks first {attack}"
-    they = 'it ranks' if cell.hits == 1 else 'they rank'
+      return (
+        f"none of the user's {cell.total} sentence openings is among the"
+        f' extracted sequences {attack}'
+      )
     return (
-      f"{cell.hits} of {cell.total} of the user's sentences {verb} read back"
-      f' verbatim: {they} first among all candidates {attack}'
+      f"{cell.hits} of {cell.total} of the user's sentence openings {verb}"
+      f' among the extracted sequences {attack}'
     )
   noun = 'sentence' if cell.total == 1 else 'sentences'
   return (
@@ -624,6 +628,10 @@ def load_run(workdir) -> tuple[AuditConfig, Any]:
   return cfg, types.SimpleNamespace(results=rows, extra=extra)
 
 
+# CSS pixels of the page in report.png.
+SCREENSHOT_HEIGHT = 1500
+
+
 def rerender(workdir, screenshot: bool = False) -> list[str]:
   """Rewrites summary.*, report.html (and report.png) of a finished run;
   returns the paths written."""
@@ -632,8 +640,11 @@ def rerender(workdir, screenshot: bool = False) -> list[str]:
   write(folder, cfg, run)
   names = ['summary.json', 'summary.md', 'report.html']
   if screenshot:
+    # What a reader sees first: the answer, the threat models, the frontier.
     audit_html.screenshot(
-      folder.workdir / 'report.html', folder.workdir / 'report.png'
+      folder.workdir / 'report.html',
+      folder.workdir / 'report.png',
+      height=SCREENSHOT_HEIGHT,
     )
     names.append('report.png')
   return [str(folder.workdir / n) for n in names]

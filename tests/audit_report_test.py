@@ -175,12 +175,13 @@ ANSWER = (
   ' the perplexity (±0.01 over 2 seeds); frozen embeddings leave 6 of 8 at'
   ' 1.01x; Gaussian noise σ = 1e-06 leaves 8 of 8 at 1.00x.'
   ' From the model before and after fine-tuning without a defense, 2 of 5'
-  " of the user's sentences are read back verbatim: they rank first among"
-  ' all candidates (differential rank search); DP-SGD at ε = 8 brings that'
-  ' to 0 at 1.41x; frozen embeddings leave 1 of 5 at 1.01x.'
+  " of the user's sentence openings are among the extracted sequences"
+  ' (differential rank search); DP-SGD at ε = 8 leaves none verbatim,'
+  ' ROUGE-L 0.30 at 1.41x; frozen embeddings leave 1 of 5 at 1.01x.'
   ' From hidden states at layer 0 (b = 4) without a defense, none of the 8'
   ' sentences is read back verbatim, though the recovery reaches ROUGE-L'
-  ' 0.81 (BEI); Gaussian noise σ = 1e-06 leaves 0 of 8; at the last layer,'
+  ' 0.81 (BEI); Gaussian noise σ = 1e-06 leaves none verbatim, ROUGE-L'
+  ' 0.30; at the last layer,'
   ' 8 of 8 (HEI); Gaussian noise σ = 1e-06 leaves 4 of 8.'
 )
 

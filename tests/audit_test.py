@@ -301,3 +301,38 @@ def test_hidden_noise_changes_the_states_by_its_std():
   assert io.summary_key('exact', artefact='hidden:0', b=1, defense='none') == (
     'exact@artefact=hidden:0,b=1,defense=none'
   )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  'flag, message',
+  [
+    ('--defenses=none,clip:3', "unknown defense 'clip:3'"),
+    ('--artefacts=logits', "unknown artefact 'logits'"),
+    ('--batch_sizes=64', 'the batches need 64'),
+    ('--layers=7', 'layer 7 is past'),
+  ],
+)
+def test_the_command_refuses_bad_input_in_one_line(tmp_path, flag, message):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  done = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'experiments.audit',
+      '--model=gpt2-tiny',
+      f'--workdir={tmp_path / "w"}',
+      '--layers=0',
+      flag,
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=str(pytest.importorskip('pathlib').Path(__file__).parents[1]),
+  )
+  assert done.returncode == 2
+  errors = [x for x in done.stderr.splitlines() if x.startswith('leakjax:')]
+  assert len(errors) == 1 and message in errors[0]
+  assert not (tmp_path / 'w' / 'results.jsonl').exists()

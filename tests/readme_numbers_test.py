@@ -1567,3 +1567,27 @@ def test_dager_hybrid_evidence_oversample_heldout():
     f'(ROUGE-L {np.mean(got):.3f} over the three batches, {exact} of 192'
     ' sentences exact)' in head
   )
+
+
+def test_quick_audit_answer():
+  s = summary('audit/quick')
+
+  def count(defense):
+    key = f'exact@artefact=gradient,b=16,defense={defense}'
+    return f'{round(s[key] * 16)} of 16'
+
+  ratio = s['perplexity_ratio@defense=dp:8']
+  assert (
+    f'{count("none")} sentences are read back verbatim; DP-SGD at ε = 8'
+    f' brings that to {round(s["exact@artefact=gradient,b=16,defense=dp:8"] * 16)}'
+    f' at {ratio:.2f}x'
+  ) in PROSE
+  freeze = s['perplexity_ratio@defense=freeze']
+  assert f'frozen embeddings leave {count("freeze")} at {freeze:.2f}x' in PROSE
+  facts = json.loads(
+    (ROOT / 'reports' / 'audit' / 'quick' / 'facts.json').read_text()
+  )
+  assert (
+    f'Measured: {facts["seconds"]:.0f} s and'
+    f' {facts["peak_memory_mib"]:,.0f} MiB peak memory'
+  ) in PROSE
