@@ -5,6 +5,8 @@
   layer i;
 * :mod:`dct` -- the DCT/overlap defense (Sec. 5.3.1) and its perplexity;
 * :mod:`embed_parrot` -- the Embed Parrot model (Sec. 4.3) and its training;
+* :mod:`exact` -- exact inversion by sequential verification (Nikolaou et
+  al., arXiv 2510.15511) with learned proposals;
 * :mod:`presets` -- the named settings of the experiment (`paper`,
   `strongest`), :class:`leakjax.presets.Presets` of its config;
 * :mod:`runner` -- the experiment (Tables 2-6), read top-down from

@@ -1,0 +1,196 @@
+"""Exact inversion of hidden states (Nikolaou et al., arXiv 2510.15511):
+the kernel against a NumPy reference, tiny models inverted exactly, and
+planted near-ties reported undecided rather than guessed."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from leakjax.attacks.inversion import bei_hei, exact
+from leakjax.errors import LeakjaxError
+from leakjax.models import gpt2, llama
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_llama():
+  config = llama.LlamaConfig(
+    vocab_size=200,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+  )
+  return llama.init_model(config, key=jax.random.key(0))
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_gpt2():
+  return gpt2.init_model(gpt2.GPT2Config.tiny(n_layer=3), key=jax.random.key(1))
+
+
+MODELS = {'llama': tiny_llama, 'gpt2': tiny_gpt2}
+
+
+def observed_states(model, params, ids, layer):
+  mask = jnp.ones(ids.shape, jnp.int32)
+  return np.asarray(
+    bei_hei.layer_states(model, params, jnp.asarray(ids), mask, (layer,))[0]
+  )
+
+
+def hei_scores(model, params, states):
+  return np.asarray(
+    exact.proposal_scores(jnp.asarray(states), model.word_embeddings(params))
+  )
+
+
+def test_check_candidates_is_the_distance_of_each_rows_states():
+  model, params = tiny_llama()
+  rows = np.asarray(jax.random.randint(jax.random.key(3), (4, 6), 0, 200))
+  mask = np.ones_like(rows)
+  observed = observed_states(model, params, rows[:1], 2)[0]
+  dist, logp = exact.check_candidates(
+    model,
+    params,
+    jnp.asarray(rows),
+    jnp.asarray(mask),
+    jnp.asarray(observed),
+    2,
+    jnp.asarray(3),
+  )
+  states = np.asarray(model.hidden_states(params, rows, mask))[2]
+  want = np.linalg.norm(states - observed[None], axis=-1)
+  np.testing.assert_allclose(np.asarray(dist), want, rtol=1e-4, atol=1e-5)
+  assert np.all(np.asarray(dist)[0] < 1e-4)  # row 0 is the observed one
+  logits = np.asarray(model.logits(params, rows, mask))[:, 3]
+  ref = (
+    logits
+    - np.log(
+      np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)
+    )
+    - logits.max(-1, keepdims=True)
+  )
+  np.testing.assert_allclose(np.asarray(logp), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', sorted(MODELS))
+@pytest.mark.parametrize('layer', [1, 3, 'last'])
+def test_tiny_models_are_inverted_exactly(family, layer):
+  # HEI's ranking is poor past layer 0 on a random model: the search goes
+  # down the vocabulary, and the states still pick out every token.
+  model, params = MODELS[family]()
+  vocab = model.vocab_size
+  ids = np.asarray(jax.random.randint(jax.random.key(5), (2, 7), 0, vocab))
+  states = observed_states(model, params, ids, layer)
+  scores = hei_scores(model, params, states)
+  config = exact.ExactConfig(first_chunk=8, chunk=64)
+  for row in range(2):
+    got = exact.invert_sentence(
+      model,
+      params,
+      states[row],
+      7,
+      layer=layer,
+      scores=scores[row],
+      config=config,
+    )
+    assert got.ids == ids[row].tolist()
+    assert all(got.decided)
+    assert min(got.checked) >= 1
+
+
+def test_the_proposals_order_checks_the_best_first():
+  # The true token ranked 5th by the proposals: found in the first chunk.
+  model, params = tiny_llama()
+  ids = np.asarray([[7, 11, 13, 17, 19]])
+  states = observed_states(model, params, ids, 2)
+  scores = np.zeros((5, model.vocab_size), np.float32)
+  for t in range(5):
+    scores[t, (ids[0, t] + np.arange(1, 5)) % 200] = 1.0  # 4 wrong first
+    scores[t, ids[0, t]] = 0.5
+  got = exact.invert_sentence(
+    model,
+    params,
+    states[0],
+    5,
+    layer=2,
+    scores=scores,
+    config=exact.ExactConfig(first_chunk=8, chunk=32, prior_top=0),
+  )
+  assert got.ids == ids[0].tolist()
+  assert got.checked == [5] * 5
+
+
+def test_a_planted_near_tie_is_undecided_not_guessed():
+  # Tokens 40 and 41 share one embedding: their states are identical, so
+  # nothing tells them apart and the position is reported undecided.
+  model, params = tiny_llama()
+  emb = model.word_embeddings(params)
+
+  def twin(leaf):
+    if leaf.shape == emb.shape and bool(jnp.all(leaf == emb)):
+      return leaf.at[41].set(leaf[40])
+    return leaf
+
+  params = jax.tree.map(twin, params)
+  ids = np.asarray([[3, 9, 40, 12, 5]])
+  states = observed_states(model, params, ids, 2)
+  scores = hei_scores(model, params, states)[0]
+  got = exact.invert_sentence(
+    model,
+    params,
+    states[0],
+    5,
+    layer=2,
+    scores=scores,
+    config=exact.ExactConfig(first_chunk=8, chunk=64),
+  )
+  assert got.decided[2] is False and got.ids[2] in (40, 41)
+  assert all(got.decided[t] for t in (0, 1, 3, 4))
+  assert [got.ids[t] for t in (0, 1, 3, 4)] == [3, 9, 12, 5]
+
+
+def test_the_nearest_rule_recovers_noisy_states():
+  model, params = tiny_gpt2()
+  ids = np.asarray(jax.random.randint(jax.random.key(8), (1, 6), 0, 512))
+  states = observed_states(model, params, ids, 2)
+  noisy = states + 1e-3 * np.asarray(
+    jax.random.normal(jax.random.key(9), states.shape)
+  )
+  scores = hei_scores(model, params, noisy)
+  strict = exact.invert_sentence(
+    model,
+    params,
+    noisy[0],
+    6,
+    layer=2,
+    scores=scores[0],
+    config=exact.ExactConfig(rel_tol=1e-7, chunk=128),
+  )
+  assert not all(strict.decided)  # the tolerance rule refuses noise
+  got = exact.invert_sentence(
+    model,
+    params,
+    noisy[0],
+    6,
+    layer=2,
+    scores=scores[0],
+    config=exact.ExactConfig(rule='nearest', chunk=128),
+  )
+  assert got.ids == ids[0].tolist() and all(got.decided)
+
+
+@pytest.mark.parametrize(
+  'changes',
+  [dict(rule='closest'), dict(rel_tol=0.0), dict(gap=1.0), dict(chunk=0)],
+)
+def test_bad_settings_are_refused(changes):
+  with pytest.raises(LeakjaxError):
+    exact.ExactConfig(**changes)
