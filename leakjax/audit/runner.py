@@ -217,6 +217,7 @@ class _Cells:
     self.dager = dager_config(cfg)
     self.baselines = {'film': film.baseline(cfg.film_beams, cfg.film_steps)}
     self.inverses: dict[str, hidden.Inverse] = {}
+    self.entities: dict[tuple[int, int], list[set[str]]] = {}
     self.tuned: dict[str, Any] = {}
     self.sigmas: dict[str, float] = {}
     self.width = cfg.max_tokens + 1
@@ -230,7 +231,9 @@ class _Cells:
     texts = self.batch(b, index)
     ids, mask = dager_client.padded_batch(self.model, texts, self.width)
     key = dager_client.batch_key(self.dager, b, index)
-    ents = scoring.entities_of(texts)
+    if (b, index) not in self.entities:  # one NER pass per batch
+      self.entities[(b, index)] = scoring.entities_of(texts)
+    ents = self.entities[(b, index)]
     base = {'kind': 'attack', 'artefact': artefact, 'b': b, 'batch': index}
     base['defense'] = defense
     if artefact.startswith('hidden:'):
