@@ -50,33 +50,49 @@ def hei_scores(model, params, states):
   )
 
 
-def test_check_candidates_is_the_distance_of_each_rows_states():
-  model, params = tiny_llama()
-  rows = np.asarray(jax.random.randint(jax.random.key(3), (4, 6), 0, 200))
-  mask = np.ones_like(rows)
-  observed = observed_states(model, params, rows[:1], 2)[0]
-  dist, logp = exact.check_candidates(
-    model,
-    params,
-    jnp.asarray(rows),
-    jnp.asarray(mask),
-    jnp.asarray(observed),
-    2,
-    jnp.asarray(3),
+@pytest.mark.parametrize('layer', [0, 2, 'last'])
+@pytest.mark.parametrize('family', sorted(MODELS))
+def test_the_checks_are_the_distances_of_each_rows_states(family, layer):
+  # NumPy reference: the full rows' hidden states (no cache).
+  model, params = MODELS[family]()
+  prefix = np.asarray([[5, 17, 99]])
+  cands = np.asarray([4, 8, 15, 16, 23, 42])
+  rows = np.concatenate([np.repeat(prefix, 6, 0), cands[:, None]], 1)
+  observed = observed_states(
+    model, params, np.asarray([[5, 17, 99, 23]]), layer
   )
-  states = np.asarray(model.hidden_states(params, rows, mask))[2]
-  want = np.linalg.norm(states - observed[None], axis=-1)
-  np.testing.assert_allclose(np.asarray(dist), want, rtol=1e-4, atol=1e-5)
-  assert np.all(np.asarray(dist)[0] < 1e-4)  # row 0 is the observed one
-  logits = np.asarray(model.logits(params, rows, mask))[:, 3]
-  ref = (
-    logits
-    - np.log(
-      np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)
+  states = observed_states(model, params, rows, layer)[:, 3]
+  want = np.linalg.norm(states - observed[0, 3][None], axis=-1)
+  cache = model.init_stream_cache(
+    params, 1, 8, layer=exact._layer_index(model, layer)
+  )
+  full = model.init_cache(params, 1, 8)
+  for tok in prefix[0]:
+    cache, full, logp = exact.commit(
+      model, params, cache, full, jnp.asarray([tok]), layer
     )
-    - logits.max(-1, keepdims=True)
+  dist = exact.check_candidates(
+    model, params, cache, jnp.asarray(cands), jnp.asarray(observed[0, 3]), layer
   )
+  np.testing.assert_allclose(np.asarray(dist), want, rtol=1e-4, atol=1e-4)
+  assert np.asarray(dist)[4] < 1e-4  # 23 is the observed token
+  logits = np.asarray(model.logits(params, prefix))[0, -1]
+  ref = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
   np.testing.assert_allclose(np.asarray(logp), ref, rtol=1e-4, atol=1e-4)
+  # One row of guesses: each guess's distance to its own position.
+  guesses = np.asarray([23, 7, 7])
+  row = np.concatenate([prefix[0], guesses])[None]
+  row_states = observed_states(model, params, row, layer)[0, 3:]
+  obs = np.concatenate([observed[0, 3:], observed[0, 3:], observed[0, 3:]])
+  got = exact.check_guesses(
+    model, params, cache, jnp.asarray(guesses), jnp.asarray(obs), layer
+  )
+  np.testing.assert_allclose(
+    np.asarray(got),
+    np.linalg.norm(row_states - obs, axis=-1),
+    rtol=1e-4,
+    atol=1e-4,
+  )
 
 
 @pytest.mark.slow
@@ -194,3 +210,36 @@ def test_the_nearest_rule_recovers_noisy_states():
 def test_bad_settings_are_refused(changes):
   with pytest.raises(LeakjaxError):
     exact.ExactConfig(**changes)
+
+
+@pytest.mark.parametrize('prefix', [False, True])
+@pytest.mark.parametrize('layer', [0, 2, 3])
+@pytest.mark.parametrize('family', sorted(MODELS))
+def test_stream_decode_in_two_chunks_equals_hidden_states(
+  family, layer, prefix
+):
+  model, params = MODELS[family]()
+  if prefix:  # a model without its own cache recomputes the prefix
+    model = model.replace(stream_cache_fn=None, stream_decode_fn=None)
+  ids = np.asarray(jax.random.randint(jax.random.key(5), (2, 7), 0, 200))
+  want = np.asarray(model.hidden_states(params, ids))[layer]
+  cache = model.init_stream_cache(params, 2, 10, layer=layer)
+  first, cache = model.stream_decode(params, cache, ids[:, :3], layer=layer)
+  second, _ = model.stream_decode(params, cache, ids[:, 3:], layer=layer)
+  got = np.concatenate([first, second], axis=1)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_twins_are_every_token_within_the_tolerance():
+  # The projection window finds exactly what a full scan finds.
+  rng = np.random.default_rng(1)
+  emb = rng.standard_normal((3000, 16)).astype(np.float32)
+  emb[7] = emb[3]
+  emb[9] = emb[3] * (1 + 2e-4)
+  emb[11] = emb[3] + 0.01 * np.linalg.norm(emb[3]) / 4  # outside 1e-3
+  twins = exact._Twins(emb, 1e-3)
+  for tok in (3, 7, 9, 11, 0, 100):
+    d = np.linalg.norm(emb - emb[tok], axis=1)
+    want = np.flatnonzero(d <= 1e-3 * np.linalg.norm(emb[tok]))
+    assert twins(tok).tolist() == want[want != tok].tolist()
+  assert twins(3).tolist() == [7, 9]

@@ -181,6 +181,43 @@ def _gpt2_block_decode(config: GPT2Config, params, cache, ids, layer):
   return _layer_norm_fn(x, ln, config.layer_norm_epsilon), new
 
 
+def _check_stream(config: GPT2Config, layer: int):
+  if not 0 <= layer <= config.n_layer:
+    raise LeakjaxError(
+      f'hidden state {layer} does not exist; the model has'
+      f' {config.n_layer} blocks',
+      f'pass 0 <= layer <= {config.n_layer}',
+    )
+
+
+def _gpt2_stream_cache(
+  config: GPT2Config, params, batch_size, max_length, layer
+):
+  del params
+  _check_stream(config, layer)
+  full = init_cache(config, batch_size, max_length)
+  return KVCache(
+    keys=full.keys[:layer], values=full.values[:layer], index=full.index
+  )
+
+
+def _gpt2_stream_decode(config: GPT2Config, params, cache, ids, layer):
+  _check_ids(ids, None, config, 'the decoded chunk')
+  _check_stream(config, layer)
+  if len(cache.keys) != layer:
+    raise LeakjaxError(
+      f'this stream cache holds {len(cache.keys)} blocks, not {layer}',
+      'make it with init_stream_cache(..., layer=layer)',
+    )
+  if layer == 0:  # no block runs: token + position embeddings
+    positions = cache.index[:, None] + jnp.arange(ids.shape[1])[None]
+    x = params['wte']['embedding'][ids] + params['wpe']['embedding'][positions]
+    return x, cache.replace(index=cache.index + ids.shape[1])
+  return GPT2LMHeadModel(config).apply(
+    {'params': params}, ids, cache, method=GPT2LMHeadModel.decode_stream
+  )
+
+
 def _gpt2_first_layer(config: GPT2Config, params) -> FirstLayerInputs:
   ln = params['h_0']['ln_1']
   return FirstLayerInputs(
@@ -243,6 +280,8 @@ def make_model(config: GPT2Config, tokenizer=None) -> Model:
     block_input_fn=Bound(_gpt2_block_inputs, (config,)),
     block_cache_fn=Bound(_gpt2_block_cache, (config,)),
     block_decode_fn=Bound(_gpt2_block_decode, (config,)),
+    stream_cache_fn=Bound(_gpt2_stream_cache, (config,)),
+    stream_decode_fn=Bound(_gpt2_stream_decode, (config,)),
   )
 
 

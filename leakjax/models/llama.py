@@ -159,6 +159,44 @@ def _llama_block_decode(config: LlamaConfig, dtype, params, cache, ids, layer):
   return _norm(config, x, scale), new
 
 
+def _check_stream(config: LlamaConfig, layer: int):
+  if not 0 <= layer <= config.num_hidden_layers:
+    raise LeakjaxError(
+      f'hidden state {layer} does not exist; the model has'
+      f' {config.num_hidden_layers} blocks',
+      f'pass 0 <= layer <= {config.num_hidden_layers}',
+    )
+
+
+def _llama_stream_cache(
+  config: LlamaConfig, dtype, params, batch_size, max_length, layer
+):
+  _check_stream(config, layer)
+  full = _llama_init_cache(config, dtype, params, batch_size, max_length)
+  return LlamaCache(
+    keys=full.keys[:layer], values=full.values[:layer], index=full.index
+  )
+
+
+def _llama_stream_decode(config: LlamaConfig, dtype, params, cache, ids, layer):
+  _check_stream(config, layer)
+  if len(cache.keys) != layer:
+    raise LeakjaxError(
+      f'this stream cache holds {len(cache.keys)} blocks, not {layer}',
+      'make it with init_stream_cache(..., layer=layer)',
+    )
+  if _is_concrete(ids):
+    check_token_ids(ids, config.vocab_size)
+  if layer == 0:  # no block runs: the embeddings
+    x = Llama(config, dtype=dtype).apply(
+      {'params': params}, ids, method=Llama.embed_ids
+    )
+    return x, cache.replace(index=cache.index + ids.shape[1])
+  return Llama(config, dtype=dtype).apply(
+    {'params': params}, ids, cache, method=Llama.decode_stream
+  )
+
+
 def _llama_first_layer(config: LlamaConfig, params) -> FirstLayerInputs:
   tokens = params['embed']['embedding']
   if config.embedding_scale:
@@ -223,6 +261,8 @@ def make_model(
     block_input_fn=Bound(_llama_block_inputs, static),
     block_cache_fn=Bound(_llama_block_cache, static),
     block_decode_fn=Bound(_llama_block_decode, static),
+    stream_cache_fn=Bound(_llama_stream_cache, static),
+    stream_decode_fn=Bound(_llama_stream_decode, static),
   )
 
 

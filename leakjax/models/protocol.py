@@ -271,6 +271,10 @@ def _at_layer(fn, layer, params, ids, mask):
   return fn(params, ids, mask, layer)
 
 
+def _hidden_at(fn, layer, params, ids, mask):
+  return fn(params, ids, mask)[layer]
+
+
 # -------------------------------------------------------------------- Model
 @dataclasses.dataclass(frozen=True)
 class Model:
@@ -303,6 +307,12 @@ class Model:
       cache)`, the same incrementally (a cache of the first `layer` blocks
       only), both or neither; without them :meth:`block_decode` recomputes
       the prefix with `block_input_fn`.
+    stream_cache_fn, stream_decode_fn: `(params, batch_size, max_length,
+      layer) -> cache` and `(params, cache, ids, layer) -> ([b, t, d],
+      cache)`: the hidden states `H^layer` (as :meth:`hidden_states`)
+      computed incrementally through the first `layer` blocks only, both
+      or neither; without them :meth:`stream_decode` recomputes the prefix
+      with `hidden_fn`.
   """
 
   vocab_size: int
@@ -341,6 +351,12 @@ class Model:
   block_decode_fn: Callable[..., Any] | None = dataclasses.field(
     default=None, repr=False
   )
+  stream_cache_fn: Callable[..., Any] | None = dataclasses.field(
+    default=None, repr=False
+  )
+  stream_decode_fn: Callable[..., Any] | None = dataclasses.field(
+    default=None, repr=False
+  )
   tokenizer: Any = dataclasses.field(
     default=None, compare=False, hash=False, repr=False
   )
@@ -355,6 +371,11 @@ class Model:
       raise LeakjaxError(
         'block_decode and block_cache come together',
         'pass both, or neither (block_decode then recomputes the prefix)',
+      )
+    if (self.stream_decode_fn is None) != (self.stream_cache_fn is None):
+      raise LeakjaxError(
+        'stream_decode and stream_cache come together',
+        'pass both, or neither (stream_decode then recomputes the prefix)',
       )
     if self.block_decode_fn is not None and self.block_input_fn is None:
       raise LeakjaxError(
@@ -477,6 +498,30 @@ class Model:
         self.block_inputs(params, ids, layer=layer)  # raises
       return _prefix_decode(Bound(_at_layer, (fn, layer)), params, cache, ids)
     return self.block_decode_fn(params, cache, ids, layer)
+
+  def init_stream_cache(
+    self, params, batch_size: int, max_length: int, *, layer: int
+  ) -> PyTree:
+    """An empty cache for :meth:`stream_decode` (batch-leading leaves)."""
+    if self.stream_cache_fn is None:
+      return _prefix_init_cache(params, batch_size, max_length)
+    return self.stream_cache_fn(params, batch_size, max_length, layer)
+
+  def stream_decode(
+    self, params, cache, ids, *, layer: int
+  ) -> tuple[Float[Array, 'b t d'], PyTree]:
+    """Appends `ids [b, t]`: `(H^layer at those positions, cache)`.
+
+    `layer` in `[0, num_layers]`, as an index of :meth:`hidden_states`
+    (no final norm); only the first `layer` blocks run. Decoding a whole
+    sequence equals `hidden_states(params, ids)[layer]`.
+    """
+    if self.stream_decode_fn is None:
+      if self.hidden_fn is None:
+        self.hidden_states(params, ids)  # raises
+      fn = Bound(_hidden_at, (self.hidden_fn, layer))
+      return _prefix_decode(fn, params, cache, ids)
+    return self.stream_decode_fn(params, cache, ids, layer)
 
   # ----------------------------------------------------------- parameters
   def attention_input_kernels(self, tree, block: int) -> jax.Array | None:

@@ -5,21 +5,24 @@ Nikolaou et al., "Language Models are Injective and Hence Invertible"
 distinct hidden states, so the state `H^l_t` of position t, given the true
 prefix, identifies token t. Their SipIt recovers a prompt one position at
 a time, checking candidate tokens until one reproduces the observed state.
-What costs is the order of the candidates; ours (no paper does this):
+What costs is the order of the candidates and the price of each check.
+The order (ours; no paper does this):
 
 1. the learned inverse's per-position ranking (the ridge inverse of the
    layer, Embed Parrot's linear skip, then HEI's cosine on its output:
    :func:`proposal_scores`),
 2. the LM's next-token prior given the verified prefix,
-3. the rest of the vocabulary, in the learned inverse's order.
+3. the rest of the vocabulary, the two rankings interleaved.
 
-The kernel (:func:`check_candidates`, pure, fixed shapes) runs C candidate
-rows at once. Each row is the verified prefix, one candidate at position
-t and the learned inverse's best guess at every later position; by
-causality the row's state at t depends only on the prefix and the
-candidate, and its later states verify the guesses that follow as far as
-they are right (speculative verification: one forward pass can verify
-many positions).
+The checks are pure functions of fixed shapes over the verified prefix's
+key/value cache (:meth:`leakjax.models.Model.stream_decode`, the first
+`layer` blocks only): :func:`check_candidates` puts C candidates at
+position t, one token each through the cached blocks;
+:func:`check_guesses` runs one row of the learned inverse's guesses at
+t, t + 1, ... (by causality each guess's state depends only on the prefix
+and the guesses before it, so one row verifies every guess up to the first
+wrong one: speculative verification); :func:`commit` appends a verified
+token and returns the LM's prior for the next position.
 
 Acceptance needs no truth (:class:`ExactConfig`):
 
@@ -71,7 +74,8 @@ class ExactConfig:
       inverse's and the LM's best).
     chunk: candidates per later check.
     prior_top: the LM prior's candidates placed after the learned
-      inverse's first `first_chunk // 2`.
+      inverse's first `first_chunk // 2` (the two rankings are interleaved
+      after them); 0: the prior is not used.
     max_candidates: candidates checked per position before giving up
       (None: the whole vocabulary).
   """
@@ -122,32 +126,68 @@ def layer_of(model, hidden_states: jax.Array, layer) -> jax.Array:
   return hidden_states[int(layer)]
 
 
+def _layer_index(model, layer) -> int:
+  return model.num_layers if layer == bei_hei.LAST else int(layer)
+
+
+def _states(model, params, cache, ids, layer):
+  """`H^layer` of `ids [b, t]` appended to `cache` (final-normed for
+  'last'), float32, and the new cache."""
+  states, cache = model.stream_decode(
+    params, cache, ids, layer=_layer_index(model, layer)
+  )
+  if layer == bei_hei.LAST:
+    states = bei_hei.final_norm(model, params, states)
+  return states.astype(jnp.float32), cache
+
+
 def check_candidates(
   model,
   params,
-  rows: Int[Array, 'c w'],
-  mask: Int[Array, 'c w'],
-  observed: Float[Array, 'w d'],
+  cache,
+  candidates: Int[Array, ' c'],
+  observed: Float[Array, ' d'],
   layer,
-  position: Int[Array, ''],
-) -> tuple[Float[Array, 'c w'], Float[Array, 'c v']]:
-  """Distances of every row's layer states to the observed ones, and the
-  LM's next-token log-probabilities at `position` (for position + 1).
+) -> Float[Array, ' c']:
+  """Distances to the observed state of position t of the states of C
+  candidate tokens placed at t after the verified prefix.
 
-  Pure, fixed shapes (jit it with `model` and `layer` static): `rows` are
-  C candidate sequences padded to width W; `distances[c, j]` is
-  `|H^layer(rows[c])_j - observed_j|`.
+  Pure, fixed shapes (jit it with `model` and `layer` static): `cache` is
+  the prefix's :meth:`Model.stream_decode` cache of one row (t tokens);
+  only the candidates' own position runs through the first `layer`
+  blocks, attending to the cached prefix.
   """
-  states = model.hidden_states(params, rows, mask)
-  if layer == bei_hei.LAST:
-    mine = bei_hei.final_norm(model, params, states[-1])
-  else:
-    mine = states[int(layer)]
-  diff = mine.astype(jnp.float32) - observed.astype(jnp.float32)[None]
-  distances = jnp.sqrt(jnp.sum(diff * diff, axis=-1))
-  last = jax.lax.dynamic_index_in_dim(states[-1], position, 1, keepdims=False)
-  logits = model.lm_head(params, last).astype(jnp.float32)
-  return distances, jax.nn.log_softmax(logits, axis=-1)
+  c = candidates.shape[0]
+  rows = jax.tree.map(lambda x: jnp.broadcast_to(x, (c,) + x.shape[1:]), cache)
+  states, _ = _states(model, params, rows, candidates[:, None], layer)
+  diff = states[:, 0] - observed.astype(jnp.float32)[None]
+  return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+
+
+def check_guesses(
+  model,
+  params,
+  cache,
+  guesses: Int[Array, ' g'],
+  observed: Float[Array, 'g d'],
+  layer,
+) -> Float[Array, ' g']:
+  """Distances of the states of one row of guesses `t .. t + G - 1` after
+  the cached prefix (speculative verification: by causality each guess's
+  state depends only on the prefix and the guesses before it)."""
+  states, _ = _states(model, params, cache, guesses[None], layer)
+  diff = states[0] - observed.astype(jnp.float32)
+  return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+
+
+def commit(model, params, stream, full, token: Int[Array, ' 1'], layer):
+  """Appends a verified token to both caches; returns them and the LM's
+  next-token log-probabilities after it `[V]`."""
+  _, stream = model.stream_decode(
+    params, stream, token[None], layer=_layer_index(model, layer)
+  )
+  logits, full = model.decode(params, full, token[None])
+  return stream, full, jax.nn.log_softmax(logits[0, -1].astype(jnp.float32))
 
 
 CHECK_STATIC = ('model', 'layer')
@@ -171,16 +211,70 @@ def proposal_scores(
 
 
 def _order(scores: np.ndarray, prior: np.ndarray | None, config) -> np.ndarray:
-  """Every vocabulary id once, in proposal order (module docstring)."""
+  """Every vocabulary id once, in proposal order (module docstring): the
+  learned inverse's best `first_chunk // 2`, the prior's best `prior_top`,
+  then the two rankings interleaved (a token's place is set by the better
+  of its two ranks, so neither ranking's tail can bury a token the other
+  ranks high)."""
   ranked = np.argsort(-scores, kind='stable')
-  head = list(ranked[: max(1, config.first_chunk // 2)])
-  if prior is not None:
-    for tok in np.argsort(-prior, kind='stable')[: config.prior_top]:
+  head = list(dict.fromkeys(ranked[: max(1, config.first_chunk // 2)].tolist()))
+  if prior is None or not config.prior_top:
+    rest = ranked
+  else:
+    by_prior = np.argsort(-prior, kind='stable')
+    for tok in by_prior[: config.prior_top].tolist():
       if tok not in head:
-        head.append(int(tok))
-  seen = set(int(t) for t in head)
-  rest = [int(t) for t in ranked if int(t) not in seen]
-  return np.asarray([int(t) for t in head] + rest, np.int64)
+        head.append(tok)
+    place = np.empty(len(ranked), np.int64)
+    place[ranked] = 2 * np.arange(len(ranked))
+    place[by_prior] = np.minimum(
+      place[by_prior], 2 * np.arange(len(ranked)) + 1
+    )
+    rest = np.argsort(place, kind='stable')
+  seen = np.zeros(len(ranked), bool)
+  seen[head] = True
+  rest = rest[~seen[rest]]
+  return np.concatenate([np.asarray(head, np.int64), rest.astype(np.int64)])
+
+
+class _Twins:
+  """Tokens whose input embedding is within `rel` x |e_token| of a token's
+  (their states are as near as the tolerance: a near-tie).
+
+  Only tokens whose projection on one fixed direction lies within that
+  distance can be twins (a projection never grows a distance), so each
+  query sorts nothing and measures a handful of rows.
+  """
+
+  def __init__(self, embeddings: np.ndarray, rel: float):
+    self.embeddings = embeddings
+    self.norms = np.linalg.norm(embeddings, axis=-1)
+    direction = np.random.default_rng(0).standard_normal(embeddings.shape[-1])
+    self.proj = embeddings @ (direction / np.linalg.norm(direction))
+    self.by_proj = np.argsort(self.proj, kind='stable')
+    self.sorted_proj = self.proj[self.by_proj]
+    self.rel = rel
+    self.memo: dict[int, np.ndarray] = {}
+
+  def __call__(self, token: int) -> np.ndarray:
+    if token not in self.memo:
+      bound = self.rel * max(float(self.norms[token]), 1e-12)
+      centre = self.proj[token]
+      lo = np.searchsorted(self.sorted_proj, centre - bound, 'left')
+      hi = np.searchsorted(self.sorted_proj, centre + bound, 'right')
+      near = self.by_proj[lo:hi]
+      d = np.linalg.norm(
+        self.embeddings[near] - self.embeddings[token], axis=-1
+      )
+      near = near[(d <= bound) & (near != token)]
+      self.memo[token] = np.sort(near)
+    return self.memo[token]
+
+
+def _padded(tokens, size: int) -> jax.Array:
+  out = np.full((size,), tokens[0], np.int32)
+  out[: len(tokens)] = tokens
+  return jnp.asarray(out)
 
 
 def invert_sentence(
@@ -203,110 +297,113 @@ def invert_sentence(
     layer: the layer of the states (int or 'last').
     scores: float `[>= length, V]`: :func:`proposal_scores` of the states.
     config: proposals and acceptance.
-    width: the rows' padded width (one compile per width); None: length.
+    width: the padded width (one compile per width); None: length.
   """
   start = time.perf_counter()
   width = width or length
-  vocab = model.vocab_size
   check = jitted(check_candidates, static_argnames=CHECK_STATIC)
-  observed_w = np.zeros((width, observed.shape[-1]), np.float32)
+  check_row = jitted(check_guesses, static_argnames=CHECK_STATIC)
+  step = jitted(commit, static_argnames=CHECK_STATIC)
+  observed_w = np.zeros((2 * width, observed.shape[-1]), np.float32)
   observed_w[:length] = observed[:length]
-  norms = np.linalg.norm(observed_w, axis=-1)
-  tol = config.rel_tol * norms
-  guess = np.asarray(scores[:length]).argmax(-1)
-  bos = getattr(getattr(model, 'tokenizer', None), 'bos_id', None)
-  ids = list(guess)
-  decided = [True] * length
-  checked = [1] * length
+  tol = config.rel_tol * np.linalg.norm(observed_w, axis=-1)
+  ids = [int(x) for x in np.asarray(scores[:length]).argmax(-1)]
+  decided, checked = [True] * length, [1] * length
+  twins = _Twins(
+    np.asarray(model.word_embeddings(params), np.float32), config.rel_tol
+  )
+  tolerance = config.rule == 'tolerance'
+  state = {
+    'stream': model.init_stream_cache(
+      params, 1, 2 * width, layer=_layer_index(model, layer)
+    ),
+    'full': model.init_cache(params, 1, 2 * width),
+    'prior': None,
+  }
+
+  def verified(token: int) -> None:
+    state['stream'], state['full'], logp = step(
+      model,
+      params,
+      state['stream'],
+      state['full'],
+      jnp.asarray([token], jnp.int32),
+      layer,
+    )
+    state['prior'] = np.asarray(logp)
+
+  def distances(tokens) -> np.ndarray:
+    size = (
+      config.first_chunk if len(tokens) <= config.first_chunk else config.chunk
+    )
+    got = check(
+      model,
+      params,
+      state['stream'],
+      _padded(tokens, size),
+      jnp.asarray(observed_w[t]),
+      layer,
+    )
+    return np.asarray(got)[: len(tokens)]
+
   t = 0
-  prior = None
+  bos = getattr(getattr(model, 'tokenizer', None), 'bos_id', None)
   if bos is not None:
     ids[0] = bos
+    verified(bos)
     t = 1
-  limit = config.max_candidates or vocab
-  embeddings = np.asarray(model.word_embeddings(params), np.float32)
+  limit = config.max_candidates or model.vocab_size
   while t < length:
-    order = _order(np.asarray(scores[t]), prior, config)[:limit]
-    offset, best, accepted = 0, [], None
+    if tolerance:
+      # One row verifies the proposals' guesses while they match.
+      row = np.full((width,), ids[t], np.int32)
+      row[: length - t] = ids[t:length]
+      d = np.asarray(
+        check_row(
+          model,
+          params,
+          state['stream'],
+          jnp.asarray(row),
+          jnp.asarray(observed_w[t : t + width]),
+          layer,
+        )
+      )
+      while t < length and d[0] <= tol[t] and not len(twins(ids[t])):
+        verified(ids[t])
+        d, t = d[1:], t + 1
+      if t == length:
+        break
+    order = _order(np.asarray(scores[t]), state['prior'], config)[:limit]
+    offset, best, accepted, tie = 0, [], None, False
     while offset < len(order) and accepted is None:
       size = config.first_chunk if offset == 0 else config.chunk
       cands = order[offset : offset + size]
-      rows = np.tile(np.asarray(ids, np.int32), (size, 1))
-      rows = np.pad(rows, ((0, 0), (0, width - length)))
-      rows[: len(cands), t] = cands
-      rows[len(cands) :, t] = cands[0]  # filler rows repeat the first
-      mask = np.zeros((size, width), np.int32)
-      mask[:, :length] = 1
-      dist, logp = check(
-        model,
-        params,
-        jnp.asarray(rows),
-        jnp.asarray(mask),
-        jnp.asarray(observed_w),
-        layer,
-        jnp.asarray(t, jnp.int32),
-      )
-      dist = np.asarray(dist)[: len(cands)]
-      best.extend(zip(dist[:, t].tolist(), range(offset, offset + len(cands))))
-      best.sort()
-      accepted, tie = _accept(
-        best, tol[t], config, len(order) - offset - len(cands)
-      )
-      if accepted is not None and config.rule == 'tolerance' and not tie:
-        # Near-identical input embeddings give near-identical states: a
-        # twin of the accepted token that was not checked is checked now.
-        seen = set(order[: offset + len(cands)].tolist())
-        twins = [
-          int(v)
-          for v in _twins(embeddings, int(order[accepted]), config.rel_tol)
-          if int(v) not in seen
-        ]
-        if twins:
-          rows = np.tile(np.asarray(ids, np.int32), (len(twins), 1))
-          rows = np.pad(rows, ((0, 0), (0, width - length)))
-          rows[:, t] = twins
-          twin_mask = np.zeros((len(twins), width), np.int32)
-          twin_mask[:, :length] = 1
-          twin_dist, _ = check(
-            model,
-            params,
-            jnp.asarray(rows),
-            jnp.asarray(twin_mask),
-            jnp.asarray(observed_w),
-            layer,
-            jnp.asarray(t, jnp.int32),
-          )
-          tie = bool(np.any(np.asarray(twin_dist)[:, t] <= tol[t]))
-      if accepted is not None:
-        row = accepted - offset
-        ids[t] = int(order[accepted])
-        checked[t] = accepted + 1
-        decided[t] = not tie
-        if 0 <= row < len(cands):
-          # The accepted row verifies its guesses while they match.
-          j = t + 1
-          while (
-            j < length
-            and dist[row, j] <= tol[j]
-            and config.rule == 'tolerance'
-            # A guess with a twin goes through the twin check instead.
-            and not len(_twins(embeddings, int(ids[j]), config.rel_tol))
-          ):
-            j += 1
-          t_next = j
-          prior = np.asarray(logp)[row] if t_next == t + 1 else None
-        else:
-          t_next = t + 1
-          prior = None
-        t = t_next
-        break
+      d = distances(cands)
+      best = sorted(
+        best + list(zip(d.tolist(), range(offset, offset + len(d))))
+      )[:2]
+      accepted, tie = _accept(best, tol[t], config)
       offset += len(cands)
+    if accepted is not None and tolerance and not tie:
+      # Near-identical input embeddings give near-identical states: a
+      # twin of the accepted token that was not checked is checked now.
+      seen = set(order[:offset].tolist())
+      rest = [v for v in twins(int(order[accepted])).tolist() if v not in seen]
+      for s in range(0, len(rest), config.chunk):
+        tie = tie or bool(
+          np.any(distances(rest[s : s + config.chunk]) <= tol[t])
+        )
     if accepted is None:
       # The vocabulary (or the budget) is spent: the nearest, undecided.
-      ids[t] = int(order[best[0][1]])
-      decided[t], checked[t] = False, offset
-      prior = None
-      t += 1
+      ids[t], decided[t], checked[t] = int(order[best[0][1]]), False, offset
+    else:
+      ids[t], decided[t], checked[t] = (
+        int(order[accepted]),
+        not tie,
+        accepted + 1,
+      )
+    verified(ids[t])
+    t += 1
   return Inversion(
     ids=[int(x) for x in ids],
     decided=decided,
@@ -315,15 +412,7 @@ def invert_sentence(
   )
 
 
-def _twins(embeddings: np.ndarray, token: int, rel: float) -> np.ndarray:
-  """Tokens whose input embedding is within `rel` x |e_token| of token's."""
-  e = embeddings[token]
-  d = np.linalg.norm(embeddings - e[None], axis=-1)
-  near = np.flatnonzero(d <= rel * max(float(np.linalg.norm(e)), 1e-12))
-  return near[near != token]
-
-
-def _accept(best, tol, config, remaining) -> tuple[int | None, bool]:
+def _accept(best, tol, config) -> tuple[int | None, bool]:
   """The accepted candidate's index into the order (None: check more) and
   whether it is a near-tie."""
   d0, i0 = best[0]
@@ -332,7 +421,6 @@ def _accept(best, tol, config, remaining) -> tuple[int | None, bool]:
     if d0 > tol:
       return None, False
     return i0, d1 <= tol
-  del remaining
   if len(best) > 1 and d0 <= config.gap * d1:
     return i0, False
   return None, False
