@@ -141,6 +141,7 @@ for path in sys.argv[2:]:
     ('differential', ''),
     ('gboard', ''),
     ('embed_parrot', ''),
+    ('inversion_exact', ''),
   ],
 )
 def test_committed_flagfiles_pass_the_config_checks(module, config):
