@@ -1591,3 +1591,70 @@ def test_quick_audit_answer():
     f'Measured: {facts["seconds"]:.0f} s and'
     f' {facts["peak_memory_mib"]:,.0f} MiB peak memory'
   ) in PROSE
+
+
+def _table_rows(text: str, header_start: str) -> list[list[str]]:
+  """The body rows of the markdown table whose header starts so."""
+  lines = text.splitlines()
+  start = next(i for i, x in enumerate(lines) if x.startswith(header_start))
+  rows = []
+  for line in lines[start + 2 :]:
+    if not line.startswith('|'):
+      break
+    rows.append([c.strip() for c in line.strip('|').split('|')])
+  return rows
+
+
+def _shown(value: float, cell: str) -> bool:
+  """`cell` is `value` at the decimals it is written with."""
+  decimals = len(cell.split('.')[1]) if '.' in cell else 0
+  return f'{value:.{decimals}f}' == cell.replace(',', '')
+
+
+def test_exact_inversion_tables():
+  text = (ROOT / 'reports' / 'inversion_exact' / 'README.md').read_text()
+  main, robust = summary('inversion_exact'), summary('inversion_exact/robust')
+  quick = summary('inversion_exact/quick')
+  rows = _table_rows(text, '| corpus | layer | exact |')
+  assert len(rows) == 7
+  for corpus, layer, *cells in rows:
+    at = f'data={corpus},layer={layer},split=test'
+    keys = [
+      f'exact@attack=exact,{at}',
+      f'rouge1@attack=exact,{at}',
+      f'candidates_per_token@attack=exact,{at}',
+      f'seconds_per_sentence@attack=exact,{at}',
+      f'rouge1@attack=ridge,{at}',
+      f'rouge1@attack=hei,{at}',
+      f'rouge1@attack=bei,{at}',
+    ]
+    for key, cell in zip(keys, cells, strict=True):
+      assert _shown(main[key], cell), (key, cell)
+  rows = _table_rows(text, '| corpus | perturbation |')
+  assert len(rows) == 5
+  for corpus, spec, *cells in rows:
+    noise = spec.split(':')[1]
+    at = f'data={corpus},layer=25,noise={noise},split=test'
+    keys = [
+      f'exact@attack=exact,{at}',
+      f'rouge1@attack=exact,{at}',
+      f'candidates_per_token@attack=exact,{at}',
+      f'seconds_per_sentence@attack=exact,{at}',
+      f'rouge1@attack=ridge,{at}',
+    ]
+    for key, cell in zip(keys, cells, strict=True):
+      assert _shown(robust[key], cell), (key, cell)
+  rows = _table_rows(text, '| layer | perturbation |')
+  assert len(rows) == 4
+  for layer, spec, *cells in rows:
+    extra = '' if spec == 'none' else f',noise={spec.split(":")[1]}'
+    at = f'data=enron,layer={layer}{extra},split=test'
+    keys = [
+      f'exact@attack=exact,{at}',
+      f'rouge1@attack=exact,{at}',
+      f'candidates_per_token@attack=exact,{at}',
+      f'seconds_per_sentence@attack=exact,{at}',
+      f'rouge1@attack=ridge,{at}',
+    ]
+    for key, cell in zip(keys, cells, strict=True):
+      assert _shown(quick[key], cell), (key, cell)
