@@ -54,8 +54,10 @@ def run_experiment(
   attacks' candidate batches over its devices; it changes no result, so it
   is not part of the config.
   """
-  # The corpus is read (and checked) before the workdir is touched.
+  # The corpus is read and its size checked (a bound without the
+  # tokenizer) before the workdir is touched or the model loaded.
   texts = runner.load_texts(cfg)
+  runner.check_corpus_size(cfg, texts)
   writer = io.ExperimentWriter(
     workdir, cfg, inputs=runner.writer_inputs(cfg, texts)
   )

@@ -6,9 +6,19 @@ the cache folder, `$LEAKJAX_DATA` (default `~/.cache/leakjax/data`), at
 `<name>/<filename>`, which is filled on first use from
 
 1. a local mirror: each folder of `$LEAKJAX_DATA_MIRROR` (a
-   `os.pathsep`-separated list) laid out as the cache (`<name>/<filename>`,
-   e.g. `film-enron/dataset.json`; a copy of a cache folder is a mirror),
-   or holding the file at its older `mirror_path` (`enron_film/...`), or
+   `os.pathsep`-separated list) holding the file in a folder named as the
+   data set (the cache's layout, read first: a copy of a cache folder is a
+   mirror) or in the folder of the older layout:
+
+     named as the data set           older folder name
+     film-enron/dataset.json         enron_film/dataset.json
+     wikitext-2-valid/valid.txt      wikitext-2/valid.txt
+     wikitext-2-test/test.txt        wikitext-2/test.txt
+     wikitext-2-train/train.txt      wikitext-2/train.txt
+     sms-spam/SMSSpamCollection.tsv  sms_spam/SMSSpamCollection.tsv
+
+   (a mirror's `sms-spam` file may also be UCI's SMSSpamCollection as
+   unzipped, without the `header` line, under either name above), or
 2. the data set's URL (pinned to a commit where the source is a git
    repository),
 
@@ -194,10 +204,13 @@ REGISTRY: dict[str, Dataset] = {
       ),
       how=(
         'no URL is pinned (UCI serves it inside a zip archive whose bytes'
-        ' are not pinned here): download https://archive.ics.uci.edu/static/'
-        'public/228/sms+spam+collection.zip, unzip it and run: python -m'
-        ' leakjax.data add sms-spam SMSSpamCollection (puts the header line'
-        ' Label<TAB>SMS in front and checks the sha256)'
+        ' are not pinned here): download "SMS Spam Collection" (data set'
+        ' 228 of the UCI Machine Learning Repository,'
+        ' https://archive.ics.uci.edu/static/public/228/'
+        'sms+spam+collection.zip), unzip it and run: python -m leakjax.data'
+        ' add sms-spam SMSSpamCollection (puts the header line Label<TAB>SMS'
+        ' in front and checks the sha256), or put SMSSpamCollection in a'
+        ' mirror folder as sms-spam/SMSSpamCollection.tsv'
       ),
       header='Label\tSMS\n',
     ),
@@ -266,6 +279,23 @@ def _install(source: Path, target: Path) -> None:
   os.close(fd)
   shutil.copyfile(source, tmp)
   os.replace(tmp, target)
+
+
+def _install_checked(source: Path, dataset: Dataset, target: Path) -> bool:
+  """Installs `source` at `target` if it has the pinned hash, or has it
+  once `dataset.header` is put in front (the upstream copy without that
+  line); False if neither."""
+  if _matches(source, dataset):
+    _install(source, target)
+    return True
+  if dataset.header:
+    with tempfile.TemporaryDirectory() as tmp:
+      joined = Path(tmp) / dataset.filename
+      joined.write_bytes(dataset.header.encode() + source.read_bytes())
+      if _matches(joined, dataset):
+        _install(joined, target)
+        return True
+  return False
 
 
 def _download(url: str, target: Path) -> Path:
@@ -346,13 +376,12 @@ def path(name: str, *, download: bool = True) -> Path:
     )
   for candidate in (m / p for m in mirrors() for p in dataset.mirror_paths):
     if candidate.is_file():
-      if not _matches(candidate, dataset):
+      if not _install_checked(candidate, dataset, target):
         raise LeakjaxError(
           f'mirror file {candidate} does not have the pinned hash of data'
           f' set {name!r} ({dataset.pin[:20]}…)',
           'fix the mirror or drop it from $LEAKJAX_DATA_MIRROR',
         )
-      _install(candidate, target)
       return target
   reason = f'{name} has no URL' if not dataset.url else 'not downloaded'
   if dataset.url and download:
@@ -415,16 +444,8 @@ def add(name: str, source: str | os.PathLike) -> Path:
   if not source.is_file():
     raise LeakjaxError(f'{source} is not a file', 'check the path')
   target = cached_path(name)
-  if _matches(source, dataset):
-    _install(source, target)
+  if _install_checked(source, dataset, target):
     return target
-  if dataset.header:
-    with tempfile.TemporaryDirectory() as tmp:
-      joined = Path(tmp) / dataset.filename
-      joined.write_bytes(dataset.header.encode() + source.read_bytes())
-      if _matches(joined, dataset):
-        _install(joined, target)
-        return target
   raise LeakjaxError(
     f'{source} does not have the pinned hash of data set {name!r}'
     f' ({dataset.pin})',

