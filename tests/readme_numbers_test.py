@@ -1658,3 +1658,18 @@ def test_exact_inversion_tables():
     ]
     for key, cell in zip(keys, cells, strict=True):
       assert _shown(quick[key], cell), (key, cell)
+
+
+def test_exact_inversion_proposal_ranks():
+  text = (ROOT / 'reports' / 'inversion_exact' / 'README.md').read_text()
+  ranks = summary('inversion_exact/proposals')
+  rows = _table_rows(text, '| corpus | layer | ridge |')
+  assert len(rows) == 6
+  names = ('ridge', 'ridge_context', 'prior', 'order')
+  for corpus, layer, *cells in rows:
+    for ranking, cell in zip(names, cells, strict=True):
+      at = f'data={corpus},layer={layer},ranking={ranking}'
+      top1, top128, mean = cell.split(' / ')
+      assert _shown(ranks[f'top1@{at}'], top1), (at, cell)
+      assert _shown(ranks[f'top128@{at}'], top128), (at, cell)
+      assert _shown(ranks[f'mean_rank@{at}'], mean), (at, cell)

@@ -1,0 +1,133 @@
+"""How far down each proposal ranking puts the true token, given the prefix.
+
+The exact search (:mod:`leakjax.attacks.inversion.exact`) checks candidates
+in proposal order; its cost is the rank of the true token. On the dev split
+of `experiments/configs/inversion_exact.flags` (texts the test numbers are
+not reported on), for every scored position of every text, with the true
+prefix given, the rank of the true token under
+
+* `ridge`: the library's ridge inverse `H^l_t -> H^0_t`, then HEI's cosine;
+* `ridge_context`: the same fitted on `[H^l_t, H^l_{t+1}, H^l_{t-1}]`
+  (the next position attends to token t: a contextual linear inverse);
+* `prior`: the LM's next-token log-probability given the prefix;
+* `order`: the library's order (:func:`exact._order`: the ridge's best
+  four, the prior's best four, then the two rankings interleaved).
+
+The texts, layers and attacker's texts are the experiment's (its flags;
+`--layers` picks the layers). Writes
+`reports/inversion_exact/proposals/summary.json` with
+`METRIC@data=C,layer=L,ranking=R` for METRIC in `top1` (rank 0), `top128`
+(rank < 128), `mean_rank`, `max_rank`, and `num_tokens@data=C,layer=L`.
+
+  python -m studies.inversion_exact.proposals --layers=10,25
+"""
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from experiments import inversion_exact
+from leakjax import io, models
+from leakjax.attacks.inversion import embed_parrot, exact, exact_runner
+
+REPORT = Path(__file__).resolve().parents[2] / 'reports' / 'inversion_exact'
+RANKINGS = ('ridge', 'ridge_context', 'prior', 'order')
+
+
+def shifted(states: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
+  """`states[:, t + k]` at t (zeros outside the text)."""
+  x = states * mask[..., None]
+  out = np.zeros_like(x)
+  if k > 0:
+    out[:, :-k] = x[:, k:]
+  else:
+    out[:, -k:] = x[:, :k]
+  return out
+
+
+def context(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  return np.concatenate(
+    [states, shifted(states, mask, 1), shifted(states, mask, -1)], -1
+  )
+
+
+def fit(features: np.ndarray, target: np.ndarray, mask: np.ndarray):
+  """The library's ridge fit (:func:`embed_parrot.ridge_solution`)."""
+  stats = embed_parrot.feature_stats(features, mask)
+  kernel, bias = embed_parrot.ridge_solution(features, target, mask, stats)
+  return lambda x: (
+    ((x - stats['input_shift']) / stats['input_scale']) @ (kernel) + bias
+  )
+
+
+def rank_of(scores: np.ndarray, token: int) -> int:
+  return int(np.sum(scores > scores[token]))
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  cfg = inversion_exact.config_from_flags()
+  model, params = models.load_model(cfg.model, seed=cfg.seed)
+  drawn = exact_runner.draw_texts(
+    cfg, model.tokenizer, exact_runner.load_corpora(cfg)
+  )
+  attacks = exact_runner._Attacks(cfg, model, params, drawn)
+  embeddings = np.asarray(attacks.embeddings, np.float32)
+  unit = embeddings / np.linalg.norm(embeddings, axis=-1, keepdims=True)
+  order_config = exact.ExactConfig()
+  attacker = drawn.attacker
+  out: dict[str, float] = {}
+  for layer in cfg.layers:
+    hidden, h0 = attacks.layer_states(attacker.ids, attacker.mask, (layer, '0'))
+    inverses = {
+      'ridge': fit(hidden, h0, attacker.mask),
+      'ridge_context': fit(context(hidden, attacker.mask), h0, attacker.mask),
+    }
+    for name, data in drawn.splits['dev'].items():
+      (states,) = attacks.layer_states(data.ids, data.mask, (layer,))
+      guesses = {
+        'ridge': inverses['ridge'](states),
+        'ridge_context': inverses['ridge_context'](context(states, data.mask)),
+      }
+      logits = np.asarray(model.logits(params, jnp.asarray(data.ids)))
+      ranks = {r: [] for r in RANKINGS}
+      for i in range(len(data.ids)):
+        for t in np.flatnonzero(data.score_mask[i]):
+          token = int(data.ids[i, t])
+          cos = {
+            k: unit @ (g[i, t] / np.linalg.norm(g[i, t]))
+            for k, g in guesses.items()
+          }
+          prior = logits[i, t - 1]
+          ranks['ridge'].append(rank_of(cos['ridge'], token))
+          ranks['ridge_context'].append(rank_of(cos['ridge_context'], token))
+          ranks['prior'].append(rank_of(prior, token))
+          order = exact._order(cos['ridge'], prior, order_config)
+          ranks['order'].append(int(np.flatnonzero(order == token)[0]))
+      for ranking, got in ranks.items():
+        got = np.asarray(got)
+        at = dict(data=name, layer=layer, ranking=ranking)
+        out[io.summary_key('top1', **at)] = float(np.mean(got == 0))
+        out[io.summary_key('top128', **at)] = float(np.mean(got < 128))
+        out[io.summary_key('mean_rank', **at)] = float(got.mean())
+        out[io.summary_key('max_rank', **at)] = int(got.max())
+      out[io.summary_key('num_tokens', data=name, layer=layer)] = len(got)
+      print(
+        name, layer, {k: round(float(np.mean(v)), 1) for k, v in ranks.items()}
+      )
+  path = Path(f.out)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(out, indent=2, sort_keys=True) + '\n')
+  print(f'Wrote {path} ({len(out)} keys)')
+
+
+if __name__ == '__main__':
+  inversion_exact.define_flags()
+  flags.DEFINE_string(
+    'out', str(REPORT / 'proposals' / 'summary.json'), 'Output JSON.'
+  )
+  app.run(main)
