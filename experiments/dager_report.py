@@ -10,12 +10,16 @@ span tests need fewer input positions than d).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from leakjax import io
 from leakjax.attacks.dager import runner
 
 METRICS = ('rouge1', 'rouge2', 'rougeL', 'exact', 'exact_prefix')
+# One marker per plotted series, so series that coincide stay apart.
+MARKERS = 'osD^vP<X>p'
 
 
 def _key_params(cfg, b, defense, attack):
@@ -98,30 +102,63 @@ def summarize(cfg: runner.DagerConfig, rows: list[dict], extra: dict):
 
 def data_name(cfg) -> str:
   """The corpus as a title names it: a named data set or hub id as given,
-  a local file by its name."""
+  a local file by its name, no data (the runner's embedded sentences) as
+  the quickstart corpus."""
   data = str(cfg.data or '')
+  if not data:
+    return 'quickstart corpus'
   if '/' in data and not data.startswith('hub:'):
     data = data.rstrip('/').rsplit('/', 1)[-1]
   return data
 
 
+def log_ticks(lo: float, hi: float) -> list[float]:
+  """The 1-2-5 values (1, 2, 5 times powers of ten) from lo to hi, at least
+  two: with fewer inside, the nearest ones outside are added, so a narrow
+  range (one batch size) still gets labelled ticks and never matplotlib's
+  crowded linear fallback."""
+  steps = sorted(
+    m * 10.0**e
+    for e in range(
+      math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 2
+    )
+    for m in (1, 2, 5)
+  )
+  inside = [v for v in steps if lo <= v <= hi]
+  if len(inside) >= 2:
+    return inside
+  return (
+    [max(v for v in steps if v < lo)]
+    + inside
+    + [min(v for v in steps if v > hi)]
+  )
+
+
 def plot(cfg, rows: list[dict], extra: dict):
   """ROUGE-L (left) and exact match (right) against the input tokens per
-  batch, one line per (attack, defense), each shifted a little along x so
-  equal values stay visible; bars span the batches' range; the batch sizes
-  b label the top axis at their mean token counts; the rank limit d is
-  drawn where the run knows it. DAGER's own results (Petrov et al. 2024)
-  are for other models and corpora, so no paper values are drawn."""
+  batch, one line and marker per (attack, defense), each shifted a little
+  along x so equal values stay visible (where all series are equal at a b
+  the value is written beside them); bars span the batches' range; the
+  batch sizes b label the top axis at their mean token counts; the rank
+  limit d is drawn where the run knows it; the title names the run's model
+  and corpus. DAGER's own results (Petrov et al. 2024) are for other
+  models and corpora, so no paper values are drawn."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
-  series = sorted({(r['attack'], r['defense']) for r in rows})
+  # No defense first within each attack; it is named so beside defenses.
+  series = sorted(
+    {(r['attack'], r['defense']) for r in rows},
+    key=lambda s: (s[0], s[1] != 'none', s[1]),
+  )
+  defended = any(d != 'none' for _, d in series)
   panels = (('rougeL', 'full-batch ROUGE-L'), ('exact', 'exact match'))
   fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6), sharex=True, sharey=True)
   tokens = {}  # b -> mean input tokens per batch
+  means = {}  # (panel, b) -> every series' mean there
   for i, (attack, defense) in enumerate(series):
     rs = [r for r in rows if (r['attack'], r['defense']) == (attack, defense)]
     bs = sorted({r['b'] for r in rs})
@@ -129,32 +166,54 @@ def plot(cfg, rows: list[dict], extra: dict):
       float(np.mean([r['num_tokens'] for r in rs if r['b'] == b])) for b in bs
     ]
     tokens.update(zip(bs, x, strict=True))
-    # Series share x: a small shift each keeps equal values apart.
+    # Series share x: a small shift and a marker each keep equal values
+    # apart.
     x = [xi * 1.03 ** (i - (len(series) - 1) / 2) for xi in x]
-    name = attack if defense == 'none' else f'{attack}, {defense}'
-    for ax, (metric, _) in zip(axes, panels, strict=True):
+    name = (
+      f'{attack}, {"no defense" if defense == "none" else defense}'
+      if defended
+      else attack
+    )
+    for j, (ax, (metric, _)) in enumerate(zip(axes, panels, strict=True)):
       vals = [[r[metric] for r in rs if r['b'] == b] for b in bs]
       y = np.array([np.mean(v) for v in vals])
+      for b, m in zip(bs, y, strict=True):
+        means.setdefault((j, b), []).append(float(m))
       err = [y - [min(v) for v in vals], [max(v) for v in vals] - y]
       ax.errorbar(
         x,
         y,
         err,
-        fmt='o-' if i < 10 else 's--',
+        fmt=MARKERS[i % len(MARKERS)] + ('-' if i < 10 else '--'),
         color=f'C{i % 10}',
         markersize=4,
         capsize=2,
         clip_on=False,
         label=name,
       )
+  # Several series equal at a b lie on one another: the value is written
+  # beside them.
+  for (j, b), ms in means.items():
+    if len(ms) > 1 and len(set(ms)) == 1:
+      axes[j].annotate(
+        f'all {ms[0]:.2f}',
+        (tokens[b], ms[0]),
+        xytext=(0, 8 if ms[0] < 0.5 else -8),
+        textcoords='offset points',
+        ha='center',
+        va='bottom' if ms[0] < 0.5 else 'top',
+        fontsize=7,
+      )
   d = extra.get('hidden_size')
   xs = list(tokens.values()) + ([d] if d else [])
+  lo, hi = min(xs) / 1.3, max(xs) * 1.3
+  ticks = log_ticks(lo, hi)
   for ax, (_, title) in zip(axes, panels, strict=True):
     if d:
       ax.axvline(d, color='grey', ls=':', label=f'rank limit d = {d}')
     ax.set_xscale('log')
-    ax.set_xlim(min(xs) / 1.6, max(xs) * 1.6)
-    ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.set_xlim(min(lo, ticks[0]), max(hi, ticks[-1]))
+    ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
     ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))
     ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xlabel('input tokens per batch')

@@ -248,7 +248,7 @@ def summarize(
         f'- b={r["b"]}: original: *{orig}*  \n  recovered:'
         f' **{r["recovered"][0]}** (ROUGE-L {r["rougeL"]:.2f})\n'
       )
-  figures.append(_plot(rows))
+  figures.append(_plot(rows, cfg))
   md += '\n![ROUGE and NERR vs batch size](film_vs_batch_size.png)\n'
   return summary, md, figures
 
@@ -367,12 +367,53 @@ def _multi_sentence_table(rows: list[dict], summary: dict) -> str:
   )
 
 
-def _plot(rows):
-  """ROUGE/NERR against b, mean ± std; one panel per defense."""
+def data_name(cfg) -> str:
+  """The corpus as a title names it: a named data set or hub id as given,
+  a local file by its name, no data (the runner's embedded sentences) as
+  the quickstart corpus."""
+  data = str(getattr(cfg, 'data', None) or '')
+  if not data:
+    return 'quickstart corpus'
+  if '/' in data and not data.startswith('hub:'):
+    data = data.rstrip('/').rsplit('/', 1)[-1]
+  return data
+
+
+def paper_points(bs) -> dict[int, tuple[float, ...]]:
+  """The paper's Enron means (FILM Table 10; b = 4: Table 9) at the batch
+  sizes from the smallest to the largest of `bs`: the paper is drawn over
+  the run's range only."""
+  paper = {**PAPER_TABLE10_ENRON, **PAPER_TABLE9_ENRON}
+  if not bs:
+    return {}
+  return {b: paper[b] for b in sorted(paper) if min(bs) <= b <= max(bs)}
+
+
+# (field, label, marker): one marker per metric, so metrics that coincide
+# stay apart.
+_PLOT_METRICS = (
+  ('rouge1', 'ROUGE-1', 'o'),
+  ('rouge2', 'ROUGE-2', 's'),
+  ('rougeL', 'ROUGE-L', '^'),
+  ('nerr', 'NERR', 'D'),
+)
+
+
+def _plot(rows, cfg=None):
+  """ROUGE/NERR against b, mean ± std over batches; one panel per defense.
+
+  Each metric has its colour and marker, its points shifted a little along
+  b so equal values stay side by side; where all metrics are equal at a b
+  the value is written beside them. The undefended panel draws the
+  paper's Enron means (FILM Table 10, b = 4 from Table 9; GPT-2) with
+  hollow markers and dotted lines, over the run's batch sizes only. The
+  title names the run's model and corpus.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
 
   # No defense first, then the defenses in the order the rows give them.
   defenses = sorted(
@@ -382,65 +423,130 @@ def _plot(rows):
   fig, axes = plt.subplots(
     1,
     len(defenses),
-    figsize=(5 * len(defenses), 3.5),
+    figsize=(4.2 * len(defenses) + 1.8, 3.6),
     sharex=True,
     sharey=True,
     squeeze=False,
   )
-  metrics = (
-    ('rouge1', 'ROUGE-1'),
-    ('rouge2', 'ROUGE-2'),
-    ('rougeL', 'ROUGE-L'),
-    ('nerr', 'NERR'),
-  )
-  paper_b = sorted(PAPER_TABLE10_ENRON)
+  ends = [0.0, 1.0]  # every bar end, to fit the y axis to them
+  ticks = set()
+  drew_paper = False
   for ax, defense in zip(axes[0], defenses):
     rs = [r for r in rows if r.get('defense', 'none') == defense]
     bs_ = sorted({r['b'] for r in rs})
-    for i, (f, label) in enumerate(metrics):
+    ticks.update(bs_)
+    paper = paper_points(bs_) if defense == 'none' else {}
+    ticks.update(paper)
+    drew_paper |= bool(paper)
+    means = {}
+    for i, (f, _, marker) in enumerate(_PLOT_METRICS):
       stats = [_mean_std([r for r in rs if r['b'] == b], f) for b in bs_]
-      # Bars: ± one standard deviation over the attacked batches; the
-      # metrics sit side by side (x shifted by a few percent) so that the
-      # bars do not overlap.
-      shift = 2 ** (0.04 * (i - (len(metrics) - 1) / 2))
+      shift = 2 ** (0.08 * (i - (len(_PLOT_METRICS) - 1) / 2))
       ax.errorbar(
         [b * shift for b in bs_],
         [m for m, _ in stats],
         yerr=[sd for _, sd in stats],
-        marker='o',
-        markersize=4,
+        fmt=marker + '-',
+        color=f'C{i}',
+        markersize=4.5,
         capsize=2,
-        label=label,
+        clip_on=False,
       )
-    if defense == 'none':
-      ax.plot(
-        paper_b,
-        [PAPER_TABLE10_ENRON[b][2] for b in paper_b],
-        'k--',
-        label='ROUGE-L (paper, Enron)',
-      )
+      for b, (m, sd) in zip(bs_, stats, strict=True):
+        means.setdefault(b, []).append(m)
+        if not math.isnan(m):
+          ends.extend((m - sd, m + sd))
+      if paper:
+        ax.plot(
+          [b * shift for b in paper],
+          [v[i] for v in paper.values()],
+          marker + ':',
+          color=f'C{i}',
+          markerfacecolor='white',
+          markersize=4.5,
+          clip_on=False,
+        )
+    for b, ms in means.items():
+      if len(set(ms)) == 1 and not math.isnan(ms[0]):
+        ax.annotate(
+          f'all {ms[0]:.2f}',
+          (b, ms[0]),
+          xytext=(0, -11),
+          textcoords='offset points',
+          ha='center',
+          va='top',
+          fontsize=7,
+        )
     ax.set_xscale('log', base=2)
     ax.set_xlabel('batch size b')
-    ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     if len(defenses) > 1:
       ax.set_title(f'defense: {defense}', fontsize=9)
-  axes[0][0].set_ylabel('score (mean ± std over batches)')
-  legend = {}
+  ticks = sorted(ticks)
   for ax in axes[0]:
-    for handle, label in zip(*ax.get_legend_handles_labels()):
-      legend.setdefault(label, handle)
-  handles, labels = list(legend.values()), list(legend)
-  fig.legend(
-    handles,
-    labels,
-    fontsize=7,
-    loc='lower center',
-    ncol=len(labels),
-    bbox_to_anchor=(0.5, -0.02),
+    ax.set_xticks(ticks, [str(b) for b in ticks])
+    ax.minorticks_off()
+    ax.set_xlim(ticks[0] / 1.5, ticks[-1] * 1.5)
+  axes[0][0].set_ylim(min(ends) - 0.05, max(ends) + 0.05)
+  axes[0][0].set_ylabel('score (mean ± std over batches)')
+  handles = [
+    Line2D([], [], color=f'C{i}', marker=marker, label=label)
+    for i, (_, label, marker) in enumerate(_PLOT_METRICS)
+  ]
+  handles.append(
+    Line2D([], [], color='k', marker='o', label='this run (filled, solid)')
   )
-  fig.tight_layout(rect=(0, 0.08, 1, 1))
+  if drew_paper:
+    handles.append(
+      Line2D(
+        [],
+        [],
+        color='k',
+        ls=':',
+        marker='o',
+        markerfacecolor='white',
+        label='paper: Enron, GPT-2\n(FILM Table 10;\nb = 4: Table 9)',
+      )
+    )
+  fig.legend(
+    handles=handles, loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=8
+  )
+  if cfg is not None:
+    fig.suptitle(
+      f'FILM on {getattr(cfg, "model", "?")}, {data_name(cfg)}', fontsize=10
+    )
+  fig.tight_layout()
   return fig, 'film_vs_batch_size.png'
+
+
+def rerender_plot(workdir) -> str:
+  """Re-draws film_vs_batch_size.png of a finished attack run from its
+  config.json and results.jsonl (a committed report folder); summary.md
+  and summary.json stay."""
+  import io as _io  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  from pathlib import Path  # pylint: disable=g-import-not-at-top
+
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  workdir = Path(workdir)
+  stored = json.loads((workdir / 'config.json').read_text())
+  if stored.get('mode', 'attack') != 'attack':
+    raise ValueError(f'{workdir}: a {stored["mode"]} run draws no plot')
+  # The plot reads the model and data names only.
+  cfg = types.SimpleNamespace(model=stored['model'], data=stored.get('data'))
+  rows = [
+    json.loads(line)
+    for line in (workdir / 'results.jsonl').read_text().splitlines()
+    if line.strip()
+  ]
+  fig, name = _plot(rows, cfg)
+  buf = _io.BytesIO()
+  fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
+  plt.close(fig)
+  io.atomic_write_bytes(workdir / name, buf.getvalue())
+  return str(workdir / name)
 
 
 def write(writer: io.ExperimentWriter, cfg, film_run: runner.FilmRun):
@@ -540,3 +646,11 @@ def utility_markdown(cfg, rows: list[dict], extra: dict) -> str:
       table,
     )
   )
+
+
+if __name__ == '__main__':
+  import sys  # pylint: disable=g-import-not-at-top
+
+  if len(sys.argv) != 2:
+    sys.exit('usage: python -m experiments.film_report WORKDIR')
+  print(rerender_plot(sys.argv[1]))

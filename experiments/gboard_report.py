@@ -4,7 +4,8 @@
 summary.json (means over datasets, keyed
 `metric@B=..,E=..,n_k=..,noise=..,sigma=..[,scale=..]`), summary.md (the
 word-recovery, scaling and local-DP tables of Suliman & Leith, Figs. 2-7,
-and example reconstructions) and the figures fig2-fig7.
+and example reconstructions) and the figures fig2-fig7
+(:mod:`experiments.gboard_plots`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 
 from leakjax import io
-from leakjax.attacks import gboard
-from leakjax.attacks.gboard import GboardConfig, GboardRun, thresholds
+from leakjax.attacks.gboard import GboardConfig, GboardRun
 
 
 def write_report(run: GboardRun, cfg: GboardConfig) -> dict[str, float]:
@@ -111,15 +110,15 @@ def summarize(results, pre_info, cfg: GboardConfig) -> dict[str, float]:
   return summary
 
 
-def _is_alias(b: str, n_k: int) -> bool:
+def is_alias(b: str, n_k: int) -> bool:
   """B >= n_k: the full-batch run, listed once in the tables."""
   return b != 'full' and int(b) >= n_k
 
 
-def _scaling_levenshtein(summary, cfg, n_k) -> list:
+def scaling_levenshtein(summary, cfg, n_k) -> list:
   """Noise-free FedSGD Levenshtein at n_k for each scale of Sec. 4.3.2."""
   return [
-    _get(
+    get_metric(
       summary,
       'levenshtein',
       B='full',
@@ -133,7 +132,9 @@ def _scaling_levenshtein(summary, cfg, n_k) -> list:
   ]
 
 
-def _get(summary, metric, **params):
+def get_metric(summary, metric, **params):
+  """The summary's value of `metric` at `params`; NaN where the run has
+  none."""
   return summary.get(io.summary_key(metric, **params), math.nan)
 
 
@@ -164,33 +165,33 @@ def render_markdown(
   for b in cfg.batch_sizes:
     for e in cfg.epochs:
       for n_k in cfg.num_sentences:
-        if _is_alias(b, n_k):
+        if is_alias(b, n_k):
           continue
         p = dict(B=b, E=e, n_k=n_k, noise='none', sigma=0.0)
-        f1 = _get(summary, 'f1', **p)
+        f1 = get_metric(summary, 'f1', **p)
         if math.isnan(f1):
           continue
-        up = _get(summary, 'f1_upper', **p)
+        up = get_metric(summary, 'f1_upper', **p)
         rows.append(
           [
             b,
             e,
             n_k,
-            _get(summary, 'zero_f1', **p),
-            _get(summary, 'fdr_f1', **p),
-            _get(summary, 'rescue_f1', **p),
-            _get(summary, 'num_convex', **p),
+            get_metric(summary, 'zero_f1', **p),
+            get_metric(summary, 'fdr_f1', **p),
+            get_metric(summary, 'rescue_f1', **p),
+            get_metric(summary, 'num_convex', **p),
             f1,
-            _get(summary, 'oracle_f1', **p),
+            get_metric(summary, 'oracle_f1', **p),
             up,
             f1 / up,
-            _get(summary, 'recon_f1', **p),
-            _get(summary, 'levenshtein_cover', **p),
-            _get(summary, 'levenshtein_words', **p),
-            _get(summary, 'levenshtein_gap', **p),
-            _get(summary, 'levenshtein_topn', **p),
-            _get(summary, 'levenshtein_recall', **p),
-            _get(summary, 'num_kept', **p),
+            get_metric(summary, 'recon_f1', **p),
+            get_metric(summary, 'levenshtein_cover', **p),
+            get_metric(summary, 'levenshtein_words', **p),
+            get_metric(summary, 'levenshtein_gap', **p),
+            get_metric(summary, 'levenshtein_topn', **p),
+            get_metric(summary, 'levenshtein_recall', **p),
+            get_metric(summary, 'num_kept', **p),
           ]
         )
   lines += [
@@ -237,7 +238,7 @@ def render_markdown(
   # Scaling.
   rows = []
   for n_k in cfg.num_sentences:
-    vals = _scaling_levenshtein(summary, cfg, n_k)
+    vals = scaling_levenshtein(summary, cfg, n_k)
     rows.append([n_k] + vals)
   lines += [
     '## FedSGD with scaling θ1 + s(θ1 − θ0) (Sec. 4.3.2, Fig. 4)',
@@ -255,10 +256,10 @@ def render_markdown(
         for n_k in cfg.num_sentences:
           for s in sigmas:
             p = dict(B=b, E=e, n_k=n_k, noise=noise, sigma=s)
-            f1 = _get(summary, 'f1', **p)
-            if math.isnan(f1) or _is_alias(b, n_k):
+            f1 = get_metric(summary, 'f1', **p)
+            if math.isnan(f1) or is_alias(b, n_k):
               continue
-            up = _get(summary, 'f1_upper', **p)
+            up = get_metric(summary, 'f1_upper', **p)
             rows.append(
               [
                 noise,
@@ -266,13 +267,13 @@ def render_markdown(
                 b,
                 e,
                 n_k,
-                _get(summary, 'zero_f1', **p),
-                _get(summary, 'fdr_f1', **p),
-                _get(summary, 'stouffer_f1', **p),
+                get_metric(summary, 'zero_f1', **p),
+                get_metric(summary, 'fdr_f1', **p),
+                get_metric(summary, 'stouffer_f1', **p),
                 f1,
-                _get(summary, 'oracle_f1', **p),
+                get_metric(summary, 'oracle_f1', **p),
                 f1 / up,
-                _get(summary, 'levenshtein', **p),
+                get_metric(summary, 'levenshtein', **p),
               ]
             )
   lines += [
@@ -294,7 +295,10 @@ def render_markdown(
   ]
   lines += _spread_markdown(cfg, res)
   lines += ['', *paper_claims_markdown(summary)]
-  plots = make_plots(cfg, summary, writer, res, model, datasets)
+  # Imported here: the plots module reads this one's summary helpers.
+  from experiments import gboard_plots  # pylint: disable=g-import-not-at-top
+
+  plots = gboard_plots.make_plots(cfg, summary, writer, res, model, datasets)
   lines += ['## Plots', ''] + [f'![{p}]({p})' for p in plots]
   # Examples.
   ex = [
@@ -498,419 +502,11 @@ def paper_claims_markdown(summary) -> list[str]:
   ]
 
 
-def make_plots(cfg, summary, writer, res, model, datasets):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  names = []
-  colors = {
-    n: plt.cm.viridis(i / max(len(cfg.num_sentences) - 1, 1))
-    for i, n in enumerate(cfg.num_sentences)
-  }
-  fig = _word_recovery_figure(cfg, summary, res, colors)
-  names.append(writer.save_figure(fig, 'fig2_word_recovery.png'))
-  plt.close(fig)
-  # Fig. 3: Levenshtein vs reconstruction F1 per E.
-  fig = _reconstruction_figure(cfg, res, colors)
-  names.append(writer.save_figure(fig, 'fig3_sentence_reconstruction.png'))
-  plt.close(fig)
-  # Fig. 4: FedSGD scaling.
-  fig, ax = plt.subplots(figsize=(5, 3.6))
-  for n_k in cfg.num_sentences:
-    vals = _scaling_levenshtein(summary, cfg, n_k)
-    ax.plot(
-      [max(s, 0.1) for s in cfg.scales],
-      vals,
-      'o-',
-      color=colors[n_k],
-      label=f'n_k={n_k}',
-    )
-  ax.set_xscale('log')
-  ax.set_xlabel('scale s (0 plotted at 0.1)')
-  ax.set_ylabel('mean Levenshtein ratio')
-  ax.set_title('FedSGD reconstruction with scaling')
-  ax.legend(fontsize=7)
-  names.append(writer.save_figure(fig, 'fig4_fedsgd_scaling.png'))
-  plt.close(fig)
-  # Fig. 5: DPSGD-like: Alg. 2 vs rule, and sorted magnitudes.
-  dp = [r for r in res if r['noise'] == 'dpsgd']
-  if dp:
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
-    for col, metric, title in (
-      (0, 'zero_f1', '(a) Algorithm 2 (cut 0)'),
-      (2, 'f1', '(c) no-oracle threshold'),
-    ):
-      ax = axes[col]
-      for b, n_k in sorted({(r['B'], r['n_k']) for r in dp}):
-        for e in sorted({r['E'] for r in dp}):
-          xs = [
-            s
-            for s in cfg.dpsgd_sigmas
-            if not math.isnan(
-              _get(summary, metric, B=b, E=e, n_k=n_k, noise='dpsgd', sigma=s)
-            )
-          ]
-          if xs:
-            ax.plot(
-              xs,
-              [
-                _get(summary, metric, B=b, E=e, n_k=n_k, noise='dpsgd', sigma=s)
-                for s in xs
-              ],
-              'o-',
-              label=f'B={b} n_k={n_k} E={e}',
-            )
-      ax.set_xscale('log')
-      ax.set_ylim(0, 1.02)
-      ax.set_xlabel('σ (DPSGD-like)')
-      ax.set_ylabel('word F1')
-      ax.set_title(title)
-      ax.legend(fontsize=6)
-    _magnitude_plot(axes[1], cfg, model, datasets, writer.workdir)
-    names.append(writer.save_figure(fig, 'fig5_dpsgd_threshold.png'))
-    plt.close(fig)
-  # Fig. 6 and 7: both local DP methods against σ, one panel per method
-  # and E, one line per (B, n_k).
-  names.append(
-    writer.save_figure(
-      _local_dp_figure(cfg, summary, res, 'f1', 'word F1 (no oracle)', colors),
-      'fig6_local_dp_words.png',
-    )
-  )
-  names.append(
-    writer.save_figure(
-      _local_dp_figure(
-        cfg,
-        summary,
-        [r for r in res if r['E'] > 1],
-        'levenshtein',
-        'mean Levenshtein ratio',
-        colors,
-      ),
-      'fig7_local_dp_sentences.png',
-    )
-  )
-  plt.close('all')
-  return names
-
-
-def _word_recovery_figure(cfg, summary, res, colors):
-  """Fig. 2 (Sec. 4.3.1): noise-free word F1 against E, one column per B.
-
-  Top row: the rule's F1 (solid) and its vocabulary bound (dashed: the F1
-  of returning exactly the true in-vocabulary words), on an axis fitted to
-  the data. Bottom row: their ratio. With several datasets per setting the
-  bars span ±1 standard deviation over them. The paper's text gives no
-  values for Fig. 2, only that F1 is high and constant over E, B and n_k;
-  the caption quotes that.
-  """
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
-
-  def runs(b, e, n_k):
-    # A full-batch run with n_k <= B is the B run too (summarize).
-    return [
-      r
-      for r in res
-      if r['noise'] == 'none'
-      and not r.get('scale')
-      and r['E'] == e
-      and r['n_k'] == n_k
-      and (r['B'] == b or (r['B'] == 'full' and _is_alias(b, n_k)))
-      and r.get('f1_upper')
-    ]
-
-  fig, axes = plt.subplots(
-    2,
-    len(cfg.batch_sizes),
-    figsize=(4.2 * len(cfg.batch_sizes) + 1.6, 5.6),
-    squeeze=False,
-    sharex=True,
-    sharey='row',
-  )
-  # Every bar end and bound per row, to fit the axes to them.
-  lows = {0: [], 1: []}
-  for col, b in enumerate(cfg.batch_sizes):
-    for i, n_k in enumerate(cfg.num_sentences):
-      p = dict(B=b, n_k=n_k, noise='none', sigma=0.0)
-      es = [
-        e for e in cfg.epochs if not math.isnan(_get(summary, 'f1', E=e, **p))
-      ]
-      if not es:
-        continue
-      # Colours share x: a small shift per n_k keeps the bars apart.
-      xs = [e * 1.08 ** (i - (len(cfg.num_sentences) - 1) / 2) for e in es]
-      f1 = [_get(summary, 'f1', E=e, **p) for e in es]
-      up = [_get(summary, 'f1_upper', E=e, **p) for e in es]
-      ratio = [f / u for f, u in zip(f1, up, strict=True)]
-      spread = [
-        (
-          np.std([r['f1'] for r in runs(b, e, n_k)], ddof=1),
-          np.std([r['f1'] / r['f1_upper'] for r in runs(b, e, n_k)], ddof=1),
-        )
-        if len(runs(b, e, n_k)) > 1
-        else (0.0, 0.0)
-        for e in es
-      ]
-      kw = dict(color=colors[n_k], markersize=4, capsize=2, clip_on=False)
-      axes[0][col].errorbar(xs, f1, [s[0] for s in spread], fmt='o-', **kw)
-      axes[0][col].plot(xs, up, '--', color=colors[n_k], alpha=0.7)
-      axes[1][col].errorbar(xs, ratio, [s[1] for s in spread], fmt='o-', **kw)
-      for row, ys in ((0, f1), (1, ratio)):
-        for y, sd in zip(ys, spread, strict=True):
-          lows[row] += [y - sd[row], y + sd[row]]
-      lows[0] += up
-    alias = '' if b == 'full' else f' (n_k ≤ {b}: the full-batch run)'
-    axes[0][col].set_title(f'B={b}{alias}', fontsize=9)
-    axes[1][col].axhline(1.0, color='grey', lw=0.8, ls=':')
-    axes[1][col].set_xlabel('local epochs E (1 = FedSGD)')
-  for row, label in ((0, 'word F1'), (1, 'F1 / vocabulary bound')):
-    low, high = min(lows[row], default=0.0), max(lows[row], default=1.0)
-    axes[row][0].set_ylim(
-      max(0.0, math.floor(low * 100 - 1) / 100), max(high, 1.0) + 0.005
-    )
-    axes[row][0].set_ylabel(label)
-  for ax in axes.flat:
-    ax.set_xscale('log')
-    ax.set_xticks(cfg.epochs, [str(e) for e in cfg.epochs])
-    ax.minorticks_off()
-    ax.grid(alpha=0.3)
-  handles = [
-    Line2D([], [], color=colors[n], marker='o', label=f'n_k={n}')
-    for n in cfg.num_sentences
-  ] + [
-    Line2D([], [], color='k', marker='o', label='rule F1 (no oracle)'),
-    Line2D([], [], color='k', ls='--', label='vocabulary bound'),
-  ]
-  fig.legend(
-    handles=handles, loc='center left', bbox_to_anchor=(1.0, 0.55), fontsize=8
-  )
-  fig.suptitle('Word recovery, no noise (Suliman & Leith Fig. 2)', fontsize=10)
-  fig.text(
-    0.01,
-    -0.02,
-    "Paper (Sec. 4.3.1, Fig. 2): no values in its text; F1 'high' and"
-    ' constant over E, B and n_k, its maximum the vocabulary bound.\n'
-    'Vocabulary bound: F1 of returning exactly the true in-vocabulary'
-    ' words.'
-    + (
-      f' Bars: ±1 sd over {cfg.num_datasets} datasets.'
-      if cfg.num_datasets > 1
-      else ''
-    ),
-    fontsize=7,
-    va='top',
-  )
-  fig.tight_layout()
-  return fig
-
-
-def _reconstruction_figure(cfg, res, colors):
-  """Mean Levenshtein ratio against the reconstruction F1, one panel per E
-  (noise-free runs): colour = n_k, marker = B (o: full batch, s: minibatches)."""
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  es = [e for e in cfg.epochs if e > 1] or list(cfg.epochs)
-  fig, axes = plt.subplots(
-    1, len(es), figsize=(4 * len(es), 3.6), squeeze=False
-  )
-  for ax, e in zip(axes[0], es):
-    for r in res:
-      if (
-        r['E'] == e
-        and r['noise'] == 'none'
-        and r.get('scale', 0) == 0
-        and 'levenshtein' in r
-      ):
-        ax.scatter(
-          r['recon_f1'],
-          r['levenshtein'],
-          color=colors[r['n_k']],
-          marker='o' if r['B'] == 'full' else 's',
-          s=30,
-        )
-    ax.set_xlim(0, 1.02)
-    ax.set_ylim(0, 102)
-    ax.set_xlabel('F1 of reconstructed tokens')
-    ax.set_ylabel('mean Levenshtein ratio')
-    ax.set_title(f'E={e}')
-  for n_k in cfg.num_sentences:
-    axes[0][0].scatter([], [], color=colors[n_k], label=f'n_k={n_k}')
-  for b in cfg.batch_sizes:
-    axes[0][0].scatter(
-      [], [], color='grey', marker='o' if b == 'full' else 's', label=f'B={b}'
-    )
-  axes[0][0].legend(fontsize=7, loc='upper left')
-  fig.tight_layout()
-  return fig
-
-
-def _local_dp_figure(cfg, summary, res, metric, ylabel, colors):
-  """`metric` against σ: rows = the two local DP methods, columns = E.
-
-  Colour = n_k, line style = B (solid: full batch, dashed: minibatches); the
-  legend sits below the panels, off the data.
-  """
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
-
-  methods = [
-    (noise, sigmas)
-    for noise, sigmas in (
-      ('dpsgd', cfg.dpsgd_sigmas),
-      ('single', cfg.single_sigmas),
-    )
-    if sigmas and any(r['noise'] == noise for r in res)
-  ]
-  epochs = sorted({r['E'] for r in res if r['noise'] in dict(methods)})
-  top = 1.02 if metric == 'f1' else 102
-  fig, axes = plt.subplots(
-    max(len(methods), 1),
-    max(len(epochs), 1),
-    figsize=(max(3.2 * len(epochs), 6.0), 2.8 * max(len(methods), 1)),
-    squeeze=False,
-    sharey=True,
-  )
-  batches = set()
-  for row, (noise, sigmas) in enumerate(methods):
-    for col, e in enumerate(epochs):
-      ax = axes[row][col]
-      keys = sorted(
-        {(r['B'], r['n_k']) for r in res if r['noise'] == noise and r['E'] == e}
-      )
-      for b, n_k in keys:
-        batches.add(b)
-        ys = [
-          _get(summary, metric, B=b, E=e, n_k=n_k, noise=noise, sigma=s)
-          for s in sigmas
-        ]
-        ax.plot(
-          sigmas,
-          ys,
-          'o-' if b == 'full' else 's--',
-          color=colors.get(n_k, 'grey'),
-          markersize=3,
-        )
-      ax.set_xscale('log')
-      ax.set_ylim(0, top)
-      ax.set_title(f'{noise}, E={e}', fontsize=8)
-      ax.grid(alpha=0.3)
-      if row == len(methods) - 1:
-        ax.set_xlabel('σ')
-      if col == 0:
-        ax.set_ylabel(ylabel, fontsize=8)
-  handles = [
-    Line2D([], [], color=colors[n], marker='o', label=f'n_k={n}')
-    for n in cfg.num_sentences
-    if n in colors
-  ]
-  handles += [
-    Line2D(
-      [], [], color='grey', ls='-' if b == 'full' else '--', label=f'B={b}'
-    )
-    for b in sorted(batches, key=str)
-  ]
-  fig.legend(
-    handles=handles,
-    loc='lower center',
-    ncol=min(len(handles), 8),
-    fontsize=7,
-    bbox_to_anchor=(0.5, -0.02),
-  )
-  fig.tight_layout(rect=(0, 0.06, 1, 1))
-  return fig
-
-
-def _magnitude_plot(ax, cfg, model, datasets, workdir: Path):
-  """Fig. 5b: sorted positive bias updates, typed vs not, one DPSGD run."""
-  if not cfg.dpsgd_runs or not cfg.dpsgd_sigmas:
-    return
-  n_k, b, _ = max(cfg.dpsgd_runs)
-  ds = next((d for d in datasets if d.n_k == n_k), None)
-  sigma = sorted(cfg.dpsgd_sigmas)[len(cfg.dpsgd_sigmas) // 2]
-  files = sorted(
-    (workdir / 'deltas').glob(f'n{n_k}_d0_B{b}_dpsgd_{sigma:g}_E*.npy'),
-    key=lambda f: int(f.stem.rsplit('_E', 1)[1]),
-  )
-  if ds is None or not files:
-    return
-  e = int(files[-1].stem.rsplit('_E', 1)[1])
-  delta = io.load_npy(files[-1])
-  tok = model.tokenizer
-  cand = np.asarray(
-    gboard.candidate_mask(tok.vocab_size, (tok.unk_id, tok.bos_id))
-  )
-  pos = np.flatnonzero((delta > 0) & cand)
-  order = pos[np.argsort(-delta[pos])]
-  typed = np.array([tok.words[k] in ds.true_words for k in order], bool)
-  x = np.arange(1, len(order) + 1)
-  ax.scatter(
-    x[~typed], delta[order][~typed], s=3, color='tab:red', label='not typed'
-  )
-  ax.scatter(
-    x[typed], delta[order][typed], s=3, color='tab:blue', label='typed'
-  )
-  rule = 'fdr' if cfg.threshold_rule == 'auto' else cfg.threshold_rule
-  thr = float(
-    gboard.choose_threshold(
-      jnp.asarray(delta), rule, q=cfg.fdr_q, candidates=jnp.asarray(cand)
-    )
-  )
-  oracle, _ = thresholds.oracle_threshold(delta, tok.words, ds.true_words, cand)
-  ax.axhline(thr, color='k', label=f'bias cut ({rule})')
-  ax.axhline(oracle, color='k', ls=':', label='oracle')
-  ax.set_xscale('log')
-  ax.set_xlabel('rank of positive b1 - b0')
-  ax.set_ylabel('b1 - b0')
-  ax.set_title(f'(b) DPSGD-like σ={sigma:g}, B={b}, n_k={n_k}, E={e}')
-  ax.legend(fontsize=6)
-
-
-def rerender_plots(workdir: str | Path) -> list[str]:
-  """Re-draws the figures of a finished run from its config.json,
-  summary.json and results.jsonl (a committed report folder); returns the
-  names written. summary.md stays (its header needs the run's model and
-  corpus facts); Fig. 5 needs the run's update files (`deltas/`), so a
-  folder without them keeps its Fig. 5."""
-  import io as _io  # pylint: disable=g-import-not-at-top
-  import json  # pylint: disable=g-import-not-at-top
-  import types  # pylint: disable=g-import-not-at-top
-
-  from leakjax.attacks.gboard import runner  # pylint: disable=g-import-not-at-top
-
-  workdir = Path(workdir)
-  cfg = runner.load_config(workdir)
-  summary = json.loads((workdir / 'summary.json').read_text())
-  res = [
-    r
-    for line in (workdir / 'results.jsonl').read_text().splitlines()
-    if line.strip() and (r := json.loads(line)).get('kind') == 'attack'
-  ]
-  kept = set()
-  if not (workdir / 'deltas').is_dir():
-    kept.add('fig5_dpsgd_threshold.png')
-  written = []
-
-  def save_figure(fig, name):
-    if name not in kept:
-      buf = _io.BytesIO()
-      fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
-      io.atomic_write_bytes(workdir / name, buf.getvalue())
-      written.append(name)
-    return name
-
-  folder = types.SimpleNamespace(workdir=workdir, save_figure=save_figure)
-  make_plots(cfg, summary, folder, res, None, [])
-  return written
-
-
 def main(argv: list[str]) -> None:
   """`python -m experiments.gboard_report W`: the paper-statements table of
   a finished run from `W/summary.json` (e.g. a committed report folder);
   `python -m experiments.gboard_report --plots W`: its figures re-drawn
-  (:func:`rerender_plots`)."""
+  (:func:`experiments.gboard_plots.rerender_plots`)."""
   import json  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
 
@@ -922,7 +518,9 @@ def main(argv: list[str]) -> None:
   if not path.is_file():
     sys.exit(f'leakjax: error: {path} does not exist')
   if plots:
-    print('\n'.join(rerender_plots(argv[0])))
+    from experiments import gboard_plots  # pylint: disable=g-import-not-at-top
+
+    print('\n'.join(gboard_plots.rerender_plots(argv[0])))
     return
   print('\n'.join(paper_claims_markdown(json.loads(path.read_text()))))
 
