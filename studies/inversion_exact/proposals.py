@@ -10,7 +10,7 @@ prefix given, the rank of the true token under
 * `ridge_context`: the same fitted on `[H^l_t, H^l_{t+1}, H^l_{t-1}]`
   (the next position attends to token t: a contextual linear inverse);
 * `prior`: the LM's next-token log-probability given the prefix;
-* `order`: the library's order (:func:`exact._order`: the ridge's best
+* `order`: the library's order (:func:`exact.proposal_order`: the ridge's best
   four, the prior's best four, then the two rankings interleaved).
 
 The texts, layers and attacker's texts are the experiment's (its flags;
@@ -25,13 +25,14 @@ The texts, layers and attacker's texts are the experiment's (its flags;
 import json
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
 from experiments import inversion_exact
 from leakjax import io, models
-from leakjax.attacks.inversion import embed_parrot, exact, exact_runner
+from leakjax.attacks.inversion import bei_hei, embed_parrot, exact, exact_runner
 
 REPORT = Path(__file__).resolve().parents[2] / 'reports' / 'inversion_exact'
 RANKINGS = ('ridge', 'ridge_context', 'prior', 'order')
@@ -63,6 +64,27 @@ def fit(features: np.ndarray, target: np.ndarray, mask: np.ndarray):
   )
 
 
+def states_of(model, params, ids, mask, layers) -> list[np.ndarray]:
+  """`H^layer` of every text, float32 `[N, W, D]` per layer."""
+  fn = jax.jit(bei_hei.layer_states, static_argnames=('model', 'layers'))
+  wanted = tuple(x if x == 'last' else int(x) for x in layers)
+  parts = [
+    np.asarray(
+      fn(
+        model,
+        params,
+        jnp.asarray(ids[s : s + 16]),
+        jnp.asarray(mask[s : s + 16]),
+        wanted,
+      ),
+      np.float32,
+    )
+    for s in range(0, len(ids), 16)
+  ]
+  both = np.concatenate(parts, axis=1)
+  return [both[i] for i in range(len(layers))]
+
+
 def rank_of(scores: np.ndarray, token: int) -> int:
   return int(np.sum(scores > scores[token]))
 
@@ -75,20 +97,21 @@ def main(argv):
   drawn = exact_runner.draw_texts(
     cfg, model.tokenizer, exact_runner.load_corpora(cfg)
   )
-  attacks = exact_runner._Attacks(cfg, model, params, drawn)
-  embeddings = np.asarray(attacks.embeddings, np.float32)
+  embeddings = np.asarray(model.word_embeddings(params), np.float32)
   unit = embeddings / np.linalg.norm(embeddings, axis=-1, keepdims=True)
   order_config = exact.ExactConfig()
   attacker = drawn.attacker
   out: dict[str, float] = {}
   for layer in cfg.layers:
-    hidden, h0 = attacks.layer_states(attacker.ids, attacker.mask, (layer, '0'))
+    hidden, h0 = states_of(
+      model, params, attacker.ids, attacker.mask, (layer, '0')
+    )
     inverses = {
       'ridge': fit(hidden, h0, attacker.mask),
       'ridge_context': fit(context(hidden, attacker.mask), h0, attacker.mask),
     }
     for name, data in drawn.splits['dev'].items():
-      (states,) = attacks.layer_states(data.ids, data.mask, (layer,))
+      (states,) = states_of(model, params, data.ids, data.mask, (layer,))
       guesses = {
         'ridge': inverses['ridge'](states),
         'ridge_context': inverses['ridge_context'](context(states, data.mask)),
@@ -106,7 +129,7 @@ def main(argv):
           ranks['ridge'].append(rank_of(cos['ridge'], token))
           ranks['ridge_context'].append(rank_of(cos['ridge_context'], token))
           ranks['prior'].append(rank_of(prior, token))
-          order = exact._order(cos['ridge'], prior, order_config)
+          order = exact.proposal_order(cos['ridge'], prior, order_config)
           ranks['order'].append(int(np.flatnonzero(order == token)[0]))
       for ranking, got in ranks.items():
         got = np.asarray(got)
@@ -125,9 +148,13 @@ def main(argv):
   print(f'Wrote {path} ({len(out)} keys)')
 
 
-if __name__ == '__main__':
+def define_flags() -> None:
   inversion_exact.define_flags()
   flags.DEFINE_string(
     'out', str(REPORT / 'proposals' / 'summary.json'), 'Output JSON.'
   )
+
+
+if __name__ == '__main__':
+  define_flags()
   app.run(main)

@@ -210,7 +210,9 @@ def proposal_scores(
   return bei_hei.cosine_scores(x, embeddings)
 
 
-def _order(scores: np.ndarray, prior: np.ndarray | None, config) -> np.ndarray:
+def proposal_order(
+  scores: np.ndarray, prior: np.ndarray | None, config
+) -> np.ndarray:
   """Every vocabulary id once, in proposal order (module docstring): the
   learned inverse's best `first_chunk // 2`, the prior's best `prior_top`,
   then the two rankings interleaved (a token's place is set by the better
@@ -373,7 +375,9 @@ def invert_sentence(
         d, t = d[1:], t + 1
       if t == length:
         break
-    order = _order(np.asarray(scores[t]), state['prior'], config)[:limit]
+    order = proposal_order(np.asarray(scores[t]), state['prior'], config)[
+      :limit
+    ]
     offset, best, accepted, tie = 0, [], None, False
     while offset < len(order) and accepted is None:
       size = config.first_chunk if offset == 0 else config.chunk
@@ -463,5 +467,6 @@ __all__ = [
   'invert',
   'invert_sentence',
   'layer_of',
+  'proposal_order',
   'proposal_scores',
 ]
