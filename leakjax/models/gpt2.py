@@ -150,37 +150,6 @@ def _gpt2_block_inputs(config: GPT2Config, params, ids, mask, layer):
   return _layer_norm_fn(stream, ln, config.layer_norm_epsilon)
 
 
-def _gpt2_block_cache(
-  config: GPT2Config, params, batch_size, max_length, layer
-):
-  del params
-  _check_block(config, layer)
-  full = init_cache(config, batch_size, max_length)
-  return KVCache(
-    keys=full.keys[:layer], values=full.values[:layer], index=full.index
-  )
-
-
-def _gpt2_block_decode(config: GPT2Config, params, cache, ids, layer):
-  _check_ids(ids, None, config, 'the decoded chunk')
-  _check_block(config, layer)
-  if len(cache.keys) != layer:
-    raise LeakjaxError(
-      f'this block cache holds {len(cache.keys)} blocks, not {layer}',
-      'make it with init_block_cache(..., layer=layer)',
-    )
-  if layer == 0:  # no block runs: token + position embeddings
-    positions = cache.index[:, None] + jnp.arange(ids.shape[1])[None]
-    x = params['wte']['embedding'][ids] + params['wpe']['embedding'][positions]
-    new = cache.replace(index=cache.index + ids.shape[1])
-  else:
-    x, new = GPT2LMHeadModel(config).apply(
-      {'params': params}, ids, cache, method=GPT2LMHeadModel.decode_stream
-    )
-  ln = params[f'h_{layer}']['ln_1']
-  return _layer_norm_fn(x, ln, config.layer_norm_epsilon), new
-
-
 def _check_stream(config: GPT2Config, layer: int):
   if not 0 <= layer <= config.n_layer:
     raise LeakjaxError(
@@ -216,6 +185,25 @@ def _gpt2_stream_decode(config: GPT2Config, params, cache, ids, layer):
   return GPT2LMHeadModel(config).apply(
     {'params': params}, ids, cache, method=GPT2LMHeadModel.decode_stream
   )
+
+
+def _gpt2_block_cache(
+  config: GPT2Config, params, batch_size, max_length, layer
+):
+  _check_block(config, layer)
+  return _gpt2_stream_cache(config, params, batch_size, max_length, layer)
+
+
+def _gpt2_block_decode(config: GPT2Config, params, cache, ids, layer):
+  _check_block(config, layer)
+  if len(cache.keys) != layer:
+    raise LeakjaxError(
+      f'this block cache holds {len(cache.keys)} blocks, not {layer}',
+      'make it with init_block_cache(..., layer=layer)',
+    )
+  x, new = _gpt2_stream_decode(config, params, cache, ids, layer)
+  ln = params[f'h_{layer}']['ln_1']
+  return _layer_norm_fn(x, ln, config.layer_norm_epsilon), new
 
 
 def _gpt2_first_layer(config: GPT2Config, params) -> FirstLayerInputs:

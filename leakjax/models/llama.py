@@ -127,38 +127,6 @@ def _llama_block_inputs(config: LlamaConfig, dtype, params, ids, mask, layer):
   return _norm(config, stream, scale)
 
 
-def _llama_block_cache(
-  config: LlamaConfig, dtype, params, batch_size, max_length, layer
-):
-  _check_block(config, layer)
-  full = _llama_init_cache(config, dtype, params, batch_size, max_length)
-  return LlamaCache(
-    keys=full.keys[:layer], values=full.values[:layer], index=full.index
-  )
-
-
-def _llama_block_decode(config: LlamaConfig, dtype, params, cache, ids, layer):
-  _check_block(config, layer)
-  if len(cache.keys) != layer:
-    raise LeakjaxError(
-      f'this block cache holds {len(cache.keys)} blocks, not {layer}',
-      'make it with init_block_cache(..., layer=layer)',
-    )
-  if _is_concrete(ids):
-    check_token_ids(ids, config.vocab_size)
-  if layer == 0:  # no block runs: the embeddings, normalised
-    x = Llama(config, dtype=dtype).apply(
-      {'params': params}, ids, method=Llama.embed_ids
-    )
-    new = cache.replace(index=cache.index + ids.shape[1])
-  else:
-    x, new = Llama(config, dtype=dtype).apply(
-      {'params': params}, ids, cache, method=Llama.decode_stream
-    )
-  scale = params[f'layers_{layer}']['attn_norm']['scale']
-  return _norm(config, x, scale), new
-
-
 def _check_stream(config: LlamaConfig, layer: int):
   if not 0 <= layer <= config.num_hidden_layers:
     raise LeakjaxError(
@@ -195,6 +163,27 @@ def _llama_stream_decode(config: LlamaConfig, dtype, params, cache, ids, layer):
   return Llama(config, dtype=dtype).apply(
     {'params': params}, ids, cache, method=Llama.decode_stream
   )
+
+
+def _llama_block_cache(
+  config: LlamaConfig, dtype, params, batch_size, max_length, layer
+):
+  _check_block(config, layer)
+  return _llama_stream_cache(
+    config, dtype, params, batch_size, max_length, layer
+  )
+
+
+def _llama_block_decode(config: LlamaConfig, dtype, params, cache, ids, layer):
+  _check_block(config, layer)
+  if len(cache.keys) != layer:
+    raise LeakjaxError(
+      f'this block cache holds {len(cache.keys)} blocks, not {layer}',
+      'make it with init_block_cache(..., layer=layer)',
+    )
+  x, new = _llama_stream_decode(config, dtype, params, cache, ids, layer)
+  scale = params[f'layers_{layer}']['attn_norm']['scale']
+  return _norm(config, x, scale), new
 
 
 def _llama_first_layer(config: LlamaConfig, params) -> FirstLayerInputs:

@@ -141,6 +141,11 @@ def _states(model, params, cache, ids, layer):
   return states.astype(jnp.float32), cache
 
 
+def _distance(states, observed) -> jax.Array:
+  diff = states - observed.astype(jnp.float32)
+  return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+
+
 def check_candidates(
   model,
   params,
@@ -160,8 +165,7 @@ def check_candidates(
   c = candidates.shape[0]
   rows = jax.tree.map(lambda x: jnp.broadcast_to(x, (c,) + x.shape[1:]), cache)
   states, _ = _states(model, params, rows, candidates[:, None], layer)
-  diff = states[:, 0] - observed.astype(jnp.float32)[None]
-  return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+  return _distance(states[:, 0], observed[None])
 
 
 def check_guesses(
@@ -176,8 +180,7 @@ def check_guesses(
   the cached prefix (speculative verification: by causality each guess's
   state depends only on the prefix and the guesses before it)."""
   states, _ = _states(model, params, cache, guesses[None], layer)
-  diff = states[0] - observed.astype(jnp.float32)
-  return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+  return _distance(states[0], observed)
 
 
 def commit(model, params, stream, full, token: Int[Array, ' 1'], layer):
