@@ -1,13 +1,16 @@
 """The numbers in README.md's result tables come from the committed reports.
 
-Each check formats values of a committed `reports/**/summary.json` the way
-the README writes them and looks for that text in the README row it belongs
-to, so a regenerated report that moves a number fails here until the README
-follows.
+Each check formats values of a committed `reports/**/summary.json` (or, for
+the speed table, `benchmarks/results/**.json`) the way the README writes
+them and looks for that text in the README row it belongs to, so a
+regenerated report that moves a number fails here until the README follows.
+The headline table's paper column is checked against `PAPER`, the papers'
+own values.
 """
 
 import collections
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +53,64 @@ def joined(values, digits: int = 2) -> str:
   return ' / '.join(f'{v:.{digits}f}' for v in values)
 
 
+# The paper columns of README.md's headline table. Each value is copied
+# from the paper named beside it, so that the README cannot drift from it.
+PAPER = {
+  # Gupta et al., FILM, NeurIPS 2022, Table 10 (Enron, ROUGE-L, GPT-2).
+  'film_enron_rougeL': {1: 0.61, 16: 0.31, 64: 0.29, 128: 0.29},
+  # FILM Table 4a, prune ratio 0 (GPT-2, WikiText-103, b = 16, Sec. 6.3):
+  # bag precision / recall.
+  'film_bag': (1.00, 1.00),
+  # FILM Sec. 6.3: frozen word embeddings give bag precision = recall = 0.
+  'film_freeze_bag': 0,
+  # FILM Table 4 (test perplexity; prune ratio, DP-SGD ε; 'none' = prune
+  # ratio 0) and Table 5 (from pretrained: unfrozen, frozen).
+  'film_table4_ppl': {
+    'none': 11.46,
+    'prune:0.9': 11.57,
+    'prune:0.9999': 19.21,
+    'dp:15': 11.98,
+    'dp:1': 16.31,
+  },
+  'film_table5_ppl': {'wikitext': (11.40, 11.48), 'enron': (7.09, 7.30)},
+  # FILM Table 4b: bag precision / recall under DP-SGD, by ε.
+  'film_dp': {15: (0.97, 0.49), 10: (0.88, 0.17)},
+  # Petrov et al., DAGER, NeurIPS 2024 (arXiv 2405.15586), abstract:
+  # "full batches of size up to 128", "ROUGE-1/2 > 0.99".
+  'dager_rouge': 0.99,
+  'dager_batch': 128,
+  # Wan et al. 2024, Table 1: Embed Parrot on Llama2-7B layer 30, ROUGE-1
+  # (%).
+  'embed_parrot_rouge1': 65.97,
+}
+
+
+def headline_rows() -> list[list[str]]:
+  """The cells of README.md's headline table, row by row."""
+  return _table_rows(README, '| attack and setting | ours | paper |')
+
+
+def headline(anchor: str) -> dict[str, str]:
+  """The headline row whose first cell starts with `anchor`, by column."""
+  (cells,) = [r for r in headline_rows() if r[0].startswith(anchor)]
+  return dict(zip(('attack', 'ours', 'paper', 'report'), cells, strict=True))
+
+
+def test_headline_table_is_short():
+  # One row per attack or report, each cell a short phrase, each row
+  # linking its report's README.
+  rows = headline_rows()
+  assert len(rows) == 12
+  symbols = {'/', '=', 'x', '≤', '≥', '>', '<', '-', '|'}
+  for cells in rows:
+    assert len(cells) == 4, cells
+    for cell in cells[:3]:
+      words = [w for w in cell.split() if w not in symbols]
+      assert len(words) <= 30, cell
+    link = cells[3].split('](')[1].rstrip(')')
+    assert link.endswith('/README.md') and (ROOT / link).is_file(), link
+
+
 def test_quickstart_rouge_l():
   s = summary('film_quickstart')
   text = 'ROUGE-L ' + joined(s[f'rougeL@b={b}'] for b in (1, 4, 16))
@@ -60,31 +121,27 @@ def test_film_enron_row():
   line = row('| FILM, Enron')
   bs = (1, 16, 64, 128)
   main = summary('film_enron')
-  assert 'ROUGE-L ' + joined(main[f'rougeL@b={b}'] for b in bs) in line
-  fixed = summary('film_enron/fixed_2_epochs')
-  assert 'fixed 2 epochs: ' + joined(fixed[f'rougeL@b={b}'] for b in bs) in line
-  more = summary('film_enron/more_data')
   assert (
-    joined(more[f'rougeL@b={b}'] for b in (1, 16)) + ' at b = 1 / 16' in line
+    'ROUGE-L ' + joined(main[f'rougeL@b={b}'] for b in bs) + ' at b = 1 / 16 /'
+    ' 64 / 128; same data |' in line
   )
+  paper = joined(PAPER['film_enron_rougeL'][b] for b in bs)
+  assert f'| ROUGE-L {paper} (GPT-2, Table 10) |' in line
 
 
 def test_film_bag_row():
-  line = row('| FILM bag of words, tied')
+  line = row('| FILM bag of words from the tied')
   t0 = summary('film_bag')
   p = [t0[f'bag_precision@b={b},method=tied'] for b in (1, 4, 16, 64, 128)]
   assert all(f'{v:.3f}' == '1.000' for v in p) and 'precision 1.000' in line
   r = [t0[f'bag_recall@b={b},method=tied'] for b in (1, 4, 16)]
   assert f'recall {min(r):.3f}-{max(r):.3f} at b ≤ 16' in line
   r = [t0[f'bag_recall@b={b},method=tied'] for b in (64, 128)]
-  assert joined(r, 3) + ' at b = 64 / 128' in line
-  tuned = summary('film_enron')
-  bs = (1, 16, 64, 128)
+  assert joined(r, 3) + ' at b = 64 / 128; same data |' in line
   assert (
-    'precision ' + joined((tuned[f'bag_precision@b={b}'] for b in bs), 3)
-    in line
+    f'| precision / recall {joined(PAPER["film_bag"])} (GPT-2, b = 16, Table'
+    ' 4a) |' in line
   )
-  assert 'recall ' + joined((tuned[f'bag_recall@b={b}'] for b in bs), 3) in line
 
 
 def test_film_freeze_row():
@@ -93,52 +150,67 @@ def test_film_freeze_row():
   bs = (1, 16, 64)
   frozen = joined(s[f'rougeL@b={b},defense=freeze'] for b in bs)
   plain = joined(s[f'rougeL@b={b},defense=none'] for b in bs)
-  assert f'ROUGE-L {frozen} at b = 1 / 16 / 64 (undefended: {plain})' in line
-  p = [s[f'bag_precision@b={b},defense=freeze'] for b in (1, 16)]
-  assert f'precision {min(p):.3f} at b ≤ 16' in line
+  assert (
+    f'ROUGE-L {frozen} at b = 1 / 16 / 64 (undefended {plain}); same data |'
+    in line
+  )
   assert s['bag_recall@b=64,defense=freeze'] == 0
+  zero = PAPER['film_freeze_bag']
+  assert (
+    f'| bag precision = recall = {zero} (GPT-2, b = 16, Sec. 6.3) |' in line
+  )
+
+
+def test_differential_row():
+  s = summary('differential')
+  cells = headline('Differential rank')
+  continued = {
+    k: v
+    for k, v in s.items()
+    if k.startswith('dr@') and k.endswith(',method=continued')
+  }
+  assert len(continued) == 12  # 4 canaries x k = 2, 8, 16
+  zero = [k for k, v in continued.items() if v == 0]
+  assert zero == ['dr@canary=all_low,k=16,method=continued']
+  assert len(zero) / 12 == pytest.approx(s['dr0_fraction@method=continued'])
+  assert cells['ours'] == (
+    f'the all-low canary at DR 0 at k = 16 ({len(zero)} of'
+    f' {len(continued)} cells); same data'
+  )
 
 
 def _ratio(s, key):
   return s[key] / s['f1_upper' + key.removeprefix('f1')]
 
 
-def test_gboard_rows():
-  s = summary('gboard')
-  noise_free = [
-    _ratio(s, k) for k in s if k.startswith('f1@') and 'noise=none' in k
-  ]
-  assert noise_free
-  assert f'F1 ≥ {min(noise_free):.3f} x its upper bound' in row(
-    '| GBoard word recovery, no oracle'
+def test_gboard_row():
+  # The strongest preset's rule measured out of sample (reports/gboard/
+  # heldout/), beside the in-sample n_k = 256 cells of reports/gboard/.
+  from leakjax.attacks.gboard import presets
+
+  assert 'reports/gboard/heldout/' in presets.PRESETS['strongest'].measured
+  held, ins = summary('gboard/heldout'), summary('gboard')
+  cells = headline('GBoard word recovery')
+  low = min(
+    _ratio(held, k)
+    for k in held
+    if k.startswith('f1@') and 'noise=none' in k and 'scale' not in k
   )
-  line = row('| GBoard word recovery under DPSGD')
-  for n_k in (64, 256):
-    cells = [
-      _ratio(s, f'f1@B=32,E={e},n_k={n_k},noise=dpsgd,sigma=0.1')
-      for e in (50, 100)
-    ]
-    assert f'{joined(cells)} x upper at n_k = {n_k}' in line or (
-      f'{joined(cells)} at n_k = {n_k}' in line
-    )
-  summed = summary('gboard/batch_sum')
-  cells = [
-    _ratio(summed, f'f1@B=32,E={e},n_k=256,noise=dpsgd,sigma=0.1')
+  assert cells['ours'].startswith(
+    f'held out: noise-free F1 ≥ {low:.3f} x upper bound;'
+  )
+  dp = joined(
+    _ratio(held, f'f1@B=32,E={e},n_k=64,noise=dpsgd,sigma=0.1')
     for e in (50, 100)
-  ]
-  assert f'batch-summed loss {joined(cells)} at n_k = 256' in line
-  key = 'f1@B=32,E=1000,n_k={},noise=dpsgd,sigma=0.1'
-  e1000 = [
-    joined(
-      _ratio(summary(f'gboard/dpsgd_e1000/{loss}'), key.format(n_k))
-      for n_k in (64, 256)
-    )
-    for loss in ('sentence_sum', 'batch_sum')
-  ]
-  assert (
-    f'at E = 1000 (`reports/gboard/dpsgd_e1000/`): {e1000[0]} at n_k = 64 /'
-    f' 256, batch-summed {e1000[1]}' in line
   )
+  assert f'σ = 0.1, B = 32, E = 50 / 100: {dp} at n_k = 64' in cells['ours']
+  big = joined(
+    _ratio(ins, f'f1@B=32,E={e},n_k=256,noise=dpsgd,sigma=0.1')
+    for e in (50, 100)
+  )
+  assert f'(in sample, n_k = 256: {big})' in cells['ours']
+  assert '(Sec. 6.1, Fig. 6; no number in the text)' in cells['paper']
+  assert 'reports/gboard/heldout/README.md' in cells['report']
 
 
 def test_gboard_dpsgd_e1000_report():
@@ -177,84 +249,34 @@ def test_gboard_dpsgd_e1000_report():
 
 
 def test_dager_rows():
+  from leakjax.attacks.dager import presets
+
   quick = summary('dager/quick')
-  line = row('| DAGER, pretrained')
+  line = row('| DAGER, b ≤ 16')
   bs = (1, 4, 16)
   assert 'ROUGE-1 ' + joined((quick[f'rouge1@b={b}'] for b in bs), 3) in line
-  assert 'included) ' + joined(quick[f'exact@b={b}'] for b in bs) in line
-  line = row('| Past DAGER')
-  big = (32, 64, 128)
-  t0 = summary('dager/enron_t0')
-  assert all(t0[f'rougeL@b={b}'] == 0 for b in big) and 'DAGER 0' in line
-  film = summary('dager/film')
   assert (
-    'FILM ROUGE-L ' + joined(film[f'rougeL@attack=film,b={b}'] for b in big)
-    in line
+    'included) ' + joined(quick[f'exact@b={b}'] for b in bs) + ' at b = 1 /'
+    ' 4 / 16; same data |' in line
   )
-  hybrid = summary('dager/hybrid')
-  done = [b for b in big if f'rougeL@attack=hybrid,b={b}' in hybrid]
-  assert done == [32, 64]
-  b128 = summary('dager/hybrid_b128')['rougeL@attack=hybrid,b=128']
-  cells = [hybrid[f'rougeL@attack=hybrid,b={b}'] for b in done] + [b128]
+  assert f'| ROUGE-1/2 > {PAPER["dager_rouge"]} on LLMs' in line
+  # Past the rank limit: the strongest preset, measured on the batches it
+  # was not chosen on, beside the batches it was chosen on.
+  strongest = presets.PRESETS['strongest']
+  assert 'hybrid_evidence_oversample_heldout/' in strongest.measured
+  assert 'hybrid_evidence_oversample/' in strongest.chosen
+  line = row("| Past DAGER's rank limit")
+  key = 'rougeL@attack=hybrid,b=64'
+  held = summary('dager/hybrid_evidence_oversample_heldout')[key]
+  chosen = summary('dager/hybrid_evidence_oversample')[key]
   assert (
-    'hybrid (LM prior, head gradient, block-2 span) '
-    + joined(cells)
-    + ' (b = 128: one batch)'
-    in line
+    f'ROUGE-L {held:.3f} held out (three batches; {chosen:.3f} on the three'
+    ' it was chosen on)' in line
   )
-  # 3 batches of 32 sentences: the exact fraction as a count of 96.
-  exact = round(hybrid['exact@attack=hybrid,b=32'] * 96)
-  assert f'{exact} of 96 exact at b = 32' in line
-  span = summary('dager/hybrid_span_only')
-  assert (
-    'the LM and the span alone: '
-    + joined(span[f'rougeL@attack=hybrid,b={b}'] for b in big)
-    in line
-  )
-  white = json.loads(
-    (ROOT / 'reports/dager/hybrid_cuts/selection_whiten.json').read_text()
-  )['mean']['q=1']['cuts_first_b']['rougeL']
-  assert (
-    'by matching whitened head-gradient rows, '
-    + joined([white])
-    + ' from the same searches'
-    in line
-  )
-  starts = json.loads(
-    (ROOT / 'reports/dager/hybrid_starts/selection_whiten.json').read_text()
-  )['mean']
-  assert (
-    f'{joined([starts["q=1"]["cuts_first_b"]["rougeL"]])} with each'
-    " search's first token allocated from the head gradient at BOS and the LM"
-    r' prior read after `<\|endoftext\|>` ('
-    f'{joined([starts["first_b"]["rougeL"]])} without the cuts),' in line
-  )
-  evidence = summary('dager/hybrid_evidence')
-  exact = round(evidence['exact@attack=hybrid,b=64'] * 192)
-  assert (
-    f'{evidence["rougeL@attack=hybrid,b=64"]:.3f} ({exact} of 192 exact)'
-    ' with the head rows also scored' in line
-  )
-  assert evidence['rougeL@attack=hybrid,b=64'] < 0.5
-  over = summary('dager/hybrid_evidence_oversample')
-  exact = round(over['exact@attack=hybrid,b=64'] * 192)
-  assert (
-    f'and {over["rougeL@attack=hybrid,b=64"]:.3f} ({exact} of 192 exact;'
-    ' the goal is 0.5) with 96 searches for the 64 sentences' in line
-  )
-  assert over['rougeL@attack=hybrid,b=64'] >= 0.5
-  held = summary('dager/hybrid_evidence_oversample_heldout')
-  assert (
-    f'{held["rougeL@attack=hybrid,b=64"]:.3f} on three held-out batches)'
-    in line
-  )
-  tuned = summary('dager/hybrid_finetuned_full')
-  exact = [round(tuned[f'exact@attack=hybrid,b={b}'] * 3 * b) for b in (32, 64)]
-  rouge = joined(tuned[f'rougeL@attack=hybrid,b={b}'] for b in (32, 64))
-  assert (
-    f'fine-tuning on these batches: {rouge} at b = 32 / 64, {exact[0]} of 96'
-    f' and {exact[1]} of 192 exact' in line
-  )
+  assert summary('dager/enron_t0')['rougeL@b=64'] == 0
+  film = summary('dager/film')['rougeL@attack=film,b=64']
+  assert f'DAGER 0.000, FILM {film:.2f} |' in line
+  assert f'| full batches up to {PAPER["dager_batch"]} on LLMs' in line
 
 
 def test_dager_report_hybrid_variants():
@@ -316,64 +338,54 @@ def test_dager_report_hybrid_variants():
 
 
 def test_embed_parrot_row():
-  s = summary('embed_parrot')
-  line = row('| Embed Parrot, SmolLM2 layer 25')
-  ep, skip = (
-    s[f'rouge1@data=enron,layer=25,method={m}'] for m in ('ep', 'ep_skip')
+  # The strongest preset's run (chosen and measured on the same texts).
+  from leakjax.attacks.inversion import presets
+
+  run = 'scratch_skip_samples_layer_25'
+  assert run in presets.PRESETS['strongest'].chosen
+  s = summary(f'embed_parrot/pretrained/{run}')
+  assert s['num_train_samples'] == 3000
+  r = {
+    d: s[f'rouge1@data={d},layer=25,method=ep_skip']
+    for d in ('enron', 'wikitext', 'sms')
+  }
+  cells = headline('Embed Parrot')
+  assert cells['ours'] == (
+    f'ROUGE-1 {r["enron"]:.2f} on Enron, {r["wikitext"]:.2f} /'
+    f' {r["sms"]:.2f} on WikiText-2 / SMS (off-domain); same data'
   )
-  assert f'ROUGE-1 {ep:.2f} (paper architecture) / {skip:.2f}' in line
-  off = [
-    s[f'rouge1@data={d},layer=25,method={m}']
-    for d in ('sms', 'wikitext')
-    for m in ('ep', 'ep_skip')
-  ]
-  assert f'{min(off):.2f}-{max(off):.2f} off-domain' in line
-  base = [
-    s[f'rouge1@data={d},layer=25,method={m}']
-    for d in ('enron', 'sms', 'wikitext')
-    for m in ('bei', 'hei')
-  ]
-  assert f'BEI/HEI ≤ {max(base):.2f}' in line
+  paper = PAPER['embed_parrot_rouge1'] / 100
+  assert cells['paper'].startswith(f'ROUGE-1 {paper:.2f} (Llama2-7B, layer 30,')
 
 
-def test_embed_parrot_pretrained_row():
-  s = summary('embed_parrot/pretrained/layer_25')
-  line = row('| Embed Parrot with the pretrained SmolLM2-135M')
-  r = lambda d, m: s[f'rouge1@data={d},layer=25,method={m}']  # noqa: E731
-  assert f'ROUGE-1 {r("enron", "ep_pretrained"):.2f} in-domain' in line
-  off = joined(r(d, 'ep_pretrained') for d in ('wikitext', 'sms'))
-  assert f'{off} off-domain (WikiText-2 / SMS)' in line
-  ppl = joined(r(d, 'ep_pretrained_ppl') for d in ('enron', 'wikitext', 'sms'))
-  assert f'EP+PPL {ppl}' in line
-  fast = summary('embed_parrot/pretrained/lr_1e-3_layer_25')
-  rates = joined(
-    fast[f'rouge1@data={d},layer=25,method=ep_pretrained']
-    for d in ('enron', 'wikitext', 'sms')
+def test_exact_inversion_row():
+  # The row quotes the unperturbed Enron cells of the report's first table
+  # (test_exact_inversion_tables checks that table against the summary).
+  s = summary('inversion_exact')
+  n = s['num_texts@data=enron,split=test']
+  layers = ('10', '20', '25', 'last')
+  exact = [
+    s[f'exact@attack=exact,data=enron,layer={x},split=test'] for x in layers
+  ]
+  hei = [
+    s[f'rouge1@attack=hei,data=enron,layer={x},split=test'] for x in layers
+  ]
+  assert all(e == 1.0 for e in exact)
+  cells = headline('Exact inversion of hidden states')
+  assert cells['attack'].startswith(
+    f'Exact inversion of hidden states (Nikolaou et al.), SmolLM2-135M, {n}'
+    ' Enron test sentences per layer'
   )
-  assert f'learning rate 1e-3 instead of 1e-4: {rates}' in line
-  c = summary('embed_parrot/pretrained/scratch_layer_25')
-  scratch = joined(
-    c[f'rouge1@data={d},layer=25,method=ep']
-    for d in ('enron', 'wikitext', 'sms')
+  assert cells['ours'].startswith(
+    f'{n} of {n} exact at layers 10, 20, 25 and the last; held out'
   )
-  k = summary('embed_parrot/pretrained/scratch_skip_layer_25')
-  skip = joined(
-    k[f'rouge1@data={d},layer=25,method=ep_skip']
-    for d in ('enron', 'wikitext', 'sms')
+  assert cells['ours'].endswith(f'HEI ROUGE-1 ≤ {max(hei):.2f} there')
+  # The introduction says the same.
+  assert f'{n} of {n} Enron sentences read back token for token' in PROSE
+  config = json.loads(
+    (ROOT / 'reports/inversion_exact/config.json').read_text()
   )
-  assert (
-    f'from scratch on the same 6,000 texts: {scratch}, with a linear skip {skip}'
-    in line
-  )
-  m = summary('embed_parrot/pretrained/scratch_skip_samples_layer_25')
-  assert m['num_train_samples'] == 3000
-  samples = joined(
-    m[f'rouge1@data={d},layer=25,method=ep_skip']
-    for d in ('enron', 'wikitext', 'sms')
-  )
-  assert (
-    f"plus 3,000 of the target's own samples, 4,000 steps: {samples}" in line
-  )
+  assert config['splits'] == ['test']
 
 
 def test_embed_parrot_pretrained_report():
@@ -494,39 +506,6 @@ def test_gboard_heldout_report():
   ) in text
 
 
-def test_gboard_heldout_row():
-  held, ins = summary('gboard/heldout'), summary('gboard')
-  line = row('| GBoard out of sample')
-  low = min(
-    _ratio(held, k)
-    for k in held
-    if k.startswith('f1@') and 'noise=none' in k and 'scale' not in k
-  )
-  low_in = min(
-    _ratio(ins, k)
-    for k in ins
-    if k.startswith('f1@') and 'noise=none' in k and 'scale' not in k
-  )
-  assert f'noise-free F1 ≥ {low:.3f} x upper (in sample ≥ {low_in:.3f})' in line
-  dp = joined(
-    _ratio(held, f'f1@B=32,E={e},n_k=64,noise=dpsgd,sigma=0.1')
-    for e in (50, 100)
-  )
-  assert f'E = 50 / 100: {dp} x upper' in line
-  key = 'f1@B=full,E=100,n_k=256,noise=single,sigma=0.001'
-  draws = _draws('gboard/heldout/seed0/insample_sentences', key)
-  assert (
-    f'E = 100: {_ratio(held, key):.2f} x upper (in sample'
-    f' {_ratio(ins, key):.2f}, one noise draw; three more on the in-sample'
-    f' θ0: {np.mean(draws):.2f} ± {np.std(draws, ddof=1):.2f})' in line
-  )
-  e1000 = summary('gboard/heldout_e1000')
-  low = min(
-    _ratio(e1000, k) for k in e1000 if k.startswith('f1@') and 'noise=none' in k
-  )
-  assert f', at E = 1000 ≥ {low:.3f};' in line
-
-
 def _draws(report, key):
   """Each dataset's F1 / upper of the `key` cell in `report`'s results."""
   cell = dict(part.split('=') for part in key.split('@')[1].split(','))
@@ -636,7 +615,7 @@ def test_gboard_heldout_seed0_section():
 
 
 def test_film_utility_row():
-  line = row("| FILM defenses' utility cost")
+  line = row("| FILM defenses' utility")
   wt, en = summary('film_utility'), summary('film_utility/enron')
 
   def ratio(s, d):
@@ -650,7 +629,17 @@ def test_film_utility_row():
   prune = joined(ratio(wt, f'prune:{p}') for p in ('0.9', '0.9999'))
   assert f'pruning 0.9 / 0.9999: {prune}' in line
   dp = joined(ratio(wt, f'dp:{e}') for e in (15, 1))
-  assert f'DP-SGD ε = 15 / 1: {dp}' in line
+  assert f'DP-SGD ε = 15 / 1: {dp} |' in line
+  t4, t5 = PAPER['film_table4_ppl'], PAPER['film_table5_ppl']
+  freeze = ' / '.join(
+    f'{t5[d][1] / t5[d][0]:.3f}' for d in ('wikitext', 'enron')
+  )
+  prune = joined(t4[f'prune:{p}'] / t4['none'] for p in ('0.9', '0.9999'))
+  dp = joined(t4[f'dp:{e}'] / t4['none'] for e in (15, 1))
+  assert (
+    f'| {freeze} (Table 5); {prune}; {dp} (Table 4; GPT-2 trained to'
+    ' convergence) |' in line
+  )
 
 
 def test_film_dp_bound_report():
@@ -750,21 +739,26 @@ def test_film_dp_row():
     (ROOT / 'reports/film_bag/defenses/dp_pooled.json').read_text()
   )
   by_eps = {r['epsilon']: r for r in pooled['epsilons']}
-  paper = {r['epsilon']: r for r in pooled['paper_rows']}
 
   def rule(m):
     return joined(
       (s[f'bag_{m}@b=16,defense=dp:{e},method=dp'] for e in (15, 10)), 3
     )
 
-  assert f'precision {rule("precision")}, recall {rule("recall")}' in line
+  assert f'precision {rule("precision")}, recall {rule("recall")};' in line
   recall = joined(
     (by_eps[e]['all_recall_at_paper_precision'] for e in (15.0, 10.0)), 3
   )
   assert f'recall {recall} at the paper' in line
-  largest = joined((paper[e]['largest_sigma'] for e in (15.0, 10.0)), 3)
-  run = joined((paper[e]['sigma_of_run'] for e in (15.0, 10.0)), 3)
-  assert f'σ ≤ {largest} (this run: {run})' in line
+  paper = PAPER['film_dp']
+  assert (
+    f'| precision / recall {joined(paper[15])}, {joined(paper[10])} (GPT-2,'
+    ' Table 4b) |' in line
+  )
+  # The bound was computed at the same paper rows.
+  for r in pooled['paper_rows']:
+    if r['epsilon'] in (15.0, 10.0):
+      assert (r['paper_precision'], r['paper_recall']) == paper[r['epsilon']]
 
 
 def test_embed_parrot_report():
@@ -1049,7 +1043,7 @@ def test_dager_defenses_row():
   three = ('noise:1e-7', 'noise:1e-6', 'fedavg:2:16')
   d = joined((dager[f'rougeL@b=16,defense={x}'] for x in three), 3)
   h = joined((hyb[f'rougeL@attack=hybrid,b=16,defense={x}'] for x in three), 3)
-  assert f'DAGER ROUGE-L {d}; the hybrid {h} |' in line
+  assert f'ROUGE-L: DAGER {d}; the hybrid {h}; same data |' in line
 
 
 def test_dager_beams_study():
@@ -1673,3 +1667,132 @@ def test_exact_inversion_proposal_ranks():
       assert _shown(ranks[f'top1@{at}'], top1), (at, cell)
       assert _shown(ranks[f'top128@{at}'], top128), (at, cell)
       assert _shown(ranks[f'mean_rank@{at}'], mean), (at, cell)
+
+
+# ------------------------------------------------------------ speed table
+BENCH = ROOT / 'benchmarks' / 'results'
+
+
+def bench(name: str) -> dict:
+  return json.loads((BENCH / name).read_text())
+
+
+def speed_row(anchor: str) -> dict[str, str]:
+  """The speed table's row whose first cell starts with `anchor` (a cell's
+  escaped `\\|` is its own text)."""
+  lines = README.splitlines()
+  start = lines.index('| benchmark | peer | ratio | same output |')
+  rows = []
+  for line in lines[start + 2 :]:
+    if not line.startswith('|'):
+      break
+    cells = re.split(r'(?<!\\)\|', line.strip().strip('|'))
+    rows.append([c.strip() for c in cells])
+  (cells,) = [r for r in rows if r[0].startswith(anchor)]
+  return dict(zip(('benchmark', 'peer', 'ratio', 'same'), cells, strict=True))
+
+
+def test_speed_beam_search():
+  quick = bench('cpu_quick/beam_search.json')['rows']
+  full = bench('cpu_full/beam_search.json')['rows']
+  tiny = bench('cpu_tiny/beam_search.json')['rows']
+  (head,) = [
+    r for r in quick if (r['model'], r['b'], r['beam']) == ('gpt2-mini', 16, 32)
+  ]
+  assert {r['model'] for r in full} == {'gpt2-small', 'smollm2-135m'}
+  median = np.median([r['speedup'] for r in full])
+  cells = speed_row('bag-restricted beam search')
+  assert cells['ratio'] == (
+    f'{head["speedup"]:.1f}x on `gpt2-mini`, b = 16 (`cpu_quick/`); median'
+    f' {median:.1f}x over {len(full)} GPT-2 small / SmolLM2 cases (`cpu_full/`)'
+  )
+  cases = quick + full + tiny
+  assert all(r['match'] == 1 for r in cases)
+  assert cells['same'] == f'yes, all {len(cases)} cases (with `cpu_tiny/`)'
+
+
+def test_speed_grad_norms():
+  (quick,) = bench('cpu_quick/grad_norms.json')['rows']
+  full = bench('cpu_full/grad_norms.json')['rows']
+  assert [r['model'] for r in full] == ['gpt2-small', 'smollm2-135m']
+  (shown,) = {f'{r["speedup"]:.1f}' for r in full}
+  cells = speed_row('per-candidate gradient norms')
+  assert cells['ratio'] == (
+    f'{quick["speedup"]:.1f}x on `gpt2-mini` (`cpu_quick/`); {shown}x on'
+    ' GPT-2 small and SmolLM2 (`cpu_full/`)'
+  )
+  assert all(r['match'] == 1 for r in [quick, *full])
+
+
+def test_speed_dr_search():
+  # Only ratios whose peer was timed whole; the quick runs extrapolate it.
+  full, second = bench('cpu_full/dr_search.json'), bench('dr_search_full.json')
+  for r in (full, second):
+    assert r['straightforward_extrapolated'] is False
+    assert r['agreement']['top_match'] and r['agreement']['overlap'] == 1.0
+  for name in ('cpu_quick/dr_search.json', 'dr_search.json'):
+    assert bench(name)['straightforward_extrapolated'] is True
+    assert f'`{name}`' in PROSE
+  cells = speed_row('differential-rank search')
+  assert cells['ratio'] == (
+    f'{full["speedup"]:.1f}x (`cpu_full/dr_search.json`);'
+    f' {second["speedup"]:.1f}x in a second full run (`dr_search_full.json`)'
+  )
+
+
+def test_speed_client_update():
+  quick = bench('cpu_quick/client_update.json')['results']
+  full = bench('cpu_full/client_update.json')['results']
+  ratios = [r['loop_over_scan'] for r in quick + full]
+  assert all(r['max_abs_diff_scan_vs_loop'] == 0 for r in quick + full)
+  assert min(ratios) == quick[0]['loop_over_scan']
+  assert max(ratios) == full[0]['loop_over_scan']
+  cells = speed_row('FedAvg `client_update`')
+  assert cells['ratio'] == (
+    f'{min(ratios):.1f}x (`cpu_quick/`) to {max(ratios):.2f}x (`cpu_full/`)'
+  )
+  assert cells['same'] == 'bitwise'
+
+
+def test_speed_dager():
+  default = bench('dager_vs_reference_default_l1.json')
+  loose = bench('dager_vs_reference.json')
+  assert default['reference']['extra_args'] == ''
+  assert loose['reference']['extra_args'] == '--l1_span_thresh=1e-4'
+  (d,) = [r for r in default['rows'] if r['b'] == 16]
+  (s,) = [r for r in loose['rows'] if r['b'] == 16]
+  assert d['batch'] == s['batch'] == 0 and d['originals'] == s['originals']
+  cells = speed_row('DAGER, SmolLM2, one b = 16 Enron batch')
+  assert cells['ratio'] == (
+    f'{d["speed_ratio"]:.1f}x with its default flags'
+    f' ({d["ours"]["seconds"]:.1f} s vs {d["reference"]["seconds"]:.1f} s,'
+    ' `dager_vs_reference_default_l1.json`); aside:'
+    f' {s["speed_ratio"]:.1f}x with `--l1_span_thresh=1e-4`'
+    f' ({s["ours"]["seconds"]:.1f} s vs {s["reference"]["seconds"]:.1f} s,'
+    ' same batch, `dager_vs_reference.json`)'
+  )
+  assert d['ours']['exact'] == s['ours']['exact'] == 1.0
+  assert d['reference']['exact'] == s['reference']['exact'] == 0.0
+  assert cells['same'] == (
+    f'ours: {round(16 * d["ours"]["exact"])} of 16 sentences exact; theirs:'
+    f' {round(16 * d["reference"]["exact_prefix"])} of 16 up to the last token'
+    f' ({round(16 * s["reference"]["exact_prefix"])} with `1e-4`), never the'
+    ' last token'
+  )
+
+
+def test_speed_peer_fraction_of_peak():
+  # The peers' matmul rates in the rows above: HF at beam 32, b = 16, and
+  # the PyTorch gradient-norm loop, quick and full runs.
+  fractions = []
+  for run in ('cpu_quick', 'cpu_full'):
+    s = bench(f'{run}/summary.json')
+    fractions += [
+      v
+      for k, v in s.items()
+      if k.startswith('flops_frac_peak_hf@b=16,beam=32,')
+      or k.startswith('flops_frac_peak_torch@bench=grad_norms,')
+    ]
+  assert len(fractions) == 6
+  low, high = round(100 * min(fractions)), round(100 * max(fractions))
+  assert f'Both peers already run at {low}-{high} % of the measured' in PROSE
