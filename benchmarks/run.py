@@ -12,13 +12,33 @@ writes, under `--out`:
   `speedup@bench=client_update` (ours / peer throughput, wall clock; the
   same with `speedup_cpu@` from process CPU seconds) and
   `match@bench=beam_search,beam=32` (1 when the best sentences agree); the
-  beam keys are written both as the issue spells them and with sorted
+  beam keys are written both with `bench` first and with sorted
   parameters (`speedup@beam=32,bench=beam_search`), per-case keys carry
-  `b=`, `model=`, `candidates=`;
+  `b=`, `model=`, `candidates=`; `peer_extrapolated@bench=NAME = 1` where
+  the peer's time was extrapolated, not measured (dr_search's quick mode);
   a benchmark that could not run gets `skipped@bench=NAME = 1` instead of
   numbers, with the reason in `run.json` and `summary.md`;
 * `summary.md` -- the headline table, then each benchmark's own table;
 * `run.json` -- the command, versions, thread settings, load and status.
+
+Status (`run.json`, `summary.md`), against the bar each benchmark states
+(:data:`BARS`; dr_search also its own `bar_seconds`):
+
+* `met` -- measured at or past the bar, with the outputs agreeing;
+* `not met` -- measured short of the bar (`not met (outputs differ)`: the
+  two sides disagree, so no ratio counts);
+* `extrapolated` -- the peer's time is an extrapolation, so the ratio is an
+  estimate and is not judged against the bar;
+* `no bar` -- measured, no bar stated (client_update, FILM's full
+  backward);
+* `skipped`, `failed` -- no numbers (the reason beside).
+
+A benchmark's status is its worst bar: `not met` before `extrapolated`
+before `met`.
+
+`python -m benchmarks.run --relabel --out=DIR` recomputes the status of a
+finished run from DIR's JSON files (nothing is timed) and rewrites
+`run.json`'s status and `summary.md`.
 
 Threads. The default `--threads=1` runs both sides of every comparison on
 one core (XLA: `--xla_cpu_multi_thread_eigen=false`; torch:
@@ -69,12 +89,46 @@ REQUIRED_KEYS = (
   'speedup@bench=dr_search',
   'speedup@bench=client_update',
 )
-# The bars (ours / peer throughput).
+# The bars (ours / peer throughput, at least).
 BARS = {
   'speedup@beam=32,bench=beam_search': 20.0,
   'speedup@bench=grad_norms': 5.0,
   'speedup@bench=dr_search': 10.0,
 }
+MET, NOT_MET, EXTRAPOLATED, NO_BAR = 'met', 'not met', 'extrapolated', 'no bar'
+# The headline table: (label, benchmark, speedup key, match key).
+HEADLINE_ROWS = (
+  (
+    'beam_search (beam 32)',
+    'beam_search',
+    'speedup@beam=32,bench=beam_search',
+    'match@beam=32,bench=beam_search',
+  ),
+  (
+    'grad_norms (same params)',
+    'grad_norms',
+    'speedup@bench=grad_norms',
+    'match@bench=grad_norms',
+  ),
+  (
+    'grad_norms (vs FILM full backward)',
+    'grad_norms',
+    'speedup@bench=grad_norms,peer=full_backward',
+    'match@bench=grad_norms',
+  ),
+  (
+    'dr_search',
+    'dr_search',
+    'speedup@bench=dr_search',
+    'match@bench=dr_search',
+  ),
+  (
+    'client_update',
+    'client_update',
+    'speedup@bench=client_update',
+    'match@bench=client_update',
+  ),
+)
 
 
 def _xla_backend_started() -> bool:
@@ -162,14 +216,118 @@ def headline(name: str, result: dict) -> dict[str, float]:
     diffs = [r.get('max_abs_diff_scan_vs_loop') for r in result['results']]
     if diffs and all(_number(d) for d in diffs):
       out[summary_key('match', bench=name)] = int(max(diffs) == 0.0)
-  # The issue spells the beam-search keys with `bench` first; write that
-  # spelling too so that both the sorted convention and the issue match.
+  if peer_extrapolated(result) is not None:
+    out[summary_key('peer_extrapolated', bench=name)] = int(
+      peer_extrapolated(result)
+    )
+  # The beam-search keys are also written with `bench` first (the spelling
+  # the headline keys use), beside the sorted convention.
   for k in list(out):
     if k.startswith(('speedup@beam=', 'match@beam=')) and ',bench=' in k:
       metric, params = k.split('@')
       beam, bench = params.split(',', 1)
       if bench.startswith('bench=') and ',' not in bench:
         out[f'{metric}@{bench},{beam}'] = out[k]
+  return out
+
+
+def peer_extrapolated(result: dict) -> bool | None:
+  """Whether the peer's time in `result` was extrapolated (None: the result
+  does not say; every peer time is then measured)."""
+  for field in ('peer_extrapolated', 'straightforward_extrapolated'):
+    if isinstance(result.get(field), bool):
+      return result[field]
+  return None
+
+
+# --------------------------------------------------------------- status
+def ratio_status(
+  value: float | None,
+  bar: float | None,
+  *,
+  match: int | None = None,
+  extrapolated: bool = False,
+) -> str:
+  """The status of one ratio against its bar (module docstring)."""
+  if bar is None:
+    return NO_BAR
+  if match == 0:
+    return f'{NOT_MET} (outputs differ)'
+  if extrapolated:
+    return EXTRAPOLATED
+  if value is None:
+    return NOT_MET
+  return MET if value >= bar else NOT_MET
+
+
+def bar_checks(
+  name: str, summary: dict[str, float], result: dict
+) -> list[dict[str, Any]]:
+  """Every bar benchmark `name` states, judged on its summary and result.
+
+  Each entry: `what` (a summary key, or `ours_first_call_s` for
+  dr_search's time bar), `value`, `bar`, `at_least` (a ratio must reach
+  the bar; a time must stay under it) and `status`.
+  """
+  extrapolated = bool(peer_extrapolated(result))
+  checks = []
+  for _, bench, key, match_key in HEADLINE_ROWS:
+    if bench != name or key not in summary:
+      continue
+    checks.append(
+      {
+        'what': key,
+        'value': summary[key],
+        'bar': BARS.get(key),
+        'at_least': True,
+        'status': ratio_status(
+          summary[key],
+          BARS.get(key),
+          match=summary.get(match_key),
+          extrapolated=extrapolated,
+        ),
+      }
+    )
+  if _number(result.get('bar_seconds')) and _number(
+    result.get('ours_first_call_s')
+  ):
+    value, bar = result['ours_first_call_s'], result['bar_seconds']
+    checks.append(
+      {
+        'what': 'ours_first_call_s',
+        'value': value,
+        'bar': bar,
+        'at_least': False,
+        'status': MET if value < bar else NOT_MET,
+      }
+    )
+  return checks
+
+
+def overall_status(checks: Sequence[dict[str, Any]]) -> str:
+  """A benchmark's status: its worst bar (module docstring)."""
+  judged = [c['status'] for c in checks if c['status'] != NO_BAR]
+  if not judged:
+    return NO_BAR
+  if any(s.startswith(NOT_MET) for s in judged):
+    return NOT_MET
+  if EXTRAPOLATED in judged:
+    return EXTRAPOLATED
+  return MET
+
+
+def benchmark_status(
+  name: str, summary: dict[str, float], result: dict
+) -> dict[str, Any]:
+  """`{'status', 'bars'[, 'peer_extrapolated']}` of a finished benchmark."""
+  checks = bar_checks(name, summary, result)
+  out: dict[str, Any] = {'status': overall_status(checks), 'bars': checks}
+  if not any(
+    k.startswith('speedup@') and f'bench={name}' in k for k in summary
+  ):
+    out['status'] = 'no speedup key found'
+  if peer_extrapolated(result) is not None:
+    out['peer_extrapolated'] = peer_extrapolated(result)
   return out
 
 
@@ -263,12 +421,13 @@ def run_all(
     keys = headline(name, result)
     summary.update(keys)
     results[name] = result
-    status[name] = {'status': 'ok', 'seconds': time.perf_counter() - t0}
-    if summary_key('speedup', bench=name) not in keys and not any(
-      k.startswith('speedup@') and f'bench={name}' in k for k in keys
-    ):
-      status[name]['status'] = 'ok (no speedup key found)'
-    log(f'[run] {name}: {time.perf_counter() - t0:.0f}s')
+    status[name] = {
+      **benchmark_status(name, keys, result),
+      'seconds': time.perf_counter() - t0,
+    }
+    log(
+      f'[run] {name}: {time.perf_counter() - t0:.0f}s, {status[name]["status"]}'
+    )
     if out_dir is not None:
       atomic_write_text(
         out_dir / f'{name}.json',
@@ -333,65 +492,84 @@ def markdown(summary, status, results, peak, *, quick: bool) -> str:
     ' status |',
     '|---|---|---|---|---|---|',
   ]
-  rows = [
-    (
-      'beam_search (beam 32)',
-      'speedup@beam=32,bench=beam_search',
-      'match@beam=32,bench=beam_search',
-      'beam_search',
-    ),
-    (
-      'grad_norms (same params)',
-      'speedup@bench=grad_norms',
-      'match@bench=grad_norms',
-      'grad_norms',
-    ),
-    (
-      'grad_norms (vs FILM full backward)',
-      'speedup@bench=grad_norms,peer=full_backward',
-      'match@bench=grad_norms',
-      'grad_norms',
-    ),
-    (
-      'dr_search',
-      'speedup@bench=dr_search',
-      'match@bench=dr_search',
-      'dr_search',
-    ),
-    (
-      'client_update',
-      'speedup@bench=client_update',
-      'match@bench=client_update',
-      'client_update',
-    ),
-  ]
-  for label, key, match_key, name in rows:
+  for label, name, key, match_key in HEADLINE_ROWS:
     value = summary.get(key)
     cpu_value = summary.get(key.replace('speedup@', 'speedup_cpu@'))
     bar = BARS.get(key)
     st = status.get(name, {'status': 'not run'})
+    word = next(
+      (c['status'] for c in st.get('bars', ()) if c['what'] == key),
+      st['status'],
+    )
+    estimate = ' (peer extrapolated)' if st.get('peer_extrapolated') else ''
     lines.append(
-      f'| {label} | {"-" if value is None else f"{value:.2f}x"} |'
-      f' {"-" if cpu_value is None else f"{cpu_value:.2f}x"} |'
+      f'| {label} |'
+      f' {"-" if value is None else f"{value:.2f}x{estimate}"} |'
+      f' {"-" if cpu_value is None else f"{cpu_value:.2f}x{estimate}"} |'
       f' {"-" if bar is None else f">= {bar:g}x"} |'
       f' {summary.get(match_key, "-")} |'
-      f' {st["status"]}{": " + st["reason"] if "reason" in st else ""} |'
+      f' {word}{": " + st["reason"] if "reason" in st else ""} |'
     )
-  listed = {row[3] for row in rows}
+  listed = {row[1] for row in HEADLINE_ROWS}
   for name, st in status.items():
     if name not in listed:
       lines.append(
-        f'| {name} | - | - | - | {st["status"]}'
+        f'| {name} | - | - | - | - | {st["status"]}'
         f'{": " + st["reason"] if "reason" in st else ""} |'
       )
+  for name, st in status.items():
+    for c in st.get('bars', ()):
+      if c['what'] == 'ours_first_call_s':
+        lines += [
+          '',
+          f'{name}, one full search including compilation:'
+          f' {c["value"]:.1f} s (bar < {c["bar"]:g} s): {c["status"]}.',
+        ]
   for name, result in results.items():
     if isinstance(result, dict) and result.get('markdown'):
       lines += ['', f'## {name}', '', result['markdown'].rstrip()]
   return '\n'.join(lines) + '\n'
 
 
+def relabel(out: str | os.PathLike) -> str:
+  """Recomputes the status of the finished run in `out` from its JSON files.
+
+  Nothing is timed: each benchmark's status comes from `summary.json` and
+  its `<bench>.json` (:func:`benchmark_status`); `run.json`'s status (the
+  seconds kept) and `summary.md` are rewritten. Returns the markdown.
+  """
+  from leakjax.io import atomic_write_text  # pylint: disable=g-import-not-at-top
+
+  out = Path(out)
+  summary = json.loads((out / 'summary.json').read_text())
+  info = json.loads((out / 'run.json').read_text())
+  results = {}
+  for name in BENCHMARKS:  # the order run_all writes them in
+    if (out / f'{name}.json').is_file() and name in info['status']:
+      results[name] = json.loads((out / f'{name}.json').read_text())
+  for name, result in results.items():
+    old = info['status'][name]
+    info['status'][name] = {
+      **benchmark_status(name, summary, result),
+      **({'seconds': old['seconds']} if 'seconds' in old else {}),
+    }
+  md = markdown(
+    summary, info['status'], results, info['peak'], quick=info['quick']
+  )
+  atomic_write_text(
+    out / 'run.json', json.dumps(info, indent=2, sort_keys=True)
+  )
+  atomic_write_text(out / 'summary.md', md)
+  return md
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument(
+    '--relabel',
+    action='store_true',
+    help='recompute the status of the finished run in --out (times nothing)',
+  )
   parser.add_argument(
     '--quick',
     action='store_true',
@@ -411,6 +589,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ' defaults; N: torch N threads, XLA default',
   )
   args = parser.parse_args(argv)
+  if args.relabel:
+    print(relabel(args.out))
+    return
   threads = configure_threads(args.threads)
   print(f'[run] threads: {threads}')
   names = args.only.split(',') if args.only else None
