@@ -1,5 +1,5 @@
-"""Every plot of the committed GBoard, differential, DAGER and FILM reports
-renders, and reads: legends off the data, error bars inside the axes, the
+"""Every plot of the committed GBoard, differential, DAGER, FILM and Embed
+Parrot reports renders, and reads: legends off the data, error bars inside the axes, the
 paper drawn over the run's range only, titles from the run's config.
 
 Each report module re-draws its figures from a finished run's folder
@@ -18,11 +18,13 @@ import matplotlib
 matplotlib.use('Agg')
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from experiments import (  # noqa: E402
   dager_report,
   differential_report,
+  embed_parrot_report,
   film_report,
   gboard_plots,
 )
@@ -48,6 +50,7 @@ def _committed(pattern: str) -> list[str]:
 GBOARD = _committed('**/fig2_word_recovery.png')
 DIFFERENTIAL = _committed('**/ds_dr.png')
 DAGER = _committed('**/dager_vs_tokens.png')
+EMBED_PARROT = _committed('embed_parrot/**/layers.png')
 # Every attack-mode FILM run draws the plot, committed or not.
 FILM = sorted(
   str(p.parent.relative_to(REPORTS))
@@ -60,7 +63,9 @@ FILM = sorted(
 def _copy_run(report: str, tmp_path) -> pathlib.Path:
   out = tmp_path / report.replace('/', '_')
   out.mkdir()
-  for name in RUN_FILES:
+  # Embed Parrot's training curves are drawn from its histories.
+  histories = [p.name for p in (REPORTS / report).glob('*_history.json')]
+  for name in (*RUN_FILES, *histories):
     if (REPORTS / report / name).is_file():
       shutil.copy(REPORTS / report / name, out / name)
   return out
@@ -102,6 +107,8 @@ def test_committed_report_folders_are_found():
   assert 'gboard' in GBOARD and 'gboard/quick' in GBOARD
   assert 'differential' in DIFFERENTIAL
   assert 'dager/quick' in DAGER and len(DAGER) > 20
+  assert 'embed_parrot' in EMBED_PARROT
+  assert 'embed_parrot/pretrained/layer_30' in EMBED_PARROT
   assert 'film_quickstart' in FILM and 'film_freeze' in FILM
 
 
@@ -171,15 +178,66 @@ def test_gboard_reconstruction_and_scaling_legends_off_the_data(tmp_path):
 def test_gboard_figures_render(report, tmp_path):
   run = _copy_run(report, tmp_path)
   written = gboard_plots.rerender_plots(run)
-  # Fig. 5 needs the run's update files (deltas/), which are not
-  # committed; every other committed figure is re-drawn.
-  committed = sorted(
-    p.name
-    for p in (REPORTS / report).glob('fig*.png')
-    if p.name != 'fig5_dpsgd_threshold.png'
-  )
+  # Every committed figure is re-drawn from the committed files.
+  committed = sorted(p.name for p in (REPORTS / report).glob('fig*.png'))
   assert sorted(written) == committed
   _assert_pngs(run, written)
+
+
+def _error_bars_inside(ax) -> None:
+  """Every error bar of `ax` ends inside its y axis."""
+  low, high = ax.get_ylim()
+  for collection in ax.collections:
+    for segment in collection.get_segments():
+      for _, y in segment:
+        assert low <= y <= high, (ax.get_title(), y, low, high)
+
+
+@pytest.mark.parametrize('report', ['gboard', 'gboard/heldout'])
+def test_gboard_dpsgd_figure_without_update_files(report, tmp_path):
+  # Fig. 5 from the committed files: panels (a) and (c), the caption says
+  # that (b) needs the run's update files, the title names the run's data.
+  cfg, summary, res, colors = _gboard(report, tmp_path)
+  dp = [r for r in res if r['noise'] == 'dpsgd']
+  fig = gboard_plots._dpsgd_figure(cfg, summary, dp, colors)
+  assert [ax.get_title() for ax in fig.axes] == [
+    '(a) Algorithm 2 (cut 0)',
+    '(c) no-oracle threshold',
+  ]
+  caption = ' '.join(t.get_text() for t in fig.texts)
+  assert 'no values in its text' in caption
+  assert "Not drawn: the paper's panel (b)" in caption and 'deltas/' in caption
+  assert cfg.sms in fig._suptitle.get_text()
+  assert ('Bars: ±1 sd' in caption) == (cfg.num_datasets > 1)
+  for ax in fig.axes:
+    _error_bars_inside(ax)
+  _assert_legends_off_the_data(fig)
+  plt.close(fig)
+
+
+def test_gboard_dpsgd_figure_with_magnitudes(tmp_path):
+  # With a run's update files, panel (b) sits between (a) and (c), its
+  # keys in the one legend right of the panels.
+  cfg, summary, res, colors = _gboard('gboard/quick', tmp_path)
+  dp = [r for r in res if r['noise'] == 'dpsgd']
+  values = np.linspace(0.03, 0.0, 200)
+  magnitudes = dict(
+    values=values,
+    typed=values > 0.01,
+    threshold=0.012,
+    oracle=0.01,
+    rule='fdr',
+    run='σ=0.01, B=full, n_k=16, E=50',
+  )
+  fig = gboard_plots._dpsgd_figure(cfg, summary, dp, colors, magnitudes)
+  titles = [ax.get_title() for ax in fig.axes]
+  assert titles[1].startswith('(b) sorted bias updates') and len(titles) == 3
+  caption = ' '.join(t.get_text() for t in fig.texts)
+  assert 'Not drawn' not in caption
+  labels = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert '(b) bias cut (fdr)' in labels
+  _assert_legends_off_the_data(fig)
+  plt.close(fig)
 
 
 # ----------------------------------------------------------- differential
@@ -404,4 +462,107 @@ def test_film_title_and_error_bars(report, tmp_path):
   # The paper is drawn on the undefended panel only.
   assert len(_paper_lines(fig.axes[0])) == 4
   assert all(not _paper_lines(ax) for ax in fig.axes[1:])
+  plt.close(fig)
+
+
+# ------------------------------------------------------------ Embed Parrot
+
+
+@pytest.mark.parametrize('report', EMBED_PARROT)
+def test_embed_parrot_figures_render(report, tmp_path):
+  run = _copy_run(report, tmp_path)
+  written = embed_parrot_report.rerender_plots(run)
+  committed = sorted(
+    p.name
+    for p in (REPORTS / report).glob('*.png')
+    if p.name in ('layers.png', 'ep_training.png')
+  )
+  assert sorted(written) == committed
+  _assert_pngs(run, written)
+
+
+def _embed_parrot_inputs(report: str, tmp_path):
+  run = _copy_run(report, tmp_path)
+  stored = json.loads((run / 'config.json').read_text())
+  cfg = types.SimpleNamespace(
+    model=stored['model'],
+    corpora=stored['corpora'],
+    train_corpus=stored['train_corpus'],
+  )
+  summary = json.loads((run / 'summary.json').read_text())
+  names = [name for name, _ in embed_parrot_report._corpus_pairs(cfg)]
+  return run, stored, cfg, summary, names
+
+
+def _grey(line) -> bool:
+  return matplotlib.colors.same_color(line.get_color(), 'grey')
+
+
+def test_embed_parrot_layers_legend_outside_paper_at_the_runs_layers(
+  tmp_path,
+):
+  _, stored, cfg, summary, names = _embed_parrot_inputs(
+    'embed_parrot', tmp_path
+  )
+  layers = [x if x == 'last' else int(x) for x in stored['layers']]
+  deep = stored['deep_layer']
+  variants = list(stored['ep_variants'])
+  fig = embed_parrot_report.layers_figure(
+    cfg, summary, names, layers, deep, variants
+  )
+  title = fig._suptitle.get_text()
+  assert cfg.model in title and f'trained on {cfg.train_corpus}' in title
+  for ax in fig.axes:
+    # The paper: Table 2's BEI and HEI over the run's 8 layers, and its
+    # EP (Table 4) at layer 30 only.
+    paper = [line for line in ax.get_lines() if _grey(line)]
+    assert [len(line.get_xdata()) for line in paper] == [8, 8, 1]
+    low, high = ax.get_xlim()
+    assert all(low < x < high for line in paper for x in line.get_xdata())
+    (ep,) = [line for line in paper if len(line.get_xdata()) == 1]
+    assert round(ep.get_xdata()[0]) == 6  # layer 30, the 7th tick
+  hei_rouge1 = embed_parrot_report.PAPER_TABLE2['hei']['rouge1']
+  assert list(
+    next(
+      line.get_ydata()
+      for line in fig.axes[0].get_lines()
+      if _grey(line) and line.get_linestyle() == '-'
+    )
+  ) == list(hei_rouge1)
+  _assert_legends_off_the_data(fig)
+  plt.close(fig)
+
+
+def test_embed_parrot_single_layer_run_draws_both_paper_points(tmp_path):
+  # A run at layer 30 with EP+PPL: the paper's EP and EP+PPL (Table 4)
+  # beside the run's points, apart from each other.
+  _, stored, cfg, summary, names = _embed_parrot_inputs(
+    'embed_parrot/pretrained/layer_30', tmp_path
+  )
+  fig = embed_parrot_report.layers_figure(
+    cfg, summary, names, [30], 30, ['ep_pretrained', 'ep_pretrained_ppl']
+  )
+  points = [
+    line
+    for line in fig.axes[0].get_lines()
+    if _grey(line) and line.get_marker() in ('*', 'P')
+  ]
+  assert sorted(line.get_marker() for line in points) == ['*', 'P']
+  assert len({line.get_xdata()[0] for line in points}) == 2
+  _assert_legends_off_the_data(fig)
+  plt.close(fig)
+
+
+def test_embed_parrot_training_legend_outside_title_from_config(tmp_path):
+  run, _, cfg, summary, _ = _embed_parrot_inputs(
+    'embed_parrot/pretrained/samples_layer_25', tmp_path
+  )
+  history = json.loads((run / 'ep_pretrained_history.json').read_text())
+  fig = embed_parrot_report.training_figure(
+    cfg, summary, 25, {'ep_pretrained': history}
+  )
+  title = fig.axes[0].get_title()
+  assert cfg.model in title and cfg.train_corpus in title
+  assert f'{summary["num_train_samples"]} samples' in title
+  _assert_legends_off_the_data(fig)
   plt.close(fig)
