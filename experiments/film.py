@@ -67,10 +67,9 @@ def define_flags() -> None:
   flags.DEFINE_integer(
     'grad_microbatch',
     32,
-    'Compute the client gradient this many sentences at a time (memory of'
-    ' one chunk; what one pass at b = 128 takes: reports/film_bag/README.md);'
-    ' 0: one pass. Same gradient up to float rounding; not part of the'
-    ' config.',
+    'Compute the client gradient this many sentences at a time, so that'
+    ' memory holds the activations of one chunk, not of the whole batch; 0:'
+    ' one pass. Same gradient up to float rounding; not part of the config.',
   )
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)

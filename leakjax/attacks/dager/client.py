@@ -128,7 +128,7 @@ def send(
     defense=defense,
     key=key,
     # 32 sentences at a time: the same gradient up to float rounding, in
-    # bounded memory (SmolLM2 at b = 128 in one pass needs ~16 GB).
+    # bounded memory (one pass holds every sentence's activations at once).
     microbatch=min(ids.shape[0], 32),
   )
 
