@@ -1,8 +1,9 @@
-"""What the FILM runner does between and around its stages: a heartbeat
-line during long silent stages, and the heap given back after each.
+"""What a runner does between and around its stages: a heartbeat line
+during long silent stages, and the heap given back after each.
 
 Neither changes a result; both make a long CPU run observable and its
-memory smaller (reports/film_quickstart/README.md).
+memory smaller (reports/film_quickstart/README.md, reports/audit/README.md).
+Runners (FILM's, the audit's) use them; kernels never do.
 """
 
 from __future__ import annotations

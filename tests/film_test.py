@@ -16,9 +16,10 @@ from absl import flags
 from experiments import common, film_report
 from experiments import film as film_exp
 from leakjax import fl, metrics, models
+from leakjax import runtime as stages
 from leakjax import train as train_lib
 from leakjax.attacks import film
-from leakjax.attacks.film import bag_only, client, runner, stages, training
+from leakjax.attacks.film import bag_only, client, runner, training
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
 from leakjax.models import get_path, gpt2

@@ -21,7 +21,8 @@ import pytest
 
 from experiments import film as film_exp
 from experiments import film_report
-from leakjax.attacks.film import presets, stages, training
+from leakjax import runtime as stages
+from leakjax.attacks.film import presets, training
 from leakjax.models import gpt2
 from leakjax.recovery import bag as bow
 from leakjax.tokenization import gpt2_tokenizer

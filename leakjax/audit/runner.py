@@ -44,7 +44,7 @@ import tqdm
 from absl import logging
 
 from leakjax import data as data_lib
-from leakjax import io, models, provenance
+from leakjax import io, models, provenance, runtime
 from leakjax.attacks import film
 from leakjax.attacks.dager import client as dager_client
 from leakjax.attacks.dager import presets as dager_presets
@@ -412,25 +412,15 @@ def run(
     total=len(mine), desc='audit', disable=not progress or not io.is_primary()
   )
   fresh: list[dict] = []
-  for unit in mine:
-    bar.set_postfix_str(_describe(unit), refresh=True)
-    if unit[0] == 'utility':
-      _, defense, seed = unit
-      if writer.done(kind='utility', defense=defense, seed=seed) is None:
-        row = cells.utility(defense, seed)
-        writer.add_result(row)
-        fresh.append(row)
-    else:
-      _, artefact, b, index, defense = unit
-      match = dict(
-        kind='attack', artefact=artefact, b=b, batch=index, defense=defense
-      )
-      done = functools.partial(writer.done, **match)
-      for row in cells.attack(artefact, b, index, defense, done):
-        if writer.done(**match, attack=row['attack']) is None:
-          writer.add_result(row)
-          fresh.append(row)
-    bar.update(1)
+  with runtime.Heartbeat() as beat:
+    for unit in mine:
+      beat.stage = _describe(unit)
+      bar.set_postfix_str(beat.stage, refresh=True)
+      fresh.extend(_run_unit(cells, writer, unit))
+      bar.update(1)
+      # A unit's gradients, fine-tuned weights and compiled programs are
+      # freed; glibc keeps their pages unless given back.
+      runtime.return_freed_memory()
   bar.close()
   if jax.process_count() > 1:
     for row in _gather_rows(fresh):
@@ -447,6 +437,28 @@ def run(
       json.dumps(io.jsonable(extra), indent=2, sort_keys=True),
     )
   return AuditRun(results=writer.results, extra=extra)
+
+
+def _run_unit(cells: _Cells, writer: io.ExperimentWriter, unit) -> list[dict]:
+  """The rows one work unit adds to `writer` (none when all were there)."""
+  fresh = []
+  if unit[0] == 'utility':
+    _, defense, seed = unit
+    if writer.done(kind='utility', defense=defense, seed=seed) is None:
+      row = cells.utility(defense, seed)
+      writer.add_result(row)
+      fresh.append(row)
+    return fresh
+  _, artefact, b, index, defense = unit
+  match = dict(
+    kind='attack', artefact=artefact, b=b, batch=index, defense=defense
+  )
+  done = functools.partial(writer.done, **match)
+  for row in cells.attack(artefact, b, index, defense, done):
+    if writer.done(**match, attack=row['attack']) is None:
+      writer.add_result(row)
+      fresh.append(row)
+  return fresh
 
 
 def _describe(unit) -> str:

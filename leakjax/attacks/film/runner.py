@@ -51,9 +51,9 @@ import numpy as np
 from absl import logging
 
 from leakjax import data as data_lib
-from leakjax import io, metrics, models
+from leakjax import io, metrics, models, runtime
 from leakjax._jit import jitted
-from leakjax.attacks.film import bag_only, client, pipeline, stages, training
+from leakjax.attacks.film import bag_only, client, pipeline, training
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
 from leakjax.errors import LeakjaxError, check_positive
@@ -269,7 +269,7 @@ def run(
   Returns:
     The rows and the facts the report needs.
   """
-  with stages.Heartbeat() as beat:
+  with runtime.Heartbeat() as beat:
     return _run(
       config,
       writer,
@@ -283,7 +283,7 @@ def run(
 
 def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
   """:func:`run`, naming each stage to `beat` (a
-  :class:`~leakjax.attacks.film.stages.Heartbeat`)."""
+  :class:`~leakjax.runtime.Heartbeat`)."""
   cfg = config
   texts = load_texts(cfg) if texts is None else texts
   start = time.perf_counter()
@@ -304,7 +304,7 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
     'num_train': len(train_texts),
     'hidden_size': model.hidden_size,
   }
-  stages.return_freed_memory()
+  runtime.return_freed_memory()
   if cfg.mode == 'utility':
     training.utility(
       model,
@@ -328,7 +328,7 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
       progress=progress,
     )
     extra.update(trained)
-    stages.return_freed_memory()
+    runtime.return_freed_memory()
   if len(train_texts) < max(cfg.batch_sizes):
     raise LeakjaxError(
       f'{len(train_texts)} training sentences, fewer than'
@@ -377,7 +377,7 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
         )
       for row in rows:
         writer.add_result(row)
-      stages.return_freed_memory()
+      runtime.return_freed_memory()
       counter.computed()
       _log_rows(counter, point['b'], index, rows, cfg.mode)
   return FilmRun(results=writer.results, extra=extra)
