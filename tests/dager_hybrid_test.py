@@ -630,12 +630,13 @@ def test_cut_variants_cut_at_word_boundaries_and_close_with_an_end():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  'chunk,transformed', ((2, False), (4, False), (2, True))
+  'chunk,transformed', ((2, False), (4, False), (2, True), (64, False))
 )
 def test_pool_gram_is_the_weighted_features_gram(chunk, transformed):
-  # Three sentences in chunks of 2 (the last one padded) or 4: the Gram
-  # and projections of the weighted, flattened head rows (times a random
-  # transform when given), from NumPy.
+  # Three sentences in chunks of 2 (the last one padded) or 4, or of 64,
+  # which a pool of three pads only to 8: the Gram and projections of the
+  # weighted, flattened head rows (times a random transform when given),
+  # from NumPy.
   model, params = tiny('gpt2')
   rows = [ROWS[0], ROWS[1], ROWS[0][:5] + [END]]
   width = CONFIG.max_length

@@ -225,13 +225,16 @@ def pool_gram(
   scaled by one row of `weights`, flattened; `t` the target rows, which
   the caller passes already transformed, scaled alike; one Gram per
   weighting. The rows are computed
-  `chunk` sentences at a time (one compile: the last chunk is padded) and
-  kept on the device once, the Grams in blocks of two chunks.
+  `chunk` sentences at a time (one compile: the last chunk is padded; a
+  pool smaller than `chunk` is padded only to the next power of two, so
+  a small pool computes no rows it drops) and kept on the device once,
+  the Grams in blocks of two chunks.
 
   Returns:
     float32 numpy `gram [W, P, P]` and `along [W, P]`.
   """
   num = len(tokens)
+  chunk = min(chunk, max(8, 1 << (num - 1).bit_length()))
   pad = -num % chunk
   tokens = np.concatenate([tokens, np.repeat(tokens[:1], pad, 0)])
   lengths = np.concatenate([lengths, np.repeat(lengths[:1], pad)])
