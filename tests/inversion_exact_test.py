@@ -50,6 +50,7 @@ def hei_scores(model, params, states):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layer', [0, 2, 'last'])
 @pytest.mark.parametrize('family', sorted(MODELS))
 def test_the_checks_are_the_distances_of_each_rows_states(family, layer):
@@ -122,6 +123,7 @@ def test_tiny_models_are_inverted_exactly(family, layer):
     assert min(got.checked) >= 1
 
 
+@pytest.mark.slow
 def test_the_proposals_order_checks_the_best_first():
   # The true token ranked 5th by the proposals: found in the first chunk.
   model, params = tiny_llama()
@@ -173,6 +175,7 @@ def test_a_planted_near_tie_is_undecided_not_guessed():
   assert [got.ids[t] for t in (0, 1, 3, 4)] == [3, 9, 12, 5]
 
 
+@pytest.mark.slow
 def test_the_nearest_rule_recovers_noisy_states():
   model, params = tiny_gpt2()
   ids = np.asarray(jax.random.randint(jax.random.key(8), (1, 6), 0, 512))
@@ -212,6 +215,7 @@ def test_bad_settings_are_refused(changes):
     exact.ExactConfig(**changes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('prefix', [False, True])
 @pytest.mark.parametrize('layer', [0, 2, 3])
 @pytest.mark.parametrize('family', sorted(MODELS))
@@ -230,6 +234,7 @@ def test_stream_decode_in_two_chunks_equals_hidden_states(
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_twins_are_every_token_within_the_tolerance():
   # The projection window finds exactly what a full scan finds.
   rng = np.random.default_rng(1)
