@@ -65,22 +65,9 @@ def fit_inverse(model, params, texts: Sequence[str], layer: str, width: int):
     return Inverse(None, None, None, 'no attacker text to fit on')
   ids, mask = dager_client.padded_batch(model, texts, width)
   # The layer and its target H^0 from one pass, 16 texts at a time.
-  fn = jitted(bei_hei.layer_states, static_argnames=('model', 'layers'))
-  both = [
-    np.asarray(
-      fn(
-        model,
-        params,
-        jnp.asarray(ids[s : s + 16]),
-        jnp.asarray(mask[s : s + 16]),
-        (_layer(layer), 0),
-      ),
-      np.float32,
-    )
-    for s in range(0, len(ids), 16)
-  ]
-  hidden = np.concatenate([b[0] for b in both])
-  target = np.concatenate([b[1] for b in both])
+  hidden, target = bei_hei.layer_states_of_many(
+    model, params, ids, mask, (layer, 0)
+  )
   stats = embed_parrot.feature_stats(hidden, mask)
   kernel, bias = embed_parrot.ridge_solution(hidden, target, mask, stats)
   return Inverse(kernel, bias, stats)

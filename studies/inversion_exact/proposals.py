@@ -25,7 +25,6 @@ The texts, layers and attacker's texts are the experiment's (its flags;
 import json
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
@@ -66,22 +65,7 @@ def fit(features: np.ndarray, target: np.ndarray, mask: np.ndarray):
 
 def states_of(model, params, ids, mask, layers) -> list[np.ndarray]:
   """`H^layer` of every text, float32 `[N, W, D]` per layer."""
-  fn = jax.jit(bei_hei.layer_states, static_argnames=('model', 'layers'))
-  wanted = tuple(x if x == 'last' else int(x) for x in layers)
-  parts = [
-    np.asarray(
-      fn(
-        model,
-        params,
-        jnp.asarray(ids[s : s + 16]),
-        jnp.asarray(mask[s : s + 16]),
-        wanted,
-      ),
-      np.float32,
-    )
-    for s in range(0, len(ids), 16)
-  ]
-  both = np.concatenate(parts, axis=1)
+  both = bei_hei.layer_states_of_many(model, params, ids, mask, layers)
   return [both[i] for i in range(len(layers))]
 
 

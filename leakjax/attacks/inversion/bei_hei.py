@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from leakjax._jit import jitted
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model
 
@@ -341,6 +342,30 @@ def layer_states(
   return jnp.stack(out)
 
 
+def layer_states_of_many(
+  model: Model, params, ids, mask, layers: Sequence[Layer], *, batch: int = 16
+) -> np.ndarray:
+  """:func:`layer_states` of many texts, `batch` rows per forward pass (one
+  compile per batch shape), float32 numpy `[len(layers), N, T, D]`. A host
+  loop, for runners; `layers` may be strings ('25', 'last')."""
+  fn = jitted(layer_states, static_argnames=('model', 'layers'))
+  wanted = tuple(LAST if x == LAST else int(x) for x in layers)
+  parts = [
+    np.asarray(
+      fn(
+        model,
+        params,
+        jnp.asarray(ids[s : s + batch]),
+        jnp.asarray(mask[s : s + batch]),
+        wanted,
+      ),
+      np.float32,
+    )
+    for s in range(0, len(ids), batch)
+  ]
+  return np.concatenate(parts, axis=1)
+
+
 # --------------------------------------------------------------- BEI, HEI
 def head_logits(
   model: Model, params, hidden: jax.Array, *, apply_final_norm: bool = False
@@ -566,6 +591,7 @@ def sequence_nll(
 
 __all__ = [
   'LAST',
+  'layer_states_of_many',
   'parse_layer',
   'block_paths',
   'final_norm_path',

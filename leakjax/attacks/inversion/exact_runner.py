@@ -300,22 +300,9 @@ class _Attacks:
 
   def layer_states(self, ids, mask, layers: Sequence[str]) -> list[np.ndarray]:
     """`H^layer` of every text, float32 `[N, W, D]` per layer."""
-    fn = jitted(bei_hei.layer_states, static_argnames=('model', 'layers'))
-    wanted = tuple(_layer(x) for x in layers)
-    parts = [
-      np.asarray(
-        fn(
-          self.model,
-          self.params,
-          jnp.asarray(ids[s : s + BATCH]),
-          jnp.asarray(mask[s : s + BATCH]),
-          wanted,
-        ),
-        np.float32,
-      )
-      for s in range(0, len(ids), BATCH)
-    ]
-    both = np.concatenate(parts, axis=1)
+    both = bei_hei.layer_states_of_many(
+      self.model, self.params, ids, mask, layers, batch=BATCH
+    )
     return [both[i] for i in range(len(layers))]
 
   def cell_states(self, split: str, name: str) -> dict[str, np.ndarray]:
