@@ -239,9 +239,10 @@ def summarize(
   )
   md += _multi_sentence_table(rows, summary)
   md += _frozen_table(rows, extra.get('hidden_size'))
-  examples = [r for r in rows if r.get('batch') == 0][:4]
+  first = min((r.get('batch', 0) for r in rows), default=0)
+  examples = [r for r in rows if r.get('batch') == first][:4]
   if examples:
-    md += '\n## Examples (batch 0)\n\n'
+    md += f'\n## Examples (batch {first})\n\n'
     for r in examples:
       orig = r['originals'][r['match']]
       md += (

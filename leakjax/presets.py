@@ -50,6 +50,25 @@ class Preset:
   measured: str
 
 
+SPLITS = ('dev', 'test')
+
+
+def split_record():
+  """A config's `split` field: a record of which split its data are (`dev`:
+  settings were chosen on them; `test`: reported, nothing chosen on them;
+  None: not said). It computes nothing (`compare=False`), so config.json
+  says it and a resumed run never refuses it; :func:`check_split` checks
+  its value."""
+  return dataclasses.field(default=None, compare=False)
+
+
+def check_split(split: str | None) -> None:
+  if split is not None and split not in SPLITS:
+    raise LeakjaxError(
+      f'unknown --split {split!r}', f'use one of {", ".join(SPLITS)}'
+    )
+
+
 class Presets(Mapping):
   """The presets of one experiment config class, by name.
 

@@ -108,6 +108,14 @@ def test_bad_defenses_are_refused(spec):
     dager_client.parse_defense(spec)
 
 
+def test_split_is_a_record_of_the_batches():
+  cfg = runner.DagerConfig(split='test', first_batch=3)
+  assert cfg == dataclasses.replace(cfg, split='dev')  # computes the same
+  assert io.jsonable(cfg)['split'] == 'test'  # config.json says it
+  with pytest.raises(LeakjaxError, match='unknown --split'):
+    runner.DagerConfig(split='heldout')
+
+
 def test_defenses_parse():
   assert dager_client.parse_defense('none') == ('none', ())
   assert dager_client.parse_defense('noise:0.01') == ('noise', (0.01,))

@@ -423,6 +423,35 @@ def _write_corpora(folder: Path) -> str:
   return f'a={folder / "a.json"},b={folder / "b.txt"}'
 
 
+def test_test_split_shares_no_text_with_dev_and_keeps_the_training_texts(
+  tmp_path,
+):
+  tok = gpt2_tokenizer()
+  base = runner.InversionConfig(
+    corpora=tuple(_write_corpora(tmp_path).split(',')),
+    train_corpus='a',
+    sentence_split=('b',),
+    num_test=4,
+    num_train=20,
+    test_fraction=0.25,
+    max_length=16,
+  )
+  assert base.split == 'dev'  # the committed runs' texts
+  dev, dev_train = texts.load_splits(base, tok)
+  test, test_train = texts.load_splits(
+    dataclasses.replace(base, split='test'), tok
+  )
+  assert test_train.texts == dev_train.texts
+  for name in 'ab':
+    assert len(test[name].texts) == len(dev[name].texts) == 4
+    assert not set(test[name].texts) & set(dev[name].texts)
+    assert not set(test[name].texts) & set(dev_train.texts)
+  with pytest.raises(LeakjaxError, match='outside the dev draw'):
+    texts.load_splits(dataclasses.replace(base, split='test', num_test=8), tok)
+  with pytest.raises(LeakjaxError, match='unknown --split'):
+    runner.InversionConfig(split='train')
+
+
 @pytest.mark.slow
 def test_experiment_smoke(tmp_path):
   tok = gpt2_tokenizer()

@@ -215,7 +215,7 @@ def test_frozen_embeddings_end_to_end_with_sentence_ends():
     model,
     params,
     grads,
-    config=dataclasses.replace(config, frozen_sentence_ends=False),
+    config=dataclasses.replace(config, sentence_ends='never'),
     key=jax.random.key(0),
   )
   assert without.sentence_ends == ()
@@ -226,6 +226,18 @@ def test_frozen_embeddings_end_to_end_with_sentence_ends():
     model, params, plain, config=config, key=jax.random.key(0)
   )
   assert result.sentence_ends == ()
+  # ... unless asked for, as the like-for-like undefended arm.
+  always = film.recover(
+    model,
+    params,
+    plain,
+    config=dataclasses.replace(config, sentence_ends='always'),
+    key=jax.random.key(0),
+  )
+  assert set(always.sentence_ends) == set(ends) - set(always.bag.ids)
+  assert always.sentence_ends
+  with pytest.raises(Exception, match='unknown sentence_ends'):
+    film.FilmAttackConfig(sentence_ends='sometimes')
 
 
 SMOKE = dict(
@@ -410,6 +422,23 @@ def test_bad_defense_and_config_errors():
   keys = [p['key'] for p in runner.sweep_points(cfg)]
   assert keys[0] == {'b': 1, 'beta': 0.0} and len(keys) == 4
   assert dataclasses.replace(cfg, seed=1) != cfg
+
+
+def test_first_batch_attacks_later_draws_and_split_is_a_record(tmp_path):
+  """--first_batch=1 attacks the batch index 1 draws (not index 0's), and
+  --split only labels config.json: the same config otherwise."""
+  with pytest.raises(Exception, match='first_batch'):
+    runner.FilmConfig(first_batch=-1)
+  with pytest.raises(Exception, match='unknown --split'):
+    runner.FilmConfig(split='train')
+  cfg = runner.FilmConfig(**SMOKE, first_batch=1, split='test')
+  assert cfg == dataclasses.replace(cfg, split='dev')
+  film_exp.run_experiment(cfg, tmp_path, progress=False)
+  (row,) = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
+  assert row['batch'] == 1
+  first, second = (client.draw_batch(12, 2, i, 0) for i in (0, 1))
+  assert first != second
+  assert json.loads((tmp_path / 'config.json').read_text())['split'] == 'test'
 
 
 def test_summary_with_entity_free_batches():

@@ -45,6 +45,7 @@ from absl import logging
 
 from leakjax import data as data_lib
 from leakjax import io, metrics, models
+from leakjax import presets as presets_lib
 from leakjax import train as train_lib
 from leakjax.attacks.dager import client, hybrid, pipeline, search
 from leakjax.errors import LeakjaxError, check_positive
@@ -110,6 +111,9 @@ class DagerConfig:
     preset: the named preset the config started from
       (:mod:`leakjax.attacks.dager.presets`), recorded; None: none. Not
       compared: two configs whose other fields agree give the same run.
+    split: which split the attacked batches are, recorded
+      (:func:`leakjax.presets.split_record`): dev (a setting was chosen on
+      them), test (nothing was) or None.
   """
 
   model: str = 'smollm2-135m'
@@ -139,8 +143,10 @@ class DagerConfig:
   complete_last_token: bool = True
   seed: int = 0
   preset: str | None = dataclasses.field(default=None, compare=False)
+  split: str | None = presets_lib.split_record()
 
   def __post_init__(self):
+    presets_lib.check_split(self.split)
     for name in ('batch_sizes', 'defenses', 'attacks'):
       object.__setattr__(self, name, tuple(getattr(self, name)))
     if isinstance(self.hybrid, Mapping):  # from config.json

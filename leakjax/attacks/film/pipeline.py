@@ -53,6 +53,9 @@ from leakjax.tokenization import sentence_end_mask
 PyTree = Any
 
 
+SENTENCE_ENDS = ('silent', 'always', 'never')
+
+
 @dataclasses.dataclass(frozen=True)
 class FilmAttackConfig:
   """The attack's settings (hashable).
@@ -76,16 +79,18 @@ class FilmAttackConfig:
     bag_bucket: pad the bag to a multiple of this (fewer recompilations).
     grad_paths: parameter subset of the reordering gradient norm; None:
       :func:`leakjax.attacks.film.reorder.default_grad_paths`.
-    frozen_sentence_ends: when the gradient of the word embeddings (and of
-      an untied head) is zero everywhere, as under FILM's frozen-embedding
-      defense (Sec. 5), search over the bag plus the vocabulary's
+    sentence_ends: when to search over the bag plus the vocabulary's
       one-character sentence ends ('.', '!', '?', with or without a
-      leading space). Our decision, not the paper's: such a bag comes from
-      the span test, which sees model inputs only, and each sentence's
-      last token is a target, never an input; the head gradient that
-      reveals targets is zero too, so without these tokens the beam search
-      could never end a sentence. The bag itself (FilmResult.bag) stays
-      what the gradient gave.
+      leading space): 'silent' when the gradient of the word embeddings
+      (and of an untied head) is zero everywhere, as under FILM's
+      frozen-embedding defense (Sec. 5); 'always'; 'never' (the paper's
+      attack). Our decision, not the paper's: a bag from a silent head
+      comes from the span test, which sees model inputs only, and each
+      sentence's last token is a target, never an input, so without these
+      tokens the beam search could never end a sentence. 'always' gives an
+      undefended gradient the same tokens, for a like-for-like comparison
+      with the defense. The bag itself (FilmResult.bag) stays what the
+      gradient gave.
   """
 
   bag_method: str = 'auto'
@@ -100,7 +105,14 @@ class FilmAttackConfig:
   use_bos: bool = True
   bag_bucket: int = 64
   grad_paths: tuple[tuple[str, ...], ...] | None = None
-  frozen_sentence_ends: bool = True
+  sentence_ends: str = 'silent'
+
+  def __post_init__(self):
+    if self.sentence_ends not in SENTENCE_ENDS:
+      raise LeakjaxError(
+        f'unknown sentence_ends {self.sentence_ends!r}',
+        f'use one of {", ".join(SENTENCE_ENDS)}',
+      )
 
 
 @dataclasses.dataclass
@@ -134,7 +146,7 @@ class FilmResult:
       is FILM's single-sentence answer).
     num_prompts: how many start prompts were searched.
     sentence_ends: token ids searched beside the bag
-      (`FilmAttackConfig.frozen_sentence_ends`); empty when none were added.
+      (`FilmAttackConfig.sentence_ends`); empty when none were added.
   """
 
   bag: bow.Bag
@@ -323,7 +335,9 @@ def recover(
       'the gradient carries no embedding information (frozen embeddings?)',
     )
   ends = ()
-  if config.frozen_sentence_ends and _silent_token_gradients(model, grads):
+  if config.sentence_ends == 'always' or (
+    config.sentence_ends == 'silent' and _silent_token_gradients(model, grads)
+  ):
     ends = tuple(sorted(set(sentence_end_ids(tok)) - set(bag_ids)))
     bag_ids = sorted(bag_ids + list(ends))
   prompts = bs.make_prompts(

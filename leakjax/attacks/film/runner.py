@@ -52,6 +52,7 @@ from absl import logging
 
 from leakjax import data as data_lib
 from leakjax import io, metrics, models, runtime
+from leakjax import presets as presets_lib
 from leakjax._jit import jitted
 from leakjax.attacks.film import bag_only, client, pipeline, training
 from leakjax.attacks.film import beam_search as bs
@@ -110,6 +111,10 @@ class FilmConfig:
       the last (a sensitivity check of the decision above).
     batch_sizes: Client batch sizes b.
     num_batches: Attacked batches per b (FILM: 20).
+    first_batch: Index of the first attacked batch: batches `first_batch`
+      to `first_batch + num_batches - 1` of each b (each index draws its own
+      batch, :func:`client.draw_batch`), so a run with `first_batch=20`
+      attacks 20 batches none of the first 20 runs saw.
     defenses: Client defenses: none, freeze, prune:<ratio>, dp:<epsilon>
       (DP-SGD at that ε for the whole training run).
     dp_clip: DP-SGD clip norm C.
@@ -139,10 +144,16 @@ class FilmConfig:
       gradient norm; empty: last block + final norm.
     repetitions: Beam searches per batch (multi-sentence recovery, Sec.
       4.5).
+    sentence_ends: When the search adds the vocabulary's sentence ends to
+      the bag: silent (the embedding gradient is zero, as under frozen
+      embeddings), always or never (:class:`pipeline.FilmAttackConfig`).
     seed: Random seed (data split, batch draws, reordering keys).
     preset: the named preset the config started from
       (:mod:`leakjax.attacks.film.presets`), recorded; None: none. Not
       compared: two configs whose other fields agree give the same run.
+    split: which split the attacked batches are, recorded
+      (:func:`leakjax.presets.split_record`): dev (a setting was chosen on
+      them), test (nothing was) or None.
   """
 
   mode: str = 'attack'
@@ -164,6 +175,7 @@ class FilmConfig:
   attack_best: bool = False
   batch_sizes: tuple[int, ...] = (1, 16, 64, 128)
   num_batches: int = 20
+  first_batch: int = 0
   defenses: tuple[str, ...] = ('none',)
   dp_clip: float = 1.0
   dp_delta: float = 1e-5
@@ -185,10 +197,18 @@ class FilmConfig:
   reorder_candidates: int = 16
   grad_paths: str = ''
   repetitions: int = 1
+  sentence_ends: str = 'silent'
   seed: int = 0
   preset: str | None = dataclasses.field(default=None, compare=False)
+  split: str | None = presets_lib.split_record()
 
   def __post_init__(self):
+    presets_lib.check_split(self.split)
+    if self.sentence_ends not in pipeline.SENTENCE_ENDS:
+      raise LeakjaxError(
+        f'unknown --sentence_ends {self.sentence_ends!r}',
+        f'use one of {", ".join(pipeline.SENTENCE_ENDS)}',
+      )
     if self.mode not in MODES:
       raise LeakjaxError(
         f'unknown --mode {self.mode!r}', f'use one of {", ".join(MODES)}'
@@ -203,6 +223,10 @@ class FilmConfig:
       )
     if self.num_batches < 1 or self.repetitions < 1:
       raise LeakjaxError('num_batches and repetitions must be >= 1')
+    if self.first_batch < 0:
+      raise LeakjaxError(
+        f'--first_batch={self.first_batch} must be >= 0', 'pass e.g. 0 or 20'
+      )
     for d in self.defenses:
       client.parse_defense(d)
     check_positive(
@@ -342,7 +366,7 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
   )
   counter = io.Progress(len(points) * cfg.num_batches)
   for point in points:
-    for index in range(cfg.num_batches):
+    for index in range(cfg.first_batch, cfg.first_batch + cfg.num_batches):
       match = {**point['key'], 'batch': index}
       if cfg.mode == 'bag':
         match['method'] = 'tied' if model.paths.lm_head is None else 'nonzero'
@@ -474,6 +498,7 @@ def attack_config(
     prompts_per_search=cfg.prompts_per_search,
     repetitions=cfg.repetitions,
     grad_paths=_grad_paths(cfg),
+    sentence_ends=cfg.sentence_ends,
   )
 
 

@@ -46,6 +46,7 @@ from typing import Any, Sequence
 import jax
 
 from leakjax import io, models, sharding
+from leakjax import presets as presets_lib
 from leakjax.attacks.inversion import (
   hidden_states,
   parrot_runs,
@@ -78,6 +79,11 @@ class InversionConfig:
     layers: Layers for BEI/HEI.
     deep_layer: Layer attacked by Embed Parrot.
     num_test: Held-out texts per corpus.
+    split: Which held-out texts are scored: dev (the first draw of num_test
+      per corpus, where Embed Parrot's settings were chosen) or test (a
+      second draw of num_test from the same held-out share, sharing no text
+      with dev; nothing was chosen on it). The training texts are the same
+      for both (:func:`texts.load_splits`).
     num_train: Training texts for Embed Parrot.
     train_samples: Sentences sampled from the target itself and added to
       Embed Parrot's training texts (0: none). Data-free augmentation (ours;
@@ -132,6 +138,7 @@ class InversionConfig:
   layers: tuple[str, ...] = ('0', '5', '10', '15', '20', '25', '30', 'last')
   deep_layer: int = 25
   num_test: int = 100
+  split: str = 'dev'
   num_train: int = 2000
   train_samples: int = 0
   sample_start_id: int = -1
@@ -162,6 +169,11 @@ class InversionConfig:
   preset: str | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
+    if self.split not in presets_lib.SPLITS:
+      raise LeakjaxError(
+        f'unknown --split {self.split!r}',
+        f'use one of {", ".join(presets_lib.SPLITS)}',
+      )
     check_positive(
       self,
       'num_test',

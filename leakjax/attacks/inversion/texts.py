@@ -108,6 +108,23 @@ def sample_texts(
   return [items[i] for i in sorted(rng.choice(len(items), n, replace=False))]
 
 
+def disjoint_draw(
+  items: list[str], taken: Sequence[str], n: int, seed: int
+) -> list[str]:
+  """`n` of `items` that are not in `taken` (by text, so a repeated text
+  is in one draw only), drawn by their own generator (`[seed, 1]`): the
+  draw of `taken` and everything drawn after it stay as they were."""
+  drop = set(taken)
+  rest = [t for t in items if t not in drop]
+  if len(rest) < n:
+    raise LeakjaxError(
+      f'{len(rest)} held-out texts outside the dev draw, fewer than'
+      f' --num_test={n}',
+      'lower --num_test or raise --test_fraction',
+    )
+  return sample_texts(rest, n, np.random.default_rng([seed, 1]))
+
+
 def model_samples(
   model: Model,
   params,
@@ -197,8 +214,10 @@ def load_splits(
   """Held-out test texts of every corpus, training texts of one.
 
   One generator seeded with `cfg.seed` draws, corpus by corpus in the
-  order of `cfg.corpora`, the test texts and (for `cfg.train_corpus`) the
-  training texts.
+  order of `cfg.corpora`, the dev texts and (for `cfg.train_corpus`) the
+  training texts. With `cfg.split == 'test'` the scored texts are instead
+  :func:`disjoint_draw`'s, from the same held-out share without the dev
+  texts; the training texts do not change.
 
   Returns:
     `(tests, train)`: corpus name -> its test :class:`Split`, and the
@@ -212,9 +231,10 @@ def load_splits(
     train_texts, test_texts = data_lib.train_eval_split(
       texts, cfg.test_fraction, seed=cfg.seed
     )
-    tests[name] = make_split(
-      tokenizer, sample_texts(test_texts, cfg.num_test, rng), cfg
-    )
+    chosen = sample_texts(test_texts, cfg.num_test, rng)
+    if cfg.split == 'test':
+      chosen = disjoint_draw(test_texts, chosen, cfg.num_test, cfg.seed)
+    tests[name] = make_split(tokenizer, chosen, cfg)
     if name == cfg.train_corpus:
       train_split = make_split(
         tokenizer, sample_texts(train_texts, cfg.num_train, rng), cfg
