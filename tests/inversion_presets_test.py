@@ -147,12 +147,15 @@ def test_paper_fields_are_the_papers():
 
 def test_strongest_is_the_committed_run_and_says_where_it_was_measured():
   record = presets.PRESETS['strongest']
-  # Chosen on the test texts it is reported on: its record says so.
-  assert record.measured == (
-    'on the texts it was chosen on; no held-out measurement yet'
-  )
+  # Chosen on the dev split, measured on the test split: the same fields.
+  test_run = STRONGEST_RUN.parent / f'{STRONGEST_RUN.name}_test'
+  assert f'{test_run.name}/' in record.measured
   assert STRONGEST_RUN.name in record.chosen
   run = json.loads((STRONGEST_RUN / 'config.json').read_text())
+  held = json.loads((test_run / 'config.json').read_text())
+  assert (run['split'], held['split']) == ('dev', 'test')
+  for name in record.fields:
+    assert held[name] == run[name], name
   for name, value in record.fields.items():
     expected = tuple(run[name]) if isinstance(value, tuple) else run[name]
     assert value == expected, name

@@ -120,10 +120,11 @@ def test_quickstart_rouge_l():
 def test_film_enron_row():
   line = row('| FILM, Enron')
   bs = (1, 16, 64, 128)
-  main = summary('film_enron')
+  main, test = summary('film_enron'), summary('film_enron/test')
   assert (
-    'ROUGE-L ' + joined(main[f'rougeL@b={b}'] for b in bs) + ' at b = 1 / 16 /'
-    ' 64 / 128; same data |' in line
+    'ROUGE-L ' + joined(test[f'rougeL@b={b}'] for b in bs) + ' at b = 1 / 16 /'
+    ' 64 / 128, held out (' + joined(main[f'rougeL@b={b}'] for b in bs)
+    + ' on the batches the stopping rule was chosen on) |' in line
   )
   paper = joined(PAPER['film_enron_rougeL'][b] for b in bs)
   assert f'| ROUGE-L {paper} (GPT-2, Table 10) |' in line
@@ -349,10 +350,17 @@ def test_embed_parrot_row():
     d: s[f'rouge1@data={d},layer=25,method=ep_skip']
     for d in ('enron', 'wikitext', 'sms')
   }
+  t = summary(f'embed_parrot/pretrained/{run}_test')
+  assert f'{run}_test/' in presets.PRESETS['strongest'].measured
+  h = {
+    d: t[f'rouge1@data={d},layer=25,method=ep_skip']
+    for d in ('enron', 'wikitext', 'sms')
+  }
   cells = headline('Embed Parrot')
   assert cells['ours'] == (
-    f'ROUGE-1 {r["enron"]:.2f} on Enron, {r["wikitext"]:.2f} /'
-    f' {r["sms"]:.2f} on WikiText-2 / SMS (off-domain); same data'
+    f'ROUGE-1 {h["enron"]:.2f} on Enron, {h["wikitext"]:.2f} /'
+    f' {h["sms"]:.2f} on WikiText-2 / SMS (off-domain), held out'
+    f' ({joined(r.values())} on the texts it was chosen on)'
   )
   paper = PAPER['embed_parrot_rouge1'] / 100
   assert cells['paper'].startswith(f'ROUGE-1 {paper:.2f} (Llama2-7B, layer 30,')

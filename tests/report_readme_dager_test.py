@@ -1129,3 +1129,41 @@ def test_embed_parrot_by_layer_row_settings():
       )
     labelled += 1
   assert labelled == 17
+
+
+def test_embed_parrot_test_split():
+  # `strongest` on the dev texts it was chosen on and on the test texts,
+  # from the two runs' summaries; the samples and CPUs the README names.
+  text, flat = raw(EP), folded(EP)
+  dev = pre('scratch_skip_samples_layer_25')
+  test = pre('scratch_skip_samples_layer_25_test')
+  for label, s, bold in (
+    ('dev: the texts it was chosen on', dev, False),
+    ('test: held out', test, True),
+  ):
+    cells = [f'{r1(s, "ep_skip", d):.3f}' for d in CORPORA]
+    if bold:
+      cells = [f'**{c}**' for c in cells]
+    line = (
+      f'| {label} | {" | ".join(cells)} |'
+      f' {dct(s, "ep_skip", 1):.3f} / {dct(s, "ep_skip", 2):.3f} |'
+    )
+    assert line in text, line
+  gap = max(abs(r1(dev, 'ep_skip', d) - r1(test, 'ep_skip', d)) for d in CORPORA)
+  assert gap < 0.02 and 'within 0.02 of its dev scores on every corpus' in flat
+  folder = EP / 'pretrained'
+  a = load(folder / 'scratch_skip_samples_layer_25/train_samples.json')
+  b = load(folder / 'scratch_skip_samples_layer_25_test/train_samples.json')
+  first = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+  assert f'of the {len(a):,} target samples, {len(set(a) & set(b)):,} are' in flat
+  assert f'drifts apart after the first {first}' in flat
+  cpus = [
+    load(folder / run / 'provenance.json')['environment']['cpu']
+    for run in ('scratch_skip_samples_layer_25', 'scratch_skip_samples_layer_25_test')
+  ]
+  assert 'AMD EPYC' in cpus[0]['model'] and 'avx512f' not in cpus[0]['vector']
+  assert 'Intel' in cpus[1]['model'] and 'avx512f' in cpus[1]['vector']
+  assert all(test[f'num_test_texts@data={d}'] == 100 for d in CORPORA)
+  assert load(folder / 'scratch_skip_samples_layer_25_test/config.json')[
+    'split'
+  ] == 'test'

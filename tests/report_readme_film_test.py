@@ -9,6 +9,7 @@ experiments.film` command a README shows parses to the `config.json` of the
 run it describes.
 """
 
+import dataclasses
 import inspect
 import json
 import math
@@ -22,7 +23,7 @@ import pytest
 from experiments import film as film_exp
 from experiments import film_report
 from leakjax import runtime as stages
-from leakjax.attacks.film import presets, training
+from leakjax.attacks.film import presets, runner, training
 from leakjax.models import gpt2
 from leakjax.recovery import bag as bow
 from leakjax.tokenization import gpt2_tokenizer
@@ -105,6 +106,7 @@ def nerr_batches(report: str, b: int) -> int:
 COMMANDS = {
   'film_enron': [
     'film_enron',
+    'film_enron/test',
     'film_enron/fixed_2_epochs',
     'film_enron/attack_best',
     'film_enron/b1_beam32_reorder',
@@ -205,6 +207,42 @@ def test_film_enron_report():
   )
   assert f'{min(one):.0f}-{max(one):.0f} s a batch at b = 1' in t
   assert f'{min(big):.0f}-{max(big):.0f} s at b = 128' in t
+
+
+def test_film_enron_test_split():
+  # The stopping rule's dev batches (0-19) beside its test batches (20-39):
+  # the same recipe, only the batches and the split record differ.
+  t = text('film_enron')
+  dev, test = load('film_enron', 'config.json'), load('film_enron/test', 'config.json')
+  assert (dev['split'], test['split']) == ('dev', 'test')
+  assert (dev.get('first_batch', 0), test['first_batch']) == (0, 20)
+  # Fields the dev run predates are at their defaults, the preset aside.
+  default = {f.name: f.default for f in dataclasses.fields(runner.FilmConfig)}
+  moved = {k for k in test if test[k] != dev.get(k, default[k])}
+  assert moved == {'split', 'first_batch', 'preset'}, moved
+  assert test['preset'] == 'paper'
+  batches = sorted({r['batch'] for r in rows('film_enron/test')})
+  assert batches == list(range(20, 40))
+  d, s = load('film_enron', 'summary.json'), load('film_enron/test', 'summary.json')
+  for b in test['batch_sizes']:
+    k = f'b={b}'
+    line = (
+      f'| {b} | {pm(d, "rougeL", k)} | {pm(s, "rougeL", k)} | {bag(s, k)} |'
+    )
+    assert line in t, line
+    assert abs(s[f'rougeL@{k}'] - d[f'rougeL@{k}']) < d[f'rougeL_std@{k}']
+  assert 'within one standard deviation of the dev numbers at every b' in t
+  higher = [b for b in (16, 64) if s[f'rougeL@b={b}'] > d[f'rougeL@b={b}']]
+  assert higher == [16, 64] and s['rougeL@b=128'] < d['rougeL@b=128']
+  h, hd = header('film_enron/test'), header('film_enron')
+  assert h['steps'] == hd['steps'] == 180 and h['stopped_early']
+  assert (
+    f'stopped at t = {h["steps"]} again, at eval perplexity {h["eval_ppl"]}'
+    f' against the dev run\'s {hd["eval_ppl"]}' in t
+  )
+  cpu = load('film_enron/test', 'provenance.json')['environment']['cpu']
+  assert 'Intel' in cpu['model'] and 'avx512f' in cpu['vector']
+  assert not (REPORTS / 'film_enron/provenance.json').exists()
 
 
 def test_film_enron_scope(fresh_flags):
