@@ -213,7 +213,10 @@ def test_film_enron_test_split():
   # The stopping rule's dev batches (0-19) beside its test batches (20-39):
   # the same recipe, only the batches and the split record differ.
   t = text('film_enron')
-  dev, test = load('film_enron', 'config.json'), load('film_enron/test', 'config.json')
+  dev, test = (
+    load('film_enron', 'config.json'),
+    load('film_enron/test', 'config.json'),
+  )
   assert (dev['split'], test['split']) == ('dev', 'test')
   assert (dev.get('first_batch', 0), test['first_batch']) == (0, 20)
   # Fields the dev run predates are at their defaults, the preset aside.
@@ -223,7 +226,10 @@ def test_film_enron_test_split():
   assert test['preset'] == 'paper'
   batches = sorted({r['batch'] for r in rows('film_enron/test')})
   assert batches == list(range(20, 40))
-  d, s = load('film_enron', 'summary.json'), load('film_enron/test', 'summary.json')
+  d, s = (
+    load('film_enron', 'summary.json'),
+    load('film_enron/test', 'summary.json'),
+  )
   for b in test['batch_sizes']:
     k = f'b={b}'
     line = (
@@ -238,7 +244,7 @@ def test_film_enron_test_split():
   assert h['steps'] == hd['steps'] == 180 and h['stopped_early']
   assert (
     f'stopped at t = {h["steps"]} again, at eval perplexity {h["eval_ppl"]}'
-    f' against the dev run\'s {hd["eval_ppl"]}' in t
+    f" against the dev run's {hd['eval_ppl']}" in t
   )
   cpu = load('film_enron/test', 'provenance.json')['environment']['cpu']
   assert 'Intel' in cpu['model'] and 'avx512f' in cpu['vector']
