@@ -425,12 +425,14 @@ def _dager_hybrid_evidence_oversample():
 @check('dager_hybrid_evidence_oversample_heldout')
 def _dager_hybrid_evidence_oversample_heldout():
   report = 'dager/hybrid_evidence_oversample_heldout'
-  got = rows(report)
-  assert sorted(r['batch'] for r in got) == [3, 4, 5]
+  got = sorted(rows(report), key=lambda r: r['batch'])
+  assert [r['batch'] for r in got] == [3, 4, 5, 6, 7, 8]
+  # Batches 6-8 shared the CPU with other runs: only 3-5's times are given.
+  idle = [r['seconds'] for r in got[:3]]
   return [
-    batches(report) + ')',
-    f'(ROUGE-L {rouge(report, 64):.3f} over the three batches, {exact(got)}'
-    ' of 192 sentences exact)',
+    f'measured {span(idle)} a batch for batches 3-5 on an idle machine.',
+    f'(ROUGE-L {rouge(report, 64):.3f} over the six'
+    f' batches, {exact(got)} of 384 sentences exact)',
   ]
 
 

@@ -9,6 +9,7 @@ own values.
 """
 
 import collections
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -123,8 +124,10 @@ def test_film_enron_row():
   main, test = summary('film_enron'), summary('film_enron/test')
   assert (
     'ROUGE-L ' + joined(test[f'rougeL@b={b}'] for b in bs) + ' at b = 1 / 16 /'
-    ' 64 / 128, held out (' + joined(main[f'rougeL@b={b}'] for b in bs)
-    + ' on the batches the stopping rule was chosen on) |' in line
+    ' 64 / 128, held out ('
+    + joined(main[f'rougeL@b={b}'] for b in bs)
+    + ' on the batches the stopping rule was chosen on) |'
+    in line
   )
   paper = joined(PAPER['film_enron_rougeL'][b] for b in bs)
   assert f'| ROUGE-L {paper} (GPT-2, Table 10) |' in line
@@ -271,7 +274,7 @@ def test_dager_rows():
   held = summary('dager/hybrid_evidence_oversample_heldout')[key]
   chosen = summary('dager/hybrid_evidence_oversample')[key]
   assert (
-    f'ROUGE-L {held:.3f} held out (three batches; {chosen:.3f} on the three'
+    f'ROUGE-L {held:.3f} held out (six batches; {chosen:.3f} on the three'
     ' it was chosen on)' in line
   )
   assert summary('dager/enron_t0')['rougeL@b=64'] == 0
@@ -1534,28 +1537,43 @@ def test_dager_hybrid_evidence_oversample():
 
 def test_dager_hybrid_evidence_oversample_heldout():
   # The held-out sentence and the flagfile header, against the run on
-  # b = 64 batches 3-5 and its searches as searched.
+  # b = 64 batches 3-8 and its searches as searched.
+  from leakjax.attacks.dager import runner
+
   text = dager_text()
   folder = ROOT / 'reports/dager/hybrid_evidence_oversample_heldout'
   rows = dager_rows('hybrid_evidence_oversample_heldout')
-  assert [r['batch'] for r in rows] == [3, 4, 5]
+  assert [r['batch'] for r in rows] == [3, 4, 5, 6, 7, 8]
   config = json.loads((folder / 'config.json').read_text())
   tuned = json.loads(
     (ROOT / 'reports/dager/hybrid_evidence_oversample/config.json').read_text()
   )
+  assert (tuned['split'], config['split']) == ('dev', 'test')
   # The same settings as the run on batches 0-2, but for the batches.
-  moved = {k for k in config if config[k] != tuned[k]}
-  assert moved == {'first_batch'}
+  held_cfg, tuned_cfg = map(runner.config_from_json, (config, tuned))
+  assert held_cfg.hybrid == tuned_cfg.hybrid
+  moved = {
+    f.name
+    for f in dataclasses.fields(held_cfg)
+    if getattr(held_cfg, f.name) != getattr(tuned_cfg, f.name)
+  }
+  assert moved == {'first_batch', 'num_batches', 'split', 'preset'}, moved
   r3 = lambda xs: ' / '.join(f'{x:.3f}' for x in xs)  # noqa: E731
   got = [r['rougeL'] for r in rows]
   exact = sum(round(64 * r['exact']) for r in rows)
   seconds = [r['seconds'] for r in rows]
-  span = f'{min(seconds):.0f}-{max(seconds):.0f} s'
+  idle = f'{min(seconds[:3]):.0f}-{max(seconds[:3]):.0f} s'
+  shared = f'{min(seconds[3:]):.0f}-{max(seconds[3:]):.0f} s'
   assert (
-    f'give ROUGE-L {r3(got)}, mean {np.mean(got):.3f}, with {exact} of 192'
-    f' sentences exact, in {span} a batch' in text
+    f'give ROUGE-L {r3(got)}, mean {np.mean(got):.3f}, with {exact} of 384'
+    f' sentences exact. Batches 3-5 took {idle} a batch on an idle CPU;'
+    f' batches 6-8 ran later on another CPU beside two other runs ({shared}'
+    ' a batch)' in text
   )
+  cpu = json.loads((folder / 'provenance.json').read_text())['environment']
+  assert cpu['cpu']['model'] == 'AMD EPYC'  # the first run's; 6-8: Intel
   searched = json.loads((folder / 'searched.json').read_text())
+  assert [p['batch'] for p in searched['batches']] == [3, 4, 5, 6, 7, 8]
   beyond = ' / '.join(
     str(p['kept']['kept_beyond_b']) for p in searched['batches']
   )
@@ -1564,9 +1582,9 @@ def test_dager_hybrid_evidence_oversample_heldout():
     f' (`searched.json`); {beyond} of the kept sentences' in text
   )
   head = flag_header('dager_hybrid_evidence_oversample_heldout')
-  assert f'(measured: {span} a batch)' in head
+  assert f'measured {idle} a batch for batches 3-5 on an idle machine' in head
   assert (
-    f'(ROUGE-L {np.mean(got):.3f} over the three batches, {exact} of 192'
+    f'(ROUGE-L {np.mean(got):.3f} over the six batches, {exact} of 384'
     ' sentences exact)' in head
   )
 

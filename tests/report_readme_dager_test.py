@@ -108,7 +108,7 @@ def test_dager_main_table():
   key = 'attack=hybrid,b=64'
   strongest = {
     64: f'**{cell(held["rougeL@" + key], held["exact@" + key])}** on held-out'
-    f' batches 3-5; {cell(tuned["rougeL@" + key], tuned["exact@" + key])} on'
+    f' batches 3-8; {cell(tuned["rougeL@" + key], tuned["exact@" + key])} on'
     ' batches 0-2'
   }
   hybrid = {
@@ -145,9 +145,11 @@ def test_dager_main_table():
       for r in rows('quick', b=b)
     )
   # The `strongest` column is the preset's hybrid.
-  config = load(DAGER / 'hybrid_evidence_oversample_heldout/config.json')
+  config = runner.config_from_json(
+    load(DAGER / 'hybrid_evidence_oversample_heldout/config.json')
+  )
   for field, value in presets.PRESETS['strongest'].fields['hybrid'].items():
-    assert config[f'hybrid_{field}'] == value, field
+    assert getattr(config.hybrid, field) == value, field
 
 
 DEFENSES = (
@@ -245,7 +247,7 @@ def test_dager_findings():
   assert (
     f'`strongest` recovers ROUGE-L {held[key]:.3f} at b = 64 on batches none'
     f' of its settings were chosen on ({tune[key]:.3f} on the batches they'
-    f" were chosen on), {exact} of 192 sentences exact; the hybrid's defaults"
+    f" were chosen on), {exact} of 384 sentences exact; the hybrid's defaults"
     f' give {summary("hybrid")[key]:.3f}, DAGER 0 and FILM'
     f' {film["rougeL@attack=film,b=64"]:.2f}.' in text
   )
@@ -1149,21 +1151,29 @@ def test_embed_parrot_test_split():
       f' {dct(s, "ep_skip", 1):.3f} / {dct(s, "ep_skip", 2):.3f} |'
     )
     assert line in text, line
-  gap = max(abs(r1(dev, 'ep_skip', d) - r1(test, 'ep_skip', d)) for d in CORPORA)
+  gap = max(
+    abs(r1(dev, 'ep_skip', d) - r1(test, 'ep_skip', d)) for d in CORPORA
+  )
   assert gap < 0.02 and 'within 0.02 of its dev scores on every corpus' in flat
   folder = EP / 'pretrained'
   a = load(folder / 'scratch_skip_samples_layer_25/train_samples.json')
   b = load(folder / 'scratch_skip_samples_layer_25_test/train_samples.json')
   first = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-  assert f'of the {len(a):,} target samples, {len(set(a) & set(b)):,} are' in flat
+  assert (
+    f'of the {len(a):,} target samples, {len(set(a) & set(b)):,} are' in flat
+  )
   assert f'drifts apart after the first {first}' in flat
   cpus = [
     load(folder / run / 'provenance.json')['environment']['cpu']
-    for run in ('scratch_skip_samples_layer_25', 'scratch_skip_samples_layer_25_test')
+    for run in (
+      'scratch_skip_samples_layer_25',
+      'scratch_skip_samples_layer_25_test',
+    )
   ]
   assert 'AMD EPYC' in cpus[0]['model'] and 'avx512f' not in cpus[0]['vector']
   assert 'Intel' in cpus[1]['model'] and 'avx512f' in cpus[1]['vector']
   assert all(test[f'num_test_texts@data={d}'] == 100 for d in CORPORA)
-  assert load(folder / 'scratch_skip_samples_layer_25_test/config.json')[
-    'split'
-  ] == 'test'
+  assert (
+    load(folder / 'scratch_skip_samples_layer_25_test/config.json')['split']
+    == 'test'
+  )

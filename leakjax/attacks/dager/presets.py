@@ -49,7 +49,7 @@ PRESETS = Presets(
       ' batches 0-2)'
     ),
     measured=(
-      'reports/dager/hybrid_evidence_oversample_heldout/ (batches 3-5)'
+      'reports/dager/hybrid_evidence_oversample_heldout/ (batches 3-8)'
     ),
   ),
 )
