@@ -921,3 +921,30 @@ def test_film_quickstart_report():
     f'python -m experiments.film {" ".join(a)}'
     for a in commands('film_quickstart')
   )
+
+
+def test_film_quickstart_on_another_cpu():
+  # How far the quickstart moves on a second CPU: the keys that differ and
+  # the two the README names, from the two committed summaries.
+  t = text('film_quickstart')
+  a = load('film_quickstart', 'summary.json')
+  b = load('film_quickstart/other_cpu', 'summary.json')
+  assert set(a) == set(b)
+  timing = {k for k in a if 'second' in k}
+  equal = [k for k in a if k not in timing and a[k] == b[k]]
+  assert f'{len(equal)} of its {len(a) - len(timing)} `summary.json` keys' in t
+  assert (
+    f'At b = 4 it gives ROUGE-L {b["rougeL@b=4"]:.2f} instead of'
+    f' {a["rougeL@b=4"]:.2f}, and at b = 16 bag recall'
+    f' {b["bag_recall@b=16"]:.3f} instead of {a["bag_recall@b=16"]:.3f}' in t
+  )
+  cpu = load('film_quickstart/other_cpu', 'provenance.json')['environment']
+  assert 'Intel' in cpu['cpu']['model'] and 'avx512f' in cpu['cpu']['vector']
+  assert load('film_quickstart/other_cpu', 'config.json') == {
+    **load('film_quickstart', 'config.json'),
+    **{
+      k: v
+      for k, v in load('film_quickstart/other_cpu', 'config.json').items()
+      if k not in load('film_quickstart', 'config.json')
+    },
+  }
