@@ -205,35 +205,26 @@ def test_frozen_embeddings_end_to_end_with_sentence_ends():
   )
   ends = film.pipeline.sentence_end_ids(tok)
   assert period in ends and all(tok.decode([i]).strip() in '.!?' for i in ends)
-  with_ends = film.recover(
-    model, params, grads, config=config, key=jax.random.key(0)
-  )
+
+  def recover(gradient, sentence_ends='silent'):
+    cfg = dataclasses.replace(config, sentence_ends=sentence_ends)
+    return film.recover(
+      model, params, gradient, config=cfg, key=jax.random.key(0)
+    )
+
+  with_ends = recover(grads)
   assert period in with_ends.sentence_ends
   assert period not in with_ends.bag.ids  # the bag is what the gradient gave
   assert with_ends.sentences[0] == SECRETS[1]
-  without = film.recover(
-    model,
-    params,
-    grads,
-    config=dataclasses.replace(config, sentence_ends='never'),
-    key=jax.random.key(0),
-  )
+  without = recover(grads, 'never')
   assert without.sentence_ends == ()
   assert not without.sentences[0].endswith('.')
   # A gradient with embedding rows adds nothing.
   plain = fl.client_gradient(model, params, jnp.asarray(ids), jnp.asarray(mask))
-  result = film.recover(
-    model, params, plain, config=config, key=jax.random.key(0)
-  )
+  result = recover(plain)
   assert result.sentence_ends == ()
   # ... unless asked for, as the like-for-like undefended arm.
-  always = film.recover(
-    model,
-    params,
-    plain,
-    config=dataclasses.replace(config, sentence_ends='always'),
-    key=jax.random.key(0),
-  )
+  always = recover(plain, 'always')
   assert set(always.sentence_ends) == set(ends) - set(always.bag.ids)
   assert always.sentence_ends
   with pytest.raises(Exception, match='unknown sentence_ends'):
