@@ -108,7 +108,7 @@ def test_strongest_is_the_paper_until_something_beats_it_held_out():
   strongest, paper = presets.PRESETS['strongest'], presets.PRESETS['paper']
   assert dict(strongest.fields) == dict(paper.fields)
   assert 'not chosen on' in strongest.measured
-  assert 'reports/differential/' in strongest.measured
+  assert 'reports/differential/test/' in strongest.measured
 
 
 def test_a_presets_canaries_stay_unless_the_flag_gives_some(

@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from experiments import common
+from leakjax import io
 from leakjax.attacks import differential as dlib
 from leakjax.attacks.differential import canaries as canaries_lib
 from leakjax.attacks.differential import corpus as corpus_lib
@@ -766,3 +767,11 @@ def test_committed_quick_flagfile_gives_its_config(fresh_flags):
     seed=0,
     preset='paper',  # the flagfile's --preset
   )
+
+
+def test_split_is_a_record_of_the_canaries():
+  cfg = dlib.DifferentialConfig(data='corpus.txt', split='test')
+  assert cfg == dataclasses.replace(cfg, split='dev')  # computes the same
+  assert io.jsonable(cfg)['split'] == 'test'  # config.json says it
+  with pytest.raises(LeakjaxError, match='unknown --split'):
+    dlib.DifferentialConfig(data='corpus.txt', split='heldout')

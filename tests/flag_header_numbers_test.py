@@ -762,6 +762,32 @@ def _differential_wikitext():
   ]
 
 
+@check('differential_wikitext_test')
+def _differential_wikitext_test():
+  s, dev = load('differential/test'), load('differential')
+  rs = rows('differential/test')
+  trained_once = {
+    (r['method'], r['k'], tuple(r['planted'])): r['train_seconds'] for r in rs
+  }
+  searched = [r for r in rs if r['searched']]
+  search = sum(r['search_seconds'] for r in searched)
+  (found,) = [
+    r
+    for r in rs
+    if r['found'] and r['prefix'] == 0 and r['method'] == 'continued'
+  ]
+  assert (found['canary'], found['k']) == ('high_to_low', 16)
+  return [
+    f"the {len(trained_once)} continued-training M' take"
+    f' {minutes(sum(trained_once.values()))} and the {len(searched)} beam'
+    f' searches over |T| = 10,000 take {minutes(search)}',
+    f'M perplexity {s["ppl@model=M"]:.0f}',
+    f'dr0_fraction@method=continued = {s["dr0_fraction@method=continued"]:.3f}',
+    f'found at k=16 with {found["dr"]} sequences above it',
+    f'against {dev["dr0_fraction@method=continued"]:.3f} with the dev canaries',
+  ]
+
+
 @check('embed_parrot_smollm2')
 def _embed_parrot_smollm2():
   s = load('embed_parrot')

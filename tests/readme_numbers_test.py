@@ -177,9 +177,19 @@ def test_differential_row():
   zero = [k for k, v in continued.items() if v == 0]
   assert zero == ['dr@canary=all_low,k=16,method=continued']
   assert len(zero) / 12 == pytest.approx(s['dr0_fraction@method=continued'])
+  held = summary('differential/test')
+  held_dr = {
+    k: v
+    for k, v in held.items()
+    if k.startswith('dr@') and k.endswith(',method=continued')
+  }
+  found = held['dr@canary=high_to_low,k=16,method=continued']
+  assert 0 < found <= 1000
   assert cells['ours'] == (
-    f'the all-low canary at DR 0 at k = 16 ({len(zero)} of'
-    f' {len(continued)} cells); same data'
+    f'held out: no canary at DR 0 ({list(held_dr.values()).count(0)} of'
+    f' {len(held_dr)} cells; the high → low canary found at k = 16, DR ≥'
+    f' {found}); on the canaries the recipe was chosen with, the all-low'
+    f' canary at DR 0 at k = 16 ({len(zero)} of {len(continued)} cells)'
   )
 
 

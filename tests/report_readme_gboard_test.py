@@ -991,6 +991,70 @@ def test_differential_table(diff_files):
   ) in text
 
 
+def test_differential_heldout_canaries(diff_files):
+  """`test/`: the settings chosen with the dev canaries, on new phrases."""
+  test = DIFF / 'test'
+  s, cfg = load(test / 'summary.json'), load(test / 'config.json')
+  dev_cfg = diff_files['config']
+  assert (dev_cfg['split'], cfg['split']) == ('dev', 'test')
+  assert not set(cfg['canaries']) & set(dev_cfg['canaries'])
+  same = ('continue_learning_rate', 'continue_epochs', 'continue_batch_size')
+  assert all(cfg[k] == dev_cfg[k] for k in (*same, 'seed', 'epochs'))
+  assert cfg['methods'] == ['continued', 'continued_extra']
+  raw, text = diff_files['raw'], diff_files['text']
+  names = {
+    'all_low': 'all low',
+    'low_to_high': 'low → high',
+    'mixed': 'mixed',
+    'high_to_low': 'high → low',
+  }
+  for c, phrase in zip(CANARIES, cfg['canaries']):
+    cells = [
+      f'{ds_text(s[f"ds@canary={c},k={k},method=continued"])}'
+      f' ({dr_text(s[f"dr@canary={c},k={k},method=continued"])})'
+      for k in cfg['insertions']
+    ]
+    line = f'| {names[c]}: "{phrase}" | ' + ' | '.join(cells) + ' |'
+    assert line in raw, line
+  cont = [
+    s[f'dr@canary={c},k={k},method=continued']
+    for c in CANARIES
+    for k in cfg['insertions']
+  ]
+  frac = s['dr0_fraction@method=continued']
+  assert frac == cont.count(0) / len(cont)
+  extra = s['dr0_fraction@method=continued_extra']
+  assert (
+    f'`dr0_fraction@method=continued` = {frac:.3f} on the held-out canaries'
+    f' ({cont.count(0)} of {len(cont)} cells; {extra:.0f} with D_extra),'
+    f' against {diff_files["main"]["dr0_fraction@method=continued"]:.3f}'
+  ) in text
+  md = (test / 'summary.md').read_text('utf-8')
+  ppl = re.search(r'M perplexity \*\*([\d.]+)\*\*', md).group(1)
+  dev_md = (DIFF / 'summary.md').read_text('utf-8')
+  assert f'M perplexity **{ppl}**' in dev_md  # the same M
+  assert f'(held-out perplexity {ppl} again)' in text
+  low = s['ds@canary=all_low,k=16,method=continued']
+  assert f'all-low canary gains DS {ds_text(low)} at k=16' in text
+  row = diff_row(
+    rows_of(test / 'results.jsonl'), 'continued', 'high_to_low', 16
+  )
+  assert row['found'] and row['dr'] == row['found_rank']
+  assert (
+    f'k=16: DS {ds_text(row["ds"])}; the search found the canary itself,'
+    f' with {row["dr"]} sequences scoring higher'
+  ) in text
+  worst = max(
+    s[f'ds@canary={c},k={k},method=continued_extra']
+    for c in CANARIES
+    for k in cfg['insertions']
+  )
+  assert f'D_extra keeps every canary at DS ≤ {ds_text(worst)}' in text
+  for c in CANARIES:
+    ds = [s[f'ds@canary={c},k={k},method=continued'] for k in cfg['insertions']]
+    assert ds == sorted(ds), c  # DS grows with k
+
+
 def test_differential_setup(diff_files):
   from leakjax.attacks.differential import halving_widths
 
@@ -1130,12 +1194,17 @@ def test_differential_commands_parse(diff_files, fresh_flags, monkeypatch):
 
   monkeypatch.chdir(ROOT)
   exp.define_flags()
-  (main,) = parse_commands(diff_files['raw'], 'experiments.differential')
+  main, test = parse_commands(diff_files['raw'], 'experiments.differential')
   variants = re.findall(r'\| `(\w+)/` \| `([^`]*)` \|', diff_files['raw'])
   assert [v for v, _ in variants] == ['retrain_rel_ds', 'continued_sgd_lr1']
-  for folder, extra in [('', ''), *variants]:
+  runs = [
+    (main, '', ''),
+    *((main, v, x) for v, x in variants),
+    (test, 'test', ''),
+  ]
+  for command, folder, extra in runs:
     fresh_flags.unparse_flags()
-    fresh_flags(['prog', *main, *extra.split()])
+    fresh_flags(['prog', *command, *extra.split()])
     cfg = io.jsonable(exp.config_from_flags())
     stored = load(DIFF / folder / 'config.json')
     assert {k: cfg[k] for k in stored} == stored, folder

@@ -46,6 +46,7 @@ from typing import Any
 from absl import logging
 
 from leakjax import io
+from leakjax import presets as presets_lib
 from leakjax import train as train_lib
 from leakjax.attacks.differential.canaries import (
   CANARY_LENGTH,
@@ -119,6 +120,10 @@ class DifferentialConfig:
     preset: the named preset the config started from
       (:mod:`leakjax.attacks.differential.presets`), recorded; None: none. Not
       compared: two configs whose other fields agree give the same run.
+    split: which split the canaries are, recorded
+      (:func:`leakjax.presets.split_record`): dev (a setting was chosen
+      with them), test (written before any run, nothing chosen with them)
+      or None.
   """
 
   data: str
@@ -153,8 +158,10 @@ class DifferentialConfig:
   top: int = 10
   seed: int = 0
   preset: str | None = dataclasses.field(default=None, compare=False)
+  split: str | None = presets_lib.split_record()
 
   def __post_init__(self):
+    presets_lib.check_split(self.split)
     unknown = [c for c in self.canary_types if c not in PROFILES]
     if unknown or not self.canary_types:
       raise LeakjaxError(
