@@ -409,6 +409,21 @@ def test_bad_defense_and_config_errors():
   with pytest.raises(Exception, match='unknown --mode'):
     runner.FilmConfig(mode='nope')
   assert client.parse_defense('dp:8') == ('dp', 8.0)
+  for bad in ('dpsigma:-0.1', 'dpsigma:inf', 'dpsigma:x', 'dp:0'):
+    with pytest.raises(Exception, match='bad defense'):
+      client.parse_defense(bad)
+  # dpsigma:<σ> fixes the noise multiplier; σ = 0 is the clipping alone.
+  dp_cfg = runner.FilmConfig(defenses=('dpsigma:0', 'dpsigma:0.25'))
+  clip_only, no_noise = client.make_defense(
+    None, 'dpsigma:0', dp_cfg, num_train=100, b=8
+  )
+  assert clip_only.uses_dp_sgd and not clip_only.needs_key
+  assert no_noise == 0.0
+  noisy, std = client.make_defense(
+    None, 'dpsigma:0.25', dp_cfg, num_train=100, b=8
+  )
+  assert noisy.noise_multiplier == 0.25 and noisy.clip_norm == 1.0
+  assert std == pytest.approx(0.25 / 8)
   cfg = runner.FilmConfig(batch_sizes=(1, 4), beta=(0.0, 1.0))
   keys = [p['key'] for p in runner.sweep_points(cfg)]
   assert keys[0] == {'b': 1, 'beta': 0.0} and len(keys) == 4

@@ -39,7 +39,7 @@ def bag_batch(
     truth = client.true_tokens(ids, mask)
     kind, _ = client.parse_defense(spec)
     tied = model.paths.lm_head is None
-    if kind == 'dp':
+    if kind in ('dp', 'dpsigma'):
       methods = ['dp']
     elif kind == 'prune':
       methods = ['nonzero'] + (['tied'] if tied else [])

@@ -4,7 +4,9 @@ the gradient it sends.
 * :func:`draw_batch` -- the `index`-th client batch of b training sentences;
 * :func:`parse_defense` / :func:`make_defense` -- `none`, `freeze` (Sec. 5),
   `prune:<ratio>` (Zhu et al., Sec. 6.3), `dp:<epsilon>` (DP-SGD
-  calibrated for the whole training run, Sec. 6.3);
+  calibrated for the whole training run, Sec. 6.3), `dpsigma:<σ>` (DP-SGD
+  at a given noise multiplier, for curves against σ; σ = 0 is the
+  per-example clipping alone);
 * :func:`client_gradient` -- the FedSGD gradient the eavesdropper sees
   (:func:`leakjax.fl.client_gradient`, jitted here with the model static).
 """
@@ -25,20 +27,25 @@ if TYPE_CHECKING:
 
 
 def parse_defense(spec: str) -> tuple[str, float]:
-  """'none' | 'freeze' | 'prune:<ratio>' | 'dp:<epsilon>' -> (kind, value)."""
+  """'none' | 'freeze' | 'prune:<ratio>' | 'dp:<epsilon>' | 'dpsigma:<σ>'
+  -> (kind, value)."""
   kind, _, value = spec.partition(':')
   if kind in ('none', 'freeze') and not value:
     return kind, 0.0
-  if kind in ('prune', 'dp'):
+  if kind in ('prune', 'dp', 'dpsigma'):
     try:
       v = float(value)
     except ValueError:
       v = float('nan')
-    if (kind == 'prune' and 0 <= v < 1) or (kind == 'dp' and v > 0):
+    if (
+      (kind == 'prune' and 0 <= v < 1)
+      or (kind == 'dp' and v > 0)
+      or (kind == 'dpsigma' and 0 <= v < float('inf'))
+    ):
       return kind, v
   raise LeakjaxError(
     f'bad defense {spec!r}',
-    'use none, freeze, prune:<ratio in [0,1)> or dp:<eps>',
+    'use none, freeze, prune:<ratio in [0,1)>, dp:<eps> or dpsigma:<σ >= 0>',
   )
 
 
@@ -59,11 +66,14 @@ def make_defense(
     return fl.freeze_embeddings(model), None
   if kind == 'prune':
     return fl.gradient_pruning(value), None
-  # DP-SGD calibrated for `train_steps` steps at sampling rate b/N.
-  steps = cfg.dp_steps or max(1, cfg.train_steps)
-  sigma = fl.sigma_for_epsilon(
-    value, min(1.0, b / num_train), steps, cfg.dp_delta
-  )
+  if kind == 'dpsigma':
+    sigma = value
+  else:
+    # DP-SGD calibrated for `train_steps` steps at sampling rate b/N.
+    steps = cfg.dp_steps or max(1, cfg.train_steps)
+    sigma = fl.sigma_for_epsilon(
+      value, min(1.0, b / num_train), steps, cfg.dp_delta
+    )
   # Per-example gradients 4 at a time: memory of 4 copies of the model.
   defense = fl.dp_sgd(cfg.dp_clip, sigma, microbatch=min(b, 4))
   return defense, sigma * cfg.dp_clip / b

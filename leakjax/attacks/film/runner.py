@@ -330,6 +330,7 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
   }
   runtime.return_freed_memory()
   if cfg.mode == 'utility':
+    beat.stage = 'fine-tuning under each defense'
     training.utility(
       model,
       params,
