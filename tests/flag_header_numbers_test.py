@@ -614,6 +614,22 @@ def _film_freeze():
   ]
 
 
+@check('film_freeze_sentence_ends')
+def _film_freeze_sentence_ends():
+  s, frozen = load('film_freeze/sentence_ends'), load('film_freeze')
+  name = 'film_freeze/sentence_ends'
+  return [
+    f'{minutes(attack_seconds(name))} for the {len(rows(name))} attacks',
+    'rougeL@b=1/16/64 = '
+    + ' / '.join(f'{s[f"rougeL@b={b}"]:.2f}' for b in (1, 16, 64))
+    + ', against '
+    + ' / '.join(
+      f'{frozen[f"rougeL@b={b},defense=freeze"]:.2f}' for b in (1, 16, 64)
+    )
+    + ' with frozen embeddings',
+  ]
+
+
 @check('film_quickstart')
 def _film_quickstart():
   profile = load('film_quickstart', 'profile.json')

@@ -154,9 +154,11 @@ def test_film_freeze_row():
   bs = (1, 16, 64)
   frozen = joined(s[f'rougeL@b={b},defense=freeze'] for b in bs)
   plain = joined(s[f'rougeL@b={b},defense=none'] for b in bs)
+  ends = summary('film_freeze/sentence_ends')
+  like = joined(ends[f'rougeL@b={b}'] for b in bs)
   assert (
-    f'ROUGE-L {frozen} at b = 1 / 16 / 64 (undefended {plain}); same data |'
-    in line
+    f'ROUGE-L {frozen} at b = 1 / 16 / 64; undefended with the same sentence'
+    f' ends {like} (without them {plain}); same data |' in line
   )
   assert s['bag_recall@b=64,defense=freeze'] == 0
   zero = PAPER['film_freeze_bag']

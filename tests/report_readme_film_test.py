@@ -115,7 +115,7 @@ COMMANDS = {
   'film_enron/multi_sentence': ['film_enron/multi_sentence'],
   'film_bag': ['film_bag'],
   'film_bag/defenses': ['film_bag/defenses'],
-  'film_freeze': ['film_freeze'],
+  'film_freeze': ['film_freeze', 'film_freeze/sentence_ends'],
   'film_utility': [
     'film_utility',
     'film_utility/enron',
@@ -635,19 +635,40 @@ def test_film_freeze_report():
     64,
   ]
   assert 'at b = 1, 16 and 64.' in t
+  ends_s = load('film_freeze/sentence_ends', 'summary.json')
+  ends_cfg = load('film_freeze/sentence_ends', 'config.json')
+  # Like for like: the same run but the defenses and the sentence ends.
+  differ = {k for k in cfg if cfg[k] != ends_cfg.get(k)}
+  assert {'defenses', 'sentence_ends'} <= differ, differ
+  assert differ <= {'defenses', 'sentence_ends', 'workdir'}, differ
+  assert (cfg['sentence_ends'], ends_cfg['sentence_ends']) == (
+    'silent',
+    'always',
+  )
+  assert ends_cfg['defenses'] == ['none']
   for b in cfg['batch_sizes']:
     none, frozen = f'b={b},defense=none', f'b={b},defense=freeze'
     cells = [bag(s, none), bag(s, frozen), pm(s, 'rougeL', none)]
+    cells.append(pm(ends_s, 'rougeL', f'b={b}'))
     rl = s[f'rougeL@{frozen}']
     cells.append(f'{rl:.2f}' if rl == 0 else pm(s, 'rougeL', frozen))
     assert f'| {b} | {" | ".join(cells)} |' in t, b
+  r = lambda x: f'{x:.2f}'  # noqa: E731
+  f1, f16 = (r(s[f'rougeL@b={b},defense=freeze']) for b in (1, 16))
+  e1, e16 = (r(ends_s[f'rougeL@b={b}']) for b in (1, 16))
+  n1, n16 = (r(s[f'rougeL@b={b},defense=none']) for b in (1, 16))
+  assert (
+    f'ROUGE-L {f1} against {e1} at b = 1, {f16} against {e16} at b = 16' in t
+  )
+  assert abs(float(f1) - float(e1)) <= 0.02 and f16 == e16
+  assert f'as the paper sets it up ({n1} / {n16})' in t
+  assert f'({r(ends_s["rougeL@b=64"])} with the sentence ends)' in t
+  ends_rows = rows('film_freeze/sentence_ends')
   n = cfg['num_batches']
   assert f'({n} batches per b;' in t and f'then {n} client batches per b' in t
   assert (
     f"{n} batches per b instead of the paper's {PROTOCOL['num_batches']}" in t
   )
-  p = s['bag_precision@b=16,defense=none']
-  assert f'(precision 1.000 against {p:.3f})' in t
   # b = 1: the undefended bags that missed a token are the sentences that
   # run on; with the sentence ends every sentence ends.
   ends = ('.', '!', '?')
@@ -661,8 +682,12 @@ def test_film_freeze_report():
   assert f'in {sum(missed)} of the {len(plain)} b = 1 bags' in t
   assert f'exactly those {sum(missed)} recovered sentences run on' in t
   frozen = [r for r in by if r['b'] == 1 and r['defense'] == 'freeze']
-  assert all(r['recovered'][0].rstrip().endswith(ends) for r in frozen)
-  assert f'all {len(frozen)} end' in t
+  added = [r for r in ends_rows if r['b'] == 1]
+  for arm in (frozen, added):
+    assert all(r['recovered'][0].rstrip().endswith(ends) for r in arm)
+  assert (
+    len(frozen) == len(added) and f'all {len(frozen)} end in both arms' in t
+  )
   # b = 64: more distinct tokens than the width, every bag empty.
   dim = load('film_bag/defenses', 'dp_bound.json')['dim']
   wide = [r['true_bag_size'] for r in by if r['b'] == 64]
@@ -699,9 +724,10 @@ def test_film_freeze_report():
   wide_s = statistics.mean(seconds('film_freeze', 64))
   assert (
     f'The {len(by)} attacks took {total / 60:.0f} min in all (gradient +'
-    f' attack, summed over `results.jsonl`; b = 64: {wide_s:.0f} s a batch)'
-    in t
-  )
+    f' attack, summed over `results.jsonl`; b = 64: {wide_s:.0f} s a batch),'
+    f' and the {len(ends_rows)} of `sentence_ends/`'
+    f' {sum(seconds("film_freeze/sentence_ends")) / 60:.0f} min'
+  ) in t
 
 
 def test_film_utility_report():

@@ -35,6 +35,8 @@ def bag_batch(
     grads, ids, mask = client.client_gradient(
       model, params, texts, defense, key, microbatch
     )
+    # Dispatch is asynchronous: wait, so that grad_s is the gradient's time.
+    grads = jax.block_until_ready(grads)
     grad_s = time.perf_counter() - start
     truth = client.true_tokens(ids, mask)
     kind, _ = client.parse_defense(spec)

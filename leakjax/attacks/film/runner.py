@@ -593,6 +593,8 @@ def attack_batch(
   grads, ids, mask = client.client_gradient(
     model, params, texts, defense, key, microbatch
   )
+  # Dispatch is asynchronous: wait, so that grad_s is the gradient's time.
+  grads = jax.block_until_ready(grads)
   grad_s = time.perf_counter() - start
   logging.info('b=%d batch %d: client gradient in %.1f s', b, index, grad_s)
   fcfg = attack_config(cfg, point['beams'], point['ngram'], point['beta'])
