@@ -609,7 +609,7 @@ def utility_markdown(cfg, rows: list[dict], extra: dict) -> str:
     table.append(
       [
         spec,
-        f'{sigma:.3f}' if sigma else '–',
+        f'{sigma:.3f}' if sigma or spec.startswith('dpsigma:') else '–',
         f'{ppl:.2f}',
         f'{ppl / base:.3f}' if base and spec != 'start' else '–',
         f'{paper[0]:.2f}' if paper else '–',
@@ -627,7 +627,8 @@ def utility_markdown(cfg, rows: list[dict], extra: dict) -> str:
     " defense on every step's gradient, then measures the perplexity of"
     ' the held-out split (`start`: before training). DP-SGD: clip'
     f' C = {cfg.dp_clip:g}, δ = {cfg.dp_delta:g}, σ calibrated for these'
-    ' steps at sampling rate b/N. "paper" is FILM Table 4 (GPT-2 fine-tuned'
+    ' steps at sampling rate b/N (`dp:ε`) or given (`dpsigma:σ`; σ = 0'
+    ' clips and adds no noise). "paper" is FILM Table 4 (GPT-2 fine-tuned'
     ' from pretrained on WikiText-103: pruning and DP-SGD rows) or Table 5'
     ' (frozen vs. trained embeddings, from scratch or pretrained, for the'
     ' corpus named by the data); the ratio columns divide by the'

@@ -209,3 +209,51 @@ def test_readme_section():
   assert crossings[5.0]['pooled_largest_sigma'] > max(
     marks[5.0]['sigma_run'], marks[5.0]['sigma_paper_setup']
   )
+
+
+def test_utility_points_and_readme():
+  """What σ costs: each point is a committed utility row over its own run's
+  undefended perplexity, and the README writes them."""
+  curve = load('dp_curve.json')
+  u = curve['utility']
+  assert u == dp_curve.utility()
+  util = ROOT / 'reports/film_utility'
+  rows = {}
+  for run in u['runs']:
+    lines = (util.parent / run['folder'] / 'results.jsonl').read_text()
+    by = {r['defense']: r for r in map(json.loads, lines.splitlines())}
+    assert run['none'] == by['none']['perplexity']
+    rows.update({(run['folder'], d): r for d, r in by.items()})
+  # The dp_sigma run repeats the undefended row of the ε run.
+  assert len({run['none'] for run in u['runs']}) == 1
+  for p in u['points']:
+    r = rows[(p['folder'], p['defense'])]
+    assert p['sigma'] == r['noise_multiplier']
+    assert (
+      p['ratio'] == r['perplexity'] / rows[(p['folder'], 'none')]['perplexity']
+    )
+  sigmas = [p['sigma'] for p in u['points']]
+  assert sigmas == sorted(sigmas) and sigmas[0] == 0.0
+  ratio = {p['sigma']: p['ratio'] for p in u['points']}
+  # The noise costs, monotonically; clipping alone almost nothing.
+  assert list(ratio.values()) == sorted(ratio.values())
+  assert ratio[0.0] < 1.02
+  text = section()
+  cells = ' | '.join(f'{s:.3f}' for s in sigmas[1:])
+  assert f'| σ | 0 (clipping alone) | {cells} |' in text
+  values = ' | '.join(f'{ratio[s]:.3f}' for s in sigmas)
+  assert f'| perplexity / undefended | {values} |' in text
+  assert f'Clipping alone costs {100 * (ratio[0.0] - 1):.1f} %' in text
+  noisy = min(v for s, v in ratio.items() if s > 0)
+  assert f'Every σ measured above 0 costs at least {noisy:.2f}x' in text
+  crossing = curve['crossings'][0]
+  assert crossing['epsilon'] == 15
+  c15 = crossing['pooled_largest_sigma']
+  above = min(v for s, v in ratio.items() if s > c15)
+  assert (
+    f"still reaches the paper's ε = 15 row ({c15:.3f}) costs at least"
+    f' {above:.2f}x' in text
+  )
+  assert (
+    f'fine-tuned on {u["data"]} for {u["steps"]} steps of b = {u["b"]}' in text
+  )

@@ -657,6 +657,22 @@ def _film_utility():
   return [f'sum to {minutes(total)}']
 
 
+@check('film_utility_dp_sigma')
+def _film_utility_dp_sigma():
+  rs = {r['defense']: r for r in rows('film_utility/dp_sigma')}
+  total = sum(r.get('seconds', 0) for r in rs.values())
+
+  def ratio(d):
+    return f'{rs[d]["perplexity"] / rs["none"]["perplexity"]:.3f}'
+
+  return [
+    f'sum to {minutes(total)}',
+    f'{ratio("dpsigma:0")} with clipping alone',
+    f'{ratio("dpsigma:0.03")} at sigma = 0.03',
+    f'{ratio("dpsigma:0.2")} at sigma = 0.2',
+  ]
+
+
 @check('film_utility_scratch')
 def _film_utility_scratch():
   total = sum(r.get('seconds', 0) for r in rows('film_utility/scratch'))

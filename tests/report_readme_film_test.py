@@ -121,6 +121,7 @@ COMMANDS = {
     'film_utility/enron',
     'film_utility/scratch',
     'film_utility/enron_scratch',
+    'film_utility/dp_sigma',
   ],
   'film_quickstart': ['film_quickstart', 'film_quickstart'],
 }
@@ -728,6 +729,45 @@ def test_film_freeze_report():
     f' and the {len(ends_rows)} of `sentence_ends/`'
     f' {sum(seconds("film_freeze/sentence_ends")) / 60:.0f} min'
   ) in t
+
+
+def test_film_utility_dp_sigma_section():
+  t = text('film_utility')
+  eps = {r['defense']: r for r in rows('film_utility')}
+  by = {r['defense']: r for r in rows('film_utility/dp_sigma')}
+  cfg, base_cfg = (
+    load(f'film_utility{x}', 'config.json') for x in ('/dp_sigma', '')
+  )
+  # The same run but the defenses (fields added since are new keys).
+  assert {k for k in base_cfg if cfg[k] != base_cfg[k]} <= {
+    'defenses',
+    'workdir',
+  }
+  none = by['none']
+  assert none['perplexity'] == eps['none']['perplexity']
+  assert none['final_train_loss'] == eps['none']['final_train_loss']
+  assert (
+    f'(perplexity {none["perplexity"]:.2f}; `final_train_loss`'
+    f' {none["final_train_loss"]:.4f} in both)' in t
+  )
+  sigmas = [
+    r['noise_multiplier'] for d, r in eps.items() if d.startswith('dp:')
+  ]
+  assert f'σ = {min(sigmas):.3f}-{max(sigmas):.3f} that the ε rows' in t
+  specs = [d for d in cfg['defenses'] if d.startswith('dpsigma:')]
+  for d in specs:
+    r = by[d]
+    assert r['noise_multiplier'] == float(d.split(':')[1])
+    line = (
+      f'| {d} | {r["noise_multiplier"]:.3f} | {r["perplexity"]:.2f} |'
+      f' {r["perplexity"] / none["perplexity"]:.3f} |'
+      f' {r["final_train_loss"]:.2f} |'
+    )
+    assert line in t, line
+  clip = by['dpsigma:0']['perplexity'] / none['perplexity']
+  assert f'C = 1 alone costs {100 * (clip - 1):.1f} %' in t
+  low = by[specs[1]]['perplexity'] / none['perplexity']
+  assert f'the smallest σ measured already gives {low:.1f}x' in t
 
 
 def test_film_utility_report():

@@ -36,6 +36,15 @@ run's δ:
   early stopping may end sooner, which would give a smaller σ per ε). The
   paper gives no δ; the run's is used.
 
+What the noise costs (`utility`): the held-out perplexity of SmolLM2-135M
+fine-tuned under DP-SGD at each σ of `reports/film_utility/` (its ε rows,
+σ calibrated for that run) and `reports/film_utility/dp_sigma/` (σ fixed,
+σ = 0 the per-example clipping alone), each over its own undefended run.
+Those runs fine-tune on WikiText-2 with b = 8 for 50 steps; the bag curves
+are Enron b = 16 gradients. σ is the common axis (noise std over C on the
+clipped sum); the per-coordinate noise of the averaged gradient, σC/b,
+differs by their b.
+
 The paper's rows are marked at the σ each assumption gives their ε. The
 crossing points (the largest σ at which an oracle still reaches a paper
 row's recall at its precision) are those of `dp_bound.json` and
@@ -56,6 +65,7 @@ import math
 import pathlib
 
 import matplotlib
+import matplotlib.ticker
 import numpy as np
 from absl import app, flags
 from scipy import stats
@@ -68,6 +78,9 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
 REPORT = report_dir(__file__)
+# The utility runs (FILM Table 4b's perplexity column, and σ fixed).
+UTILITY = REPORT.parents[1] / 'film_utility'
+UTILITY_RUNS = ('.', 'dp_sigma')
 # FILM Sec. 6.1: sentences of WikiText-103 after preprocessing, and steps.
 PAPER_SENTENCES = 203_456
 PAPER_STEPS = 90_000
@@ -252,6 +265,55 @@ def threshold_limits(bound: dict) -> dict[str, float]:
   }
 
 
+def utility() -> dict:
+  """Held-out perplexity after DP-SGD fine-tuning against σ, from the
+  committed utility runs (`UTILITY_RUNS`), each point over its own run's
+  undefended perplexity."""
+  points, runs = [], []
+  for sub in UTILITY_RUNS:
+    folder = UTILITY / sub
+    rows = [
+      json.loads(line)
+      for line in (folder / 'results.jsonl').read_text().splitlines()
+    ]
+    by_defense = {r['defense']: r for r in rows if r['kind'] == 'utility'}
+    none = by_defense['none']['perplexity']
+    runs.append(
+      {
+        'folder': str(folder.relative_to(UTILITY.parent)),
+        'none': none,
+        'start': by_defense['start']['perplexity'],
+      }
+    )
+    for spec, r in by_defense.items():
+      if not spec.startswith(('dp:', 'dpsigma:')):
+        continue
+      points.append(
+        {
+          'sigma': r['noise_multiplier'],
+          'defense': spec,
+          'perplexity': r['perplexity'],
+          'ratio': r['perplexity'] / none,
+          'folder': runs[-1]['folder'],
+        }
+      )
+  keys = ('model', 'data', 'train_batch_size', 'train_steps', 'dp_clip')
+  first = json.loads((UTILITY / 'config.json').read_text())
+  for sub in UTILITY_RUNS[1:]:
+    other = json.loads((UTILITY / sub / 'config.json').read_text())
+    if any(other[k] != first[k] for k in keys):
+      raise SystemExit(f'{UTILITY / sub} is not the set-up of {UTILITY}')
+  return {
+    'model': first['model'],
+    'data': first['data'],
+    'b': first['train_batch_size'],
+    'steps': first['train_steps'],
+    'clip_norm': first['dp_clip'],
+    'runs': runs,
+    'points': sorted(points, key=lambda x: x['sigma']),
+  }
+
+
 def marks(sigmas: list[dict], assumed: dict) -> list[dict]:
   """The σ each assumption gives each paper row's ε (`run`: the run's own σ
   from `dp_sigma.json`)."""
@@ -271,18 +333,20 @@ def marks(sigmas: list[dict], assumed: dict) -> list[dict]:
 def plot(out: dict, measured: dict[float, tuple[float, float]], path) -> None:
   """Precision and recall against σ: the threshold rule's band and its
   measured points; the oracles' precision at each paper row's recall and
-  recall at its precision; the paper's rows at the σ of each assumption."""
+  recall at its precision; the paper's rows at the σ of each assumption.
+  Beside them, what the noise costs: held-out perplexity over the
+  undefended run's, with the pooled oracle's crossing σ of each row."""
   curve = out['curve']
   x = np.asarray([c['sigma'] for c in curve])
   run_sigma = {s['epsilon']: s['sigma'] for s in out['run_sigmas']}
-  fig, axes = plt.subplots(1, 2, figsize=(11, 5.6), sharex=True)
+  fig, axes = plt.subplots(1, 3, figsize=(17, 7.8), sharex=True)
   colors = {15.0: 'C3', 10.0: 'C1', 5.0: 'C2'}
   oracles = {
     'matched': ('-', 'row oracle (matched)'),
     'pooled': ('--', 'whole-gradient oracle (pooled)'),
   }
   for ax, what, other in zip(
-    axes, ('precision', 'recall'), ('recall', 'precision')
+    axes[:2], ('precision', 'recall'), ('recall', 'precision')
   ):
     lo = [c['threshold'][f'spread_{what}'] for c in curve]
     hi = [c['threshold'][f'peaked_{what}'] for c in curve]
@@ -328,21 +392,78 @@ def plot(out: dict, measured: dict[float, tuple[float, float]], path) -> None:
           ms=7,
           label=f'paper, ε = {eps:g}, at the σ of {where}',
         )
-    ax.set_title(f"{what}; the oracles at the paper row's {other}", fontsize=10)
+    ax.set_title(
+      f"bag {what}; the oracles at the paper row's {other}", fontsize=10
+    )
     ax.set_ylabel(what)
+    ax.set_ylim(-0.02, 1.02)
+  u = out['utility']
+  ax = axes[2]
+  noisy = [p for p in u['points'] if p['sigma'] > 0]
+  ax.plot(
+    [p['sigma'] for p in noisy],
+    [p['ratio'] for p in noisy],
+    'o-',
+    color='k',
+    label='DP-SGD at σ (measured)',
+  )
+  for p in u['points']:
+    if p['sigma'] == 0:
+      ax.axhline(p['ratio'], color='k', ls=':', label='clipping alone (σ = 0)')
+  ax.axhline(1.0, color='0.5', ls='--', lw=1, label='no defense')
+  start = u['runs'][0]['start'] / u['runs'][0]['none']
+  ax.axhline(start, color='0.5', ls='-.', lw=1, label='before fine-tuning')
+  for c in out['crossings']:
+    ax.axvline(
+      c['pooled_largest_sigma'],
+      color=colors[c['epsilon']],
+      ls='--',
+      lw=1,
+      label=f'largest σ at which the pooled oracle reaches the ε = '
+      f'{c["epsilon"]:g} row',
+    )
+  ax.set_yscale('log')
+  ax.set_yticks([1, 2, 4, 8])
+  ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter('%gx'))
+  ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  ax.set_ylabel('held-out perplexity / undefended')
+  ax.set_title(
+    f'what the noise costs: fine-tuning on {u["data"]},\n'
+    f'b = {u["b"]}, {u["steps"]} steps, C = {u["clip_norm"]:g}',
+    fontsize=10,
+  )
+  for ax in axes:
     ax.set_xscale('log')
     ax.set_xlabel('σ (noise std / C on the clipped sum)')
-    ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
   handles, labels = axes[0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc='lower center', ncol=2, fontsize=7.5)
+  fig.legend(
+    handles,
+    labels,
+    loc='lower left',
+    bbox_to_anchor=(0.02, 0.01),
+    ncol=2,
+    fontsize=7.5,
+    title='bag of words (left, middle)',
+    title_fontsize=8,
+  )
+  handles, labels = axes[2].get_legend_handles_labels()
+  fig.legend(
+    handles,
+    labels,
+    loc='lower right',
+    bbox_to_anchor=(0.99, 0.01),
+    fontsize=7.5,
+    title='utility (right)',
+    title_fontsize=8,
+  )
   fig.suptitle(
     f'{out["model"]} on {out["data"]}, b = {out["b"]},'
     f' {out["num_batches"]} batches, C = {out["clip_norm"]:g}: the bag of'
-    ' words under DP-SGD against σ',
+    ' words under DP-SGD against σ, and what σ costs',
     fontsize=11,
   )
-  fig.tight_layout(rect=(0, 0.3, 1, 1))
+  fig.tight_layout(rect=(0, 0.27, 1, 1))
   fig.savefig(path, dpi=110)
   plt.close(fig)
 
@@ -391,6 +512,7 @@ def main(argv) -> None:
     'threshold_limits': threshold_limits(bound),
     'paper_marks': marks(sigmas, assumed),
     'crossings': crossings(bound, pooled, assumed),
+    'utility': utility(),
     'curve': curve,
   }
   folder = pathlib.Path(f.out) if f.out else REPORT
