@@ -61,7 +61,9 @@ STAGES = {
   'train_step_compiled_s': re.compile(r'train: step compiled in'),
   'training_done_s': re.compile(r'fine-tuned in|train: step (\d+)/\1 '),
 }
-PROGRESS = re.compile(r'\] \[(\d+)/(\d+)[ ,\]]')
+# A finished attack (`[3/6, 30.6 s each, ...] b=4 batch 0: ...`), not the
+# heartbeat of one still running (`[3/6] b=4 batch 0: still working`).
+PROGRESS = re.compile(r'\] \[(\d+)/(\d+), ')
 # Summary keys that time something, not compared.
 TIMING = re.compile(r'seconds|_s$|_s@|time')
 
@@ -109,6 +111,7 @@ def run_once(command: Sequence[str], workdir: Path, log_path: Path) -> dict:
         silence[0] = max(silence[0], now - last[0])
         last[0] = now
         log.write(chunk)
+        log.flush()
         buf += chunk
         *done, buf = re.split(rb'[\r\n]', buf)
         lines.extend((now - start, x.decode('utf-8', 'replace')) for x in done)
