@@ -63,6 +63,8 @@ STAGES = {
 }
 # A finished attack (`[3/6, 30.6 s each, ...] b=4 batch 0: ...`), not the
 # heartbeat of one still running (`[3/6] b=4 batch 0: still working`).
+# Resident memory is sampled this often, to say in which stage it peaks.
+RSS_EVERY_S = 0.25
 PROGRESS = re.compile(r'\] \[(\d+)/(\d+), ')
 # Summary keys that time something, not compared.
 TIMING = re.compile(r'seconds|_s$|_s@|time')
@@ -116,9 +118,26 @@ def run_once(command: Sequence[str], workdir: Path, log_path: Path) -> dict:
         *done, buf = re.split(rb'[\r\n]', buf)
         lines.extend((now - start, x.decode('utf-8', 'replace')) for x in done)
 
+  samples: list[tuple[float, int]] = []  # (seconds, resident KiB)
+  done = threading.Event()
+
+  def sample() -> None:
+    status_file = Path(f'/proc/{proc.pid}/status')
+    while not done.wait(RSS_EVERY_S):
+      try:
+        text = status_file.read_text()
+      except OSError:
+        return
+      m = re.search(r'VmRSS:\s+(\d+) kB', text)
+      if m:
+        samples.append((time.monotonic() - start, int(m.group(1))))
+
   reader = threading.Thread(target=read)
+  sampler = threading.Thread(target=sample, daemon=True)
   reader.start()
+  sampler.start()
   _, status, usage = os.wait4(proc.pid, 0)
+  done.set()
   reader.join()
   wall = time.monotonic() - start
   silence[0] = max(silence[0], time.monotonic() - last[0])
@@ -136,6 +155,20 @@ def run_once(command: Sequence[str], workdir: Path, log_path: Path) -> dict:
     stages['attack_s'] = [
       round(b - a, 1) for a, b in zip([begin, *ticks[:-1]], ticks)
     ]
+  bounds = [
+    ('loading', 0.0),
+    ('fine-tuning', stages.get('model_loaded_s', 0.0)),
+    ('attacks', stages.get('training_done_s', math.inf)),
+  ]
+  by_stage: dict[str, int] = {}
+  for t, kib in samples:
+    name = [n for n, b in bounds if t >= b][-1]
+    by_stage[name] = max(by_stage.get(name, 0), round(kib / 1024))
+  stages['sampled_rss_peak_mib'] = by_stage
+  if samples:
+    stages['sampled_rss_peak_at_s'] = round(
+      max(samples, key=lambda x: x[1])[0], 1
+    )
   return {
     'wall_s': round(wall, 1),
     'user_cpu_s': round(usage.ru_utime, 2),

@@ -2,6 +2,7 @@
 command that prints log lines like a FILM run and writes a summary."""
 
 import json
+import pathlib
 import sys
 
 import pytest
@@ -44,7 +45,10 @@ def test_measures_a_command_and_judges_its_bars(tmp_path):
   assert st['model_loaded_s'] < st['training_done_s'] < run['wall_s']
   # Attacks: from the end of training to each progress line.
   assert len(st['attack_s']) == 2 and 0.1 < st['attack_s'][1] < 2
-  assert run['status'] == {k: 'met' for k in main_job.BARS}
+  assert run['status'] == main_job.judge(run)
+  sampled = st['sampled_rss_peak_mib']
+  assert set(sampled) <= {'loading', 'fine-tuning', 'attacks'} and sampled
+  assert max(sampled.values()) <= run['peak_rss_mib'] + 1
   # A second label joins the runs; the same label replaces its run.
   ref.write_text(json.dumps({'rougeL@b=1': 0.75}))
   main_job.main(
@@ -99,3 +103,30 @@ def test_judge_and_failures(tmp_path):
   with pytest.raises(SystemExit, match='after --'):
     main_job.main(['--label=x', f'--out={out}'])
   assert not out.exists()
+
+
+def test_committed_baseline_and_its_readme_paragraph():
+  root = pathlib.Path(__file__).resolve().parents[1]
+  doc = json.loads((root / 'benchmarks/results/main_job.json').read_text())
+  (r,) = doc['runs']
+  st = r['stages']
+  assert r['summary_equal'] and r['status'] == main_job.judge(r)
+  assert doc['command'] == (
+    'python -m experiments.film'
+    ' --flagfile=experiments/configs/film_quickstart.flags'
+  )
+  text = ' '.join((root / 'benchmarks/README.md').read_text('utf-8').split())
+  attacks = ' / '.join(f'{x:.1f}' for x in st['attack_s'])
+  peaks = st['sampled_rss_peak_mib']
+  assert (
+    f'run `{r["run"]}`): {r["wall_s"]} s wall ({st["training_done_s"]} s to'
+    f' the end of fine-tuning, attacks {attacks} s), peak'
+    f' {r["peak_rss_mib"]:,} MiB (sampled: {peaks["fine-tuning"]:,} while'
+    f' fine-tuning, {peaks["attacks"]:,} while attacking),'
+    f' {r["workdir_bytes"]:,} bytes left, longest silence'
+    f' {r["longest_silence_s"]} s' in text
+  )
+  unmet = [k for k, v in r['status'].items() if v != 'met']
+  assert (
+    unmet == ['wall_s', 'peak_rss_mib'] and 'Time and memory: not met' in text
+  )
