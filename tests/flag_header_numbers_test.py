@@ -766,6 +766,18 @@ def _gboard_heldout_e1000():
 # ------------------------------------------------- differential, inversion
 
 
+def _differential_costs(s, trained_once, searched) -> list[str]:
+  """What a differential flag header says of its cost, M and headline."""
+  search = sum(r['search_seconds'] for r in searched)
+  return [
+    f"the {len(trained_once)} continued-training M' take"
+    f' {minutes(sum(trained_once.values()))} and the {len(searched)} beam'
+    f' searches over |T| = 10,000 take {minutes(search)}',
+    f'M perplexity {s["ppl@model=M"]:.0f}',
+    f'dr0_fraction@method=continued = {s["dr0_fraction@method=continued"]:.3f}',
+  ]
+
+
 @check('differential_wikitext')
 def _differential_wikitext():
   s = load('differential')
@@ -776,7 +788,6 @@ def _differential_wikitext():
     + rows('differential', method='continued_extra')
   }
   searched = rows('differential', searched=True)
-  search = sum(r['search_seconds'] for r in searched)
   far = [
     v
     for k, v in s.items()
@@ -785,11 +796,7 @@ def _differential_wikitext():
   assert far and min(far) > 1000
   assert s['dr@canary=all_low,k=16,method=continued'] == 0
   return [
-    f"the {len(trained_once)} continued-training M' take"
-    f' {minutes(sum(trained_once.values()))} and the {len(searched)} beam'
-    f' searches over |T| = 10,000 take {minutes(search)}',
-    f'M perplexity {s["ppl@model=M"]:.0f}',
-    f'dr0_fraction@method=continued = {s["dr0_fraction@method=continued"]:.3f}',
+    *_differential_costs(s, trained_once, searched),
     'DR > 1000 for every retrained and D_extra cell',
   ]
 
@@ -802,7 +809,6 @@ def _differential_wikitext_test():
     (r['method'], r['k'], tuple(r['planted'])): r['train_seconds'] for r in rs
   }
   searched = [r for r in rs if r['searched']]
-  search = sum(r['search_seconds'] for r in searched)
   (found,) = [
     r
     for r in rs
@@ -810,11 +816,7 @@ def _differential_wikitext_test():
   ]
   assert (found['canary'], found['k']) == ('high_to_low', 16)
   return [
-    f"the {len(trained_once)} continued-training M' take"
-    f' {minutes(sum(trained_once.values()))} and the {len(searched)} beam'
-    f' searches over |T| = 10,000 take {minutes(search)}',
-    f'M perplexity {s["ppl@model=M"]:.0f}',
-    f'dr0_fraction@method=continued = {s["dr0_fraction@method=continued"]:.3f}',
+    *_differential_costs(s, trained_once, searched),
     f'found at k=16 with {found["dr"]} sequences above it',
     f'against {dev["dr0_fraction@method=continued"]:.3f} with the dev canaries',
   ]

@@ -51,28 +51,9 @@ def test_measures_a_command_and_judges_its_bars(tmp_path):
   assert max(sampled.values()) <= run['peak_rss_mib'] + 1
   # A second label joins the runs; the same label replaces its run.
   ref.write_text(json.dumps({'rougeL@b=1': 0.75}))
-  main_job.main(
-    [
-      '--label=after',
-      f'--out={out}',
-      f'--reference={ref}',
-      '--',
-      sys.executable,
-      '-c',
-      FAKE,
-    ]
-  )
-  main_job.main(
-    [
-      '--label=after',
-      f'--out={out}',
-      f'--reference={ref}',
-      '--',
-      sys.executable,
-      '-c',
-      FAKE,
-    ]
-  )
+  after = ['--label=after', f'--out={out}', f'--reference={ref}']
+  for _ in range(2):
+    main_job.main([*after, '--', sys.executable, '-c', FAKE])
   runs = json.loads(out.read_text())['runs']
   assert [r['run'] for r in runs] == ['before', 'after']
   assert not runs[1]['summary_equal'] and runs[1]['max_summary_diff'] == 0.25

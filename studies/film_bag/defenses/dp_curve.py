@@ -436,27 +436,22 @@ def plot(out: dict, measured: dict[float, tuple[float, float]], path) -> None:
     ax.set_xscale('log')
     ax.set_xlabel('σ (noise std / C on the clipped sum)')
     ax.grid(alpha=0.3)
-  handles, labels = axes[0].get_legend_handles_labels()
-  fig.legend(
-    handles,
-    labels,
-    loc='lower left',
-    bbox_to_anchor=(0.02, 0.01),
-    ncol=2,
-    fontsize=7.5,
-    title='bag of words (left, middle)',
-    title_fontsize=8,
+  legends = (
+    (axes[0], 'lower left', (0.02, 0.01), 2, 'bag of words (left, middle)'),
+    (axes[2], 'lower right', (0.99, 0.01), 1, 'utility (right)'),
   )
-  handles, labels = axes[2].get_legend_handles_labels()
-  fig.legend(
-    handles,
-    labels,
-    loc='lower right',
-    bbox_to_anchor=(0.99, 0.01),
-    fontsize=7.5,
-    title='utility (right)',
-    title_fontsize=8,
-  )
+  for ax, loc, anchor, ncol, title in legends:
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(
+      handles,
+      labels,
+      loc=loc,
+      bbox_to_anchor=anchor,
+      ncol=ncol,
+      fontsize=7.5,
+      title=title,
+      title_fontsize=8,
+    )
   fig.suptitle(
     f'{out["model"]} on {out["data"]}, b = {out["b"]},'
     f' {out["num_batches"]} batches, C = {out["clip_norm"]:g}: the bag of'
