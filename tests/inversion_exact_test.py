@@ -224,7 +224,9 @@ def test_stream_decode_in_two_chunks_equals_hidden_states(
 ):
   model, params = MODELS[family]()
   if prefix:  # a model without its own cache recomputes the prefix
-    model = model.replace(stream_cache_fn=None, stream_decode_fn=None)
+    model = model.replace(
+      stream_cache_fn=None, stream_decode_fn=None, stream_candidates_fn=None
+    )
   ids = np.asarray(jax.random.randint(jax.random.key(5), (2, 7), 0, 200))
   want = np.asarray(model.hidden_states(params, ids))[layer]
   cache = model.init_stream_cache(params, 2, 10, layer=layer)
@@ -232,6 +234,43 @@ def test_stream_decode_in_two_chunks_equals_hidden_states(
   second, _ = model.stream_decode(params, cache, ids[:, 3:], layer=layer)
   got = np.concatenate([first, second], axis=1)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('kind', ['native', 'broadcast', 'no_cache'])
+@pytest.mark.parametrize('layer', [0, 2, 3])
+@pytest.mark.parametrize('family', sorted(MODELS))
+def test_stream_candidates_are_each_rows_own_states(family, layer, kind):
+  # Alternatives after one cached prefix: each candidate's state equals its
+  # own full row's, whether the family reads the prefix in place (native),
+  # the cache is copied per candidate, or the prefix is recomputed.
+  model, params = MODELS[family]()
+  if kind != 'native':
+    model = model.replace(stream_candidates_fn=None)
+  if kind == 'no_cache':
+    model = model.replace(stream_cache_fn=None, stream_decode_fn=None)
+  prefix = np.asarray([[5, 17, 99, 3]])
+  cands = np.asarray([4, 8, 15, 16, 23, 42, 199])
+  rows = np.concatenate([np.repeat(prefix, len(cands), 0), cands[:, None]], 1)
+  want = np.asarray(model.hidden_states(params, rows))[layer][:, -1]
+  cache = model.init_stream_cache(params, 1, 9, layer=layer)
+  _, cache = model.stream_decode(params, cache, prefix, layer=layer)
+  got = jax.jit(model.stream_candidates, static_argnames='layer')(
+    params, cache, jnp.asarray(cands), layer=layer
+  )
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('family', sorted(MODELS))
+def test_stream_candidates_need_a_one_row_stream_cache(family):
+  model, params = MODELS[family]()
+  cache = model.init_stream_cache(params, 2, 9, layer=2)
+  with pytest.raises(LeakjaxError, match='one row'):
+    model.stream_candidates(params, cache, jnp.asarray([1, 2]), layer=2)
+  with pytest.raises(LeakjaxError, match='needs stream_decode'):
+    model.replace(
+      stream_cache_fn=None, stream_decode_fn=None
+    )  # the family's candidates read its own stream cache
 
 
 @pytest.mark.slow
@@ -248,3 +287,4 @@ def test_twins_are_every_token_within_the_tolerance():
     want = np.flatnonzero(d <= 1e-3 * np.linalg.norm(emb[tok]))
     assert twins(tok).tolist() == want[want != tok].tolist()
   assert twins(3).tolist() == [7, 9]
+

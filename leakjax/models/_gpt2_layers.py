@@ -17,6 +17,7 @@ from jax import lax
 
 from leakjax.errors import check_length
 from leakjax.models._gpt2_config import _ACTIVATIONS, GPT2Config
+from leakjax.models._shared_prefix import attend_shared_prefix
 
 
 @struct.dataclass
@@ -92,16 +93,19 @@ class CausalSelfAttention(nn.Module):
   layer_index: int
 
   @nn.compact
-  def __call__(self, x, allowed, kv=None, index=None):
+  def __call__(self, x, allowed, kv=None, index=None, shared=False):
     """Attends from `x` to itself (or to the cache plus itself).
 
     Args:
       x: `[batch, t, dim]`.
       allowed: bool `[batch, t, s]`, whether query i may attend to key j;
-        s = t without a cache, s = max_len with one.
+        s = t without a cache, s = max_len with one; unused when `shared`.
       kv: None, or the cached `(keys, values)`, each
         `[batch, max_len, heads, head_dim]`.
       index: int32 `[batch]`, where to write the new keys (with `kv`).
+      shared: `x` is `[c, 1, dim]`, c alternative next tokens after the
+        one-row cache `kv` (`index [1]`): each attends to the prefix and
+        itself, and the cache is returned unchanged.
 
     Returns:
       `([batch, t, dim], (keys, values))`, the keys/values attended to.
@@ -114,6 +118,15 @@ class CausalSelfAttention(nn.Module):
       y.reshape(batch, t, c.n_head, c.head_dim)
       for y in jnp.split(qkv, 3, axis=-1)
     )
+    scale = c.head_dim**-0.5 if c.scale_attn_weights else 1.0
+    if c.scale_attn_by_inverse_layer_idx:
+      scale /= self.layer_index + 1
+    if shared:  # t == 1; one group of one query head per key/value head
+      out = attend_shared_prefix(
+        q[:, 0, :, None], k[:, 0], v[:, 0], kv[0][0], kv[1][0], index[0], scale
+      )
+      out = out.reshape(batch, 1, dim)
+      return _dense(c, dim, 'c_proj', residual=True)(out), kv
     if kv is not None:
       write = jax.vmap(
         lambda cache, new, i: lax.dynamic_update_slice(
@@ -122,9 +135,6 @@ class CausalSelfAttention(nn.Module):
       )
       k = write(kv[0], k, index)  # [batch, max_len, heads, head_dim]
       v = write(kv[1], v, index)
-    scale = c.head_dim**-0.5 if c.scale_attn_weights else 1.0
-    if c.scale_attn_by_inverse_layer_idx:
-      scale /= self.layer_index + 1
     scores = jnp.einsum(
       'bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32
     )  # [batch, heads, t, s], float32 even for bfloat16 params
@@ -153,10 +163,10 @@ class Block(nn.Module):
   layer_index: int
 
   @nn.compact
-  def __call__(self, x, allowed, kv=None, index=None):
+  def __call__(self, x, allowed, kv=None, index=None, shared=False):
     c = self.config
     a, kv = CausalSelfAttention(c, self.layer_index, name='attn')(
-      _layer_norm(c, 'ln_1')(x), allowed, kv, index
+      _layer_norm(c, 'ln_1')(x), allowed, kv, index, shared
     )
     x = x + a
     x = x + MLP(c, name='mlp')(_layer_norm(c, 'ln_2')(x))
@@ -240,6 +250,16 @@ class GPT2LMHeadModel(nn.Module):
       keys=tuple(keys), values=tuple(values), index=cache.index + t
     )
     return x, new_cache
+
+  def stream_candidates(self, ids, cache: KVCache):
+    """The residual stream after the first `len(cache.keys)` blocks of each
+    of `ids [c]` placed at the next position of the one-row `cache` (each
+    attends to the cached prefix and itself); `[c, dim]`."""
+    x = self.wte(ids) + self.wpe(cache.index[:1])  # [c, dim]
+    x = x[:, None]
+    for block, k, v in zip(self.h, cache.keys, cache.values):
+      x, _ = block(x, None, (k, v), cache.index, shared=True)
+    return x[:, 0]
 
   def decode(self, ids, cache: KVCache):
     """Appends `ids [batch, t]` at `cache.index`; see :func:`make_model`."""

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from leakjax.models._llama_config import LlamaConfig
+from leakjax.models._shared_prefix import attend_shared_prefix
 from leakjax.models.rope import rope, rope_inv_freq
 
 
@@ -112,16 +113,19 @@ class Attention(nn.Module):
       c.hidden_size, self.dtype, 'o_proj', c.attention_bias == 'qkvo'
     )
 
-  def __call__(self, x, positions, allowed, kv=None, index=None):
+  def __call__(self, x, positions, allowed, kv=None, index=None, shared=False):
     """Attention of `x [b, t, D]`.
 
     Args:
       x: block input `[b, t, D]`.
       positions: int `[b, t]` RoPE positions of `x`.
       allowed: bool `[b, t, s]`, which keys each query may see (s = t
-        without a cache, the cache length with one).
+        without a cache, the cache length with one); unused when `shared`.
       kv: optional `(keys, values)` cache of this layer, `[b, s, kv, hd]`.
       index: int32 `[b]` write position in `kv`.
+      shared: `x` is `[c, 1, D]`, c alternative next tokens after the
+        one-row cache `kv` (`[1, s, kv, hd]`, `index [1]`): each attends to
+        the prefix and itself, and the cache is returned unchanged.
 
     Returns:
       `(output [b, t, D], new kv or None)`.
@@ -134,6 +138,13 @@ class Attention(nn.Module):
     inv_freq = None if c.rope_type == 'default' else rope_inv_freq(c)
     q = rope(q, positions, c.rope_theta, inv_freq)
     k = rope(k, positions, c.rope_theta, inv_freq)
+    if shared:  # t == 1; [c, 1, H, hd] -> [c, kv, groups, hd]
+      q = q.reshape(b, c.num_key_value_heads, c.num_groups, c.head_dim)
+      out = attend_shared_prefix(
+        q, k[:, 0], v[:, 0], kv[0][0], kv[1][0], index[0], c.head_dim**-0.5
+      )
+      out = out.reshape(b, 1, c.num_attention_heads * c.head_dim)
+      return self.o_proj(out), kv
     new_kv = None
     if kv is not None:
       k = _write_rows(kv[0], k, index)
@@ -188,8 +199,10 @@ class Block(nn.Module):
     self.mlp_norm = RMSNorm(eps, self.dtype, offset)
     self.mlp = MLP(self.config, self.dtype)
 
-  def __call__(self, x, positions, allowed, kv=None, index=None):
-    h, new_kv = self.attn(self.attn_norm(x), positions, allowed, kv, index)
+  def __call__(self, x, positions, allowed, kv=None, index=None, shared=False):
+    h, new_kv = self.attn(
+      self.attn_norm(x), positions, allowed, kv, index, shared
+    )
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), new_kv
 
@@ -279,3 +292,14 @@ class Llama(nn.Module):
       keys=tuple(keys), values=tuple(values), index=cache.index + t
     )
     return x, new
+
+  def stream_candidates(self, ids, cache: LlamaCache):
+    """The residual stream after the first `len(cache.keys)` blocks of each
+    of `ids [c]` placed at the next position of the one-row `cache` (each
+    attends to the cached prefix and itself); `[c, D]`."""
+    positions = jnp.broadcast_to(cache.index[:1, None], (ids.shape[0], 1))
+    x = self.embed_ids(ids[:, None])
+    for i, layer in enumerate(self.layers[: len(cache.keys)]):
+      kv = (cache.keys[i], cache.values[i])
+      x, _ = layer(x, positions, None, kv, cache.index, shared=True)
+    return x[:, 0]

@@ -47,6 +47,7 @@ from leakjax.models._gpt2_layers import (
   KVCache,
   init_cache,
 )
+from leakjax.models._shared_prefix import one_row
 from leakjax.models.hf_checkpoint import TensorSpec
 from leakjax.models.protocol import (
   Bound,
@@ -170,20 +171,33 @@ def _gpt2_stream_cache(
   )
 
 
-def _gpt2_stream_decode(config: GPT2Config, params, cache, ids, layer):
-  _check_ids(ids, None, config, 'the decoded chunk')
+def _check_stream_cache(config: GPT2Config, cache, layer: int):
   _check_stream(config, layer)
   if len(cache.keys) != layer:
     raise LeakjaxError(
       f'this stream cache holds {len(cache.keys)} blocks, not {layer}',
       'make it with init_stream_cache(..., layer=layer)',
     )
+
+
+def _gpt2_stream_decode(config: GPT2Config, params, cache, ids, layer):
+  _check_ids(ids, None, config, 'the decoded chunk')
+  _check_stream_cache(config, cache, layer)
   if layer == 0:  # no block runs: token + position embeddings
     positions = cache.index[:, None] + jnp.arange(ids.shape[1])[None]
     x = params['wte']['embedding'][ids] + params['wpe']['embedding'][positions]
     return x, cache.replace(index=cache.index + ids.shape[1])
   return GPT2LMHeadModel(config).apply(
     {'params': params}, ids, cache, method=GPT2LMHeadModel.decode_stream
+  )
+
+
+def _gpt2_stream_candidates(config: GPT2Config, params, cache, ids, layer):
+  _check_ids(ids[:, None], None, config, 'the candidates')
+  _check_stream_cache(config, cache, layer)
+  one_row(cache.index)
+  return GPT2LMHeadModel(config).apply(
+    {'params': params}, ids, cache, method=GPT2LMHeadModel.stream_candidates
   )
 
 
@@ -270,6 +284,7 @@ def make_model(config: GPT2Config, tokenizer=None) -> Model:
     block_decode_fn=Bound(_gpt2_block_decode, (config,)),
     stream_cache_fn=Bound(_gpt2_stream_cache, (config,)),
     stream_decode_fn=Bound(_gpt2_stream_decode, (config,)),
+    stream_candidates_fn=Bound(_gpt2_stream_candidates, (config,)),
   )
 
 

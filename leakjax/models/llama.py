@@ -28,6 +28,7 @@ from leakjax.errors import LeakjaxError, check_length, check_token_ids
 from leakjax.models import hf_checkpoint
 from leakjax.models._llama_config import LlamaConfig
 from leakjax.models._llama_layers import Llama, LlamaCache, _norm
+from leakjax.models._shared_prefix import one_row
 from leakjax.models.hf_checkpoint import TensorSpec
 from leakjax.models.protocol import (
   Bound,
@@ -146,13 +147,17 @@ def _llama_stream_cache(
   )
 
 
-def _llama_stream_decode(config: LlamaConfig, dtype, params, cache, ids, layer):
+def _check_stream_cache(config: LlamaConfig, cache, layer: int):
   _check_stream(config, layer)
   if len(cache.keys) != layer:
     raise LeakjaxError(
       f'this stream cache holds {len(cache.keys)} blocks, not {layer}',
       'make it with init_stream_cache(..., layer=layer)',
     )
+
+
+def _llama_stream_decode(config: LlamaConfig, dtype, params, cache, ids, layer):
+  _check_stream_cache(config, cache, layer)
   if _is_concrete(ids):
     check_token_ids(ids, config.vocab_size)
   if layer == 0:  # no block runs: the embeddings
@@ -162,6 +167,18 @@ def _llama_stream_decode(config: LlamaConfig, dtype, params, cache, ids, layer):
     return x, cache.replace(index=cache.index + ids.shape[1])
   return Llama(config, dtype=dtype).apply(
     {'params': params}, ids, cache, method=Llama.decode_stream
+  )
+
+
+def _llama_stream_candidates(
+  config: LlamaConfig, dtype, params, cache, ids, layer
+):
+  _check_stream_cache(config, cache, layer)
+  one_row(cache.index)
+  if _is_concrete(ids):
+    check_token_ids(ids, config.vocab_size)
+  return Llama(config, dtype=dtype).apply(
+    {'params': params}, ids, cache, method=Llama.stream_candidates
   )
 
 
@@ -252,6 +269,7 @@ def make_model(
     block_decode_fn=Bound(_llama_block_decode, static),
     stream_cache_fn=Bound(_llama_stream_cache, static),
     stream_decode_fn=Bound(_llama_stream_decode, static),
+    stream_candidates_fn=Bound(_llama_stream_candidates, static),
   )
 
 

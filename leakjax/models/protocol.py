@@ -313,6 +313,9 @@ class Model:
       computed incrementally through the first `layer` blocks only, both
       or neither; without them :meth:`stream_decode` recomputes the prefix
       with `hidden_fn`.
+    stream_candidates_fn: `(params, cache, ids [c], layer) -> [c, d]`,
+      :meth:`stream_candidates` without copying the one-row cache, or None
+      (then the cache is broadcast to c rows and :meth:`stream_decode` run).
   """
 
   vocab_size: int
@@ -357,6 +360,9 @@ class Model:
   stream_decode_fn: Callable[..., Any] | None = dataclasses.field(
     default=None, repr=False
   )
+  stream_candidates_fn: Callable[..., Any] | None = dataclasses.field(
+    default=None, repr=False
+  )
   tokenizer: Any = dataclasses.field(
     default=None, compare=False, hash=False, repr=False
   )
@@ -376,6 +382,11 @@ class Model:
       raise LeakjaxError(
         'stream_decode and stream_cache come together',
         'pass both, or neither (stream_decode then recomputes the prefix)',
+      )
+    if self.stream_candidates_fn is not None and self.stream_cache_fn is None:
+      raise LeakjaxError(
+        'stream_candidates needs stream_decode and stream_cache',
+        'pass them as well',
       )
     if self.block_decode_fn is not None and self.block_input_fn is None:
       raise LeakjaxError(
@@ -522,6 +533,24 @@ class Model:
       fn = Bound(_hidden_at, (self.hidden_fn, layer))
       return _prefix_decode(fn, params, cache, ids)
     return self.stream_decode_fn(params, cache, ids, layer)
+
+  def stream_candidates(
+    self, params, cache, ids: Int[Array, ' c'], *, layer: int
+  ) -> Float[Array, 'c d']:
+    """`H^layer` of each of `ids [c]` put at the next position of the
+    one-row stream `cache` (alternatives: each attends to the cached
+    prefix and itself, never to another); the cache is not changed.
+
+    Equals `stream_decode` of every id on its own copy of the cache.
+    """
+    if self.stream_candidates_fn is not None:
+      return self.stream_candidates_fn(params, cache, ids, layer)
+    c = ids.shape[0]
+    rows = jax.tree.map(
+      lambda x: jnp.broadcast_to(x, (c,) + x.shape[1:]), cache
+    )
+    states, _ = self.stream_decode(params, rows, ids[:, None], layer=layer)
+    return states[:, 0]
 
   # ----------------------------------------------------------- parameters
   def attention_input_kernels(self, tree, block: int) -> jax.Array | None:

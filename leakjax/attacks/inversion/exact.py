@@ -160,12 +160,16 @@ def check_candidates(
   Pure, fixed shapes (jit it with `model` and `layer` static): `cache` is
   the prefix's :meth:`Model.stream_decode` cache of one row (t tokens);
   only the candidates' own position runs through the first `layer`
-  blocks, attending to the cached prefix.
+  blocks, attending to the cached prefix
+  (:meth:`Model.stream_candidates`: the cache is read in place, not
+  copied per candidate).
   """
-  c = candidates.shape[0]
-  rows = jax.tree.map(lambda x: jnp.broadcast_to(x, (c,) + x.shape[1:]), cache)
-  states, _ = _states(model, params, rows, candidates[:, None], layer)
-  return _distance(states[:, 0], observed[None])
+  states = model.stream_candidates(
+    params, cache, candidates, layer=_layer_index(model, layer)
+  )
+  if layer == bei_hei.LAST:
+    states = bei_hei.final_norm(model, params, states)
+  return _distance(states.astype(jnp.float32), observed[None])
 
 
 def check_guesses(
