@@ -6,7 +6,7 @@ summary.json holds the keys of
 `seconds_per_sentence@...` keys are wall-clock seconds and vary run to run.
 summary.md has one table per split (unperturbed states: the exact
 search's exact and ROUGE-1, its cost, the one-shot reads beside it), one
-table of the perturbations (the exact search and the ridge inverse), and
+table of the perturbations (the exact search and the linear inverses), and
 a few recovered texts.
 """
 
@@ -57,7 +57,10 @@ def split_table(cfg, cells, split: str) -> str:
           name,
           layer,
           *(_get(cells, cell, 'exact', m) for m in EXACT_COLUMNS),
-          *(_get(cells, cell, a, 'rouge1') for a in ('ridge', 'hei', 'bei')),
+          *(
+            _get(cells, cell, a, 'rouge1')
+            for a in ('softmax', 'ridge', 'hei', 'bei')
+          ),
         ]
       )
   return io.markdown_table(
@@ -69,6 +72,7 @@ def split_table(cfg, cells, split: str) -> str:
       'candidates/token',
       's/sentence',
       'undecided',
+      'ROUGE-1 softmax',
       'ROUGE-1 ridge',
       'ROUGE-1 HEI',
       'ROUGE-1 BEI',
@@ -78,7 +82,7 @@ def split_table(cfg, cells, split: str) -> str:
 
 
 def perturbation_table(cfg, cells) -> str:
-  """The exact search and the ridge inverse against every perturbation."""
+  """The exact search and the linear inverses against every perturbation."""
   rows = []
   for split in cfg.splits:
     for name, _ in cfg.corpus_paths():
@@ -91,7 +95,7 @@ def perturbation_table(cfg, cells) -> str:
             [
               *cell,
               *(_get(cells, cell, 'exact', m) for m in PERTURBED_COLUMNS),
-              _get(cells, cell, 'ridge', 'exact'),
+              _get(cells, cell, 'softmax', 'rouge1'),
               _get(cells, cell, 'ridge', 'rouge1'),
             ]
           )
@@ -104,7 +108,7 @@ def perturbation_table(cfg, cells) -> str:
       'exact',
       'ROUGE-1',
       'undecided',
-      'exact ridge',
+      'ROUGE-1 softmax',
       'ROUGE-1 ridge',
     ],
     rows,

@@ -9,7 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from leakjax.attacks.inversion import bei_hei, exact
+from leakjax.attacks.inversion import (
+  bei_hei,
+  embed_parrot,
+  exact,
+  softmax_inverse,
+)
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2, llama
 
@@ -288,3 +293,83 @@ def test_twins_are_every_token_within_the_tolerance():
     assert twins(tok).tolist() == want[want != tok].tolist()
   assert twins(3).tolist() == [7, 9]
 
+
+def _mixed_llama():
+  # The tiny Llama with its block matrices doubled: deep enough states that
+  # a linear read-out misranks some tokens (at init the blocks barely touch
+  # the residual stream and every read-out is perfect).
+  model, params = tiny_llama()
+  params = {
+    k: jax.tree.map(lambda x: 2 * x if x.ndim == 2 else x, v)
+    if k.startswith('layers')
+    else v
+    for k, v in params.items()
+  }
+  return model, params
+
+
+@pytest.mark.slow
+def test_the_softmax_inverse_ranks_held_out_tokens_higher_than_the_ridge():
+  model, params = _mixed_llama()
+  rng = np.random.default_rng(0)
+
+  def texts(n):
+    ids = rng.integers(0, model.vocab_size, (n, 12)).astype(np.int32)
+    mask = np.ones_like(ids)
+    hidden, h0 = bei_hei.layer_states_of_many(
+      model, params, ids, mask, ('3', '0')
+    )
+    return ids, mask, hidden, h0
+
+  ids, mask, hidden, h0 = texts(100)
+  test_ids, _, test_hidden, _ = texts(30)
+  stats = embed_parrot.feature_stats(hidden, mask)
+  ridge = embed_parrot.ridge_solution(hidden, h0, mask, stats)
+  embeddings = model.word_embeddings(params)
+  config = softmax_inverse.SoftmaxInverseConfig(steps=150, batch_size=256)
+  soft = softmax_inverse.fit(
+    hidden, ids, mask, stats, ridge, embeddings, config
+  )
+
+  def mean_rank(kernel, bias):
+    scores = np.asarray(
+      exact.proposal_scores(
+        jnp.asarray(test_hidden.reshape(-1, hidden.shape[-1])),
+        embeddings,
+        kernel,
+        bias,
+        stats['input_shift'],
+        stats['input_scale'],
+      )
+    )
+    true = test_ids.reshape(-1)
+    return np.mean(scores > scores[np.arange(len(true)), true][:, None]) * 200
+
+  ridge_rank, soft_rank = mean_rank(*ridge), mean_rank(*soft)
+  assert ridge_rank > 0.2  # the ridge misranks held-out tokens
+  assert soft_rank < 0.85 * ridge_rank
+  # The same training is the same inverse.
+  again = softmax_inverse.fit(
+    hidden, ids, mask, stats, ridge, embeddings, config
+  )
+  np.testing.assert_array_equal(again[0], soft[0])
+
+
+@pytest.mark.parametrize(
+  'changes', [dict(steps=0), dict(learning_rate=0.0), dict(pull=-1.0)]
+)
+def test_bad_softmax_inverse_settings_are_refused(changes):
+  with pytest.raises(LeakjaxError):
+    softmax_inverse.SoftmaxInverseConfig(**changes)
+
+
+def test_the_softmax_inverse_needs_a_token():
+  model, params = tiny_llama()
+  zeros = np.zeros((2, 4), np.int32)
+  hidden = np.zeros((2, 4, 32), np.float32)
+  stats = {'input_shift': np.zeros(32), 'input_scale': np.ones(32)}
+  ridge = (np.eye(32, dtype=np.float32), np.zeros(32, np.float32))
+  with pytest.raises(LeakjaxError, match='no token'):
+    softmax_inverse.fit(
+      hidden, zeros, zeros, stats, ridge, model.word_embeddings(params)
+    )

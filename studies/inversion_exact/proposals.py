@@ -6,12 +6,18 @@ of `experiments/configs/inversion_exact.flags` (texts the test numbers are
 not reported on), for every scored position of every text, with the true
 prefix given, the rank of the true token under
 
-* `ridge`: the library's ridge inverse `H^l_t -> H^0_t`, then HEI's cosine;
+* `ridge`: the ridge inverse `H^l_t -> H^0_t` (Embed Parrot's linear
+  skip), then HEI's cosine;
 * `ridge_context`: the same fitted on `[H^l_t, H^l_{t+1}, H^l_{t-1}]`
   (the next position attends to token t: a contextual linear inverse);
+* `softmax`: the library's inverse, the ridge map trained further as a
+  classifier over the vocabulary (:mod:`softmax_inverse`), then the cosine;
 * `prior`: the LM's next-token log-probability given the prefix;
-* `order`: the library's order (:func:`exact.proposal_order`: the ridge's best
-  four, the prior's best four, then the two rankings interleaved).
+* `order_ridge`: :func:`exact.proposal_order` on the ridge's cosine (the
+  inverse's best four, the prior's best four, then the two rankings
+  interleaved);
+* `order`: the library's order, :func:`exact.proposal_order` on the
+  softmax inverse's cosine.
 
 The texts, layers and attacker's texts are the experiment's (its flags;
 `--layers` picks the layers). Writes
@@ -31,10 +37,23 @@ from absl import app, flags
 
 from experiments import inversion_exact
 from leakjax import io, models
-from leakjax.attacks.inversion import bei_hei, embed_parrot, exact, exact_runner
+from leakjax.attacks.inversion import (
+  bei_hei,
+  embed_parrot,
+  exact,
+  exact_runner,
+  softmax_inverse,
+)
 
 REPORT = Path(__file__).resolve().parents[2] / 'reports' / 'inversion_exact'
-RANKINGS = ('ridge', 'ridge_context', 'prior', 'order')
+RANKINGS = (
+  'ridge',
+  'ridge_context',
+  'softmax',
+  'prior',
+  'order_ridge',
+  'order',
+)
 
 
 def shifted(states: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
@@ -54,12 +73,29 @@ def context(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
   )
 
 
+def affine(stats, kernel, bias):
+  return lambda x: (
+    ((x - stats['input_shift']) / stats['input_scale']) @ kernel + bias
+  )
+
+
 def fit(features: np.ndarray, target: np.ndarray, mask: np.ndarray):
   """The library's ridge fit (:func:`embed_parrot.ridge_solution`)."""
   stats = embed_parrot.feature_stats(features, mask)
-  kernel, bias = embed_parrot.ridge_solution(features, target, mask, stats)
-  return lambda x: (
-    ((x - stats['input_shift']) / stats['input_scale']) @ (kernel) + bias
+  return affine(
+    stats, *embed_parrot.ridge_solution(features, target, mask, stats)
+  )
+
+
+def fit_softmax(features, target, data, embeddings):
+  """The library's softmax inverse (:func:`softmax_inverse.fit`)."""
+  stats = embed_parrot.feature_stats(features, data.mask)
+  ridge = embed_parrot.ridge_solution(features, target, data.mask, stats)
+  return affine(
+    stats,
+    *softmax_inverse.fit(
+      features, data.ids, data.score_mask, stats, ridge, embeddings
+    ),
   )
 
 
@@ -93,12 +129,14 @@ def main(argv):
     inverses = {
       'ridge': fit(hidden, h0, attacker.mask),
       'ridge_context': fit(context(hidden, attacker.mask), h0, attacker.mask),
+      'softmax': fit_softmax(hidden, h0, attacker, embeddings),
     }
     for name, data in drawn.splits['dev'].items():
       (states,) = states_of(model, params, data.ids, data.mask, (layer,))
       guesses = {
         'ridge': inverses['ridge'](states),
         'ridge_context': inverses['ridge_context'](context(states, data.mask)),
+        'softmax': inverses['softmax'](states),
       }
       logits = np.asarray(model.logits(params, jnp.asarray(data.ids)))
       ranks = {r: [] for r in RANKINGS}
@@ -110,11 +148,15 @@ def main(argv):
             for k, g in guesses.items()
           }
           prior = logits[i, t - 1]
-          ranks['ridge'].append(rank_of(cos['ridge'], token))
-          ranks['ridge_context'].append(rank_of(cos['ridge_context'], token))
+          for inverse in guesses:
+            ranks[inverse].append(rank_of(cos[inverse], token))
           ranks['prior'].append(rank_of(prior, token))
-          order = exact.proposal_order(cos['ridge'], prior, order_config)
-          ranks['order'].append(int(np.flatnonzero(order == token)[0]))
+          for ranking, inverse in (
+            ('order_ridge', 'ridge'),
+            ('order', 'softmax'),
+          ):
+            order = exact.proposal_order(cos[inverse], prior, order_config)
+            ranks[ranking].append(int(np.flatnonzero(order == token)[0]))
       for ranking, got in ranks.items():
         got = np.asarray(got)
         at = dict(data=name, layer=layer, ranking=ranking)

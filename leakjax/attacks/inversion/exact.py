@@ -8,9 +8,10 @@ a time, checking candidate tokens until one reproduces the observed state.
 What costs is the order of the candidates and the price of each check.
 The order (ours; no paper does this):
 
-1. the learned inverse's per-position ranking (the ridge inverse of the
-   layer, Embed Parrot's linear skip, then HEI's cosine on its output:
-   :func:`proposal_scores`),
+1. the learned inverse's per-position ranking (HEI's cosine on the output
+   of a linear inverse of the layer, :func:`proposal_scores`: the
+   runner's is :mod:`.softmax_inverse`, Embed Parrot's ridge-fitted linear
+   skip trained further to rank the true token first),
 2. the LM's next-token prior given the verified prefix,
 3. the rest of the vocabulary, the two rankings interleaved.
 
@@ -209,7 +210,7 @@ def proposal_scores(
   scale: Float[Array, ' d'] | None = None,
 ) -> Float[Array, 't v']:
   """The learned inverse's score of every token at every position: HEI's
-  cosine (Wan et al. Eq. 9) on the ridge inverse's `H^0` (identity without
+  cosine (Wan et al. Eq. 9) on a linear inverse's `H^0` (identity without
   a kernel)."""
   x = hidden.astype(jnp.float32)
   if kernel is not None:

@@ -15,9 +15,11 @@ top-down from :func:`run`:
    splits of `splits` (`--splits=dev` while choosing);
 2. per (split, corpus, layer, perturbation) cell (:func:`cells`): the
    provider observes the layer's states of the texts, perturbed
-   (:mod:`.exact_perturb`); four attacks read them: `bei`, `hei`, `ridge`
-   (HEI on the ridge inverse's `H^0`) and `exact` (:func:`.exact.invert`
-   with the ridge inverse's proposals, :func:`.exact.proposal_scores`);
+   (:mod:`.exact_perturb`); five attacks read them: `bei`, `hei`, `ridge`
+   (HEI on the ridge inverse's `H^0`), `softmax` (HEI on the softmax
+   inverse's, :mod:`.softmax_inverse`: the ridge map trained further to
+   rank the true token first) and `exact` (:func:`.exact.invert` with the
+   softmax inverse's proposals, :func:`.exact.proposal_scores`);
    `rule='tolerance'` on unperturbed states, `'nearest'` on the others;
 3. one results row per (cell, attack), scored as Wan et al. score (Sec.
    5.1.3: ROUGE-1/L of each text against its own reconstruction, BOS not
@@ -54,14 +56,19 @@ import tqdm
 
 from leakjax import io, models, provenance
 from leakjax._jit import jitted
-from leakjax.attacks.inversion import bei_hei, embed_parrot, exact
+from leakjax.attacks.inversion import (
+  bei_hei,
+  embed_parrot,
+  exact,
+  softmax_inverse,
+)
 from leakjax.attacks.inversion import exact_perturb as perturb
 from leakjax.attacks.inversion import scoring as inversion_scoring
 from leakjax.attacks.inversion import texts as texts_lib
 from leakjax.attacks.inversion.runner import DEFAULT_CORPORA, parse_corpora
 from leakjax.errors import LeakjaxError, check_positive
 
-ATTACKS = ('bei', 'hei', 'ridge', 'exact')
+ATTACKS = ('bei', 'hei', 'ridge', 'softmax', 'exact')
 SPLITS = ('dev', 'test')
 SHOWN = 4  # recovered texts kept per results row (for the report)
 BATCH = 16  # texts per forward pass of the target
@@ -314,29 +321,39 @@ class _Attacks:
 
   def inverse(self, layer: str) -> dict[str, np.ndarray]:
     """The ridge inverse `H^layer -> H^0` fitted on the attacker's texts
-    (every layer's from one pass over them)."""
+    (every layer's from one pass over them) and the softmax inverse
+    trained from it (`softmax_kernel`, `softmax_bias`)."""
     if layer not in self.inverses:
       data = self.drawn.attacker
       todo = [x for x in self.cfg.layers if x not in self.inverses]
       got = self.layer_states(data.ids, data.mask, (*todo, '0'))
       for x, hidden in zip(todo, got):
         stats = embed_parrot.feature_stats(hidden, data.mask)
-        kernel, bias = embed_parrot.ridge_solution(
-          hidden, got[-1], data.mask, stats
+        ridge = embed_parrot.ridge_solution(hidden, got[-1], data.mask, stats)
+        soft = softmax_inverse.fit(
+          hidden, data.ids, data.score_mask, stats, ridge, self.embeddings
         )
-        self.inverses[x] = dict(stats, kernel=kernel, bias=bias)
+        self.inverses[x] = dict(
+          stats,
+          kernel=ridge[0],
+          bias=ridge[1],
+          softmax_kernel=soft[0],
+          softmax_bias=soft[1],
+        )
     return self.inverses[layer]
 
   def one_shot(self, attack: str, observed, layer: str) -> np.ndarray:
-    """Ids `[N, W]` BEI, HEI or the ridge inverse read from the states."""
+    """Ids `[N, W]` BEI, HEI, the ridge or the softmax inverse read from
+    the states."""
     hidden = jnp.asarray(observed)
     if attack == 'bei':
       fn = jitted(bei_hei.bei_ids, static_argnames=('model',))
       return np.asarray(fn(self.model, self.params, hidden))
-    if attack == 'ridge':
+    if attack in ('ridge', 'softmax'):
       inv = self.inverse(layer)
+      pre = '' if attack == 'ridge' else 'softmax_'
       x = (hidden - inv['input_shift']) / inv['input_scale']
-      hidden = x @ inv['kernel'] + inv['bias']
+      hidden = x @ inv[pre + 'kernel'] + inv[pre + 'bias']
     return np.asarray(jitted(bei_hei.hei_ids)(hidden, self.embeddings))
 
   def exact_attack(self, observed, data, layer, config, tick):
@@ -350,8 +367,8 @@ class _Attacks:
         propose(
           jnp.asarray(observed[i]),
           self.embeddings,
-          inv['kernel'],
-          inv['bias'],
+          inv['softmax_kernel'],
+          inv['softmax_bias'],
           inv['input_shift'],
           inv['input_scale'],
         )
