@@ -61,6 +61,10 @@ ATTACKS = {  # name in words, citation
     'ridge inverse',
     "a linear inverse of the layer fitted on the attacker's own text",
   ),
+  'exact': (
+    'exact inversion',
+    "Nikolaou et al., arXiv 2510.15511; proposals: leakjax's softmax inverse",
+  ),
 }
 
 THREAT_MODELS = {

@@ -179,6 +179,17 @@ def test_the_audit_writes_its_report_and_resumes(tiny_audit):
   assert len(FILM_CALLS) == len(film_rows) > 0
   # Layer 0 is the embedding: HEI reads it back.
   assert summary['exact@artefact=hidden:0,b=2,defense=none'] == 1.0
+  # Past it the exact search (Nikolaou et al.) does, where HEI cannot.
+  assert summary['exact@artefact=hidden:last,b=2,defense=none'] == 1.0
+  last = [
+    r['attack']
+    for r in rows
+    if r['kind'] == 'attack'
+    and r['artefact'] == 'hidden:last'
+    and r['b'] == 2
+    and r['defense'] == 'none'
+  ]
+  assert last[-1] == 'exact' and 'hei' in last
   for d in cfg.defenses:
     assert summary[f'perplexity_after@defense={d}'] > 0
   assert summary['perplexity_before'] > 0

@@ -14,6 +14,14 @@ the model. Attacks, cheapest first:
   with text of the same kind: the worst case). The L2 penalty keeps the
   fit defined with fewer tokens than features; without any such sentence
   the attack is skipped.
+* `exact` -- exact inversion by sequential verification (Nikolaou et al.,
+  arXiv 2510.15511; :mod:`leakjax.attacks.inversion.exact`): candidates
+  proposed by the softmax inverse trained from the ridge one
+  (:mod:`leakjax.attacks.inversion.softmax_inverse`) and checked one
+  position at a time against the sent states. On the model's own states
+  it accepts a candidate within the tolerance; under `noise:S` the nearest
+  with a gap, taking the nearest of the first `EXACT_BUDGET` candidates of
+  a position (undecided) when none has it.
 
 Scores are Wan et al.'s (Sec. 5.1.3): each text against its own
 reconstruction, position by position, ROUGE-1/L without stemming
@@ -32,20 +40,28 @@ import numpy as np
 
 from leakjax._jit import jitted
 from leakjax.attacks.dager import client as dager_client
-from leakjax.attacks.inversion import bei_hei, embed_parrot
+from leakjax.attacks.inversion import (
+  bei_hei,
+  embed_parrot,
+  exact,
+  softmax_inverse,
+)
 from leakjax.attacks.inversion import scoring as inversion_scoring
 
-ATTACKS = ('bei', 'hei', 'ridge')
+ATTACKS = ('bei', 'hei', 'ridge', 'exact')
+EXACT_BUDGET = 1024  # candidates per position on noisy states
 
 
 @dataclasses.dataclass(frozen=True)
 class Inverse:
-  """A fitted linear inverse of one layer (`ridge`), or why there is none."""
+  """The fitted linear inverses of one layer (`ridge` and the softmax
+  inverse `exact` proposes from), or why there are none."""
 
   kernel: np.ndarray | None
   bias: np.ndarray | None
   stats: dict[str, np.ndarray] | None
   note: str = ''
+  softmax: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def _layer(layer: str):
@@ -70,7 +86,55 @@ def fit_inverse(model, params, texts: Sequence[str], layer: str, width: int):
   )
   stats = embed_parrot.feature_stats(hidden, mask)
   kernel, bias = embed_parrot.ridge_solution(hidden, target, mask, stats)
-  return Inverse(kernel, bias, stats)
+  trained = np.asarray(mask).copy()
+  if model.tokenizer.bos_id is not None:
+    trained[:, 0] = 0  # the BOS is never searched
+  soft = softmax_inverse.fit(
+    hidden,
+    ids,
+    trained,
+    stats,
+    (kernel, bias),
+    model.word_embeddings(params),
+  )
+  return Inverse(kernel, bias, stats, softmax=soft)
+
+
+def invert_exactly(
+  model, params, hidden, mask, layer: str, inverse: Inverse, *, noisy: bool
+) -> np.ndarray:
+  """Token ids `[B, T]` the exact search reads from states `[B, T, D]`
+  (real lengths from `mask`; padding positions stay 0)."""
+  hidden = np.asarray(hidden, np.float32)
+  propose = jitted(exact.proposal_scores)
+  kernel, bias = inverse.softmax
+  config = (
+    exact.ExactConfig(rule='nearest', max_candidates=EXACT_BUDGET)
+    if noisy
+    else exact.ExactConfig()
+  )
+  lengths = np.asarray(mask).sum(1)
+  out = np.zeros(hidden.shape[:2], np.int32)
+  for r in range(len(hidden)):
+    scores = propose(
+      jnp.asarray(hidden[r]),
+      model.word_embeddings(params),
+      kernel,
+      bias,
+      inverse.stats['input_shift'],
+      inverse.stats['input_scale'],
+    )
+    (found,) = exact.invert(
+      model,
+      params,
+      hidden[r : r + 1],
+      lengths[r : r + 1],
+      layer=_layer(layer),
+      scores=np.asarray(scores)[None],
+      config=config,
+    )
+    out[r, : len(found.ids)] = found.ids
+  return out
 
 
 def invert(
@@ -120,6 +184,7 @@ __all__ = [
   'Inverse',
   'fit_inverse',
   'invert',
+  'invert_exactly',
   'noisy',
   'score',
   'states',

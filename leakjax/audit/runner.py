@@ -16,7 +16,7 @@ Read top-down from :func:`run`:
      `strongest` preset, :mod:`leakjax.attacks.dager.presets`) -- and
      stop at the first that reads every sentence back verbatim;
    * `hidden:<layer>` cells: the provider inverts the states (BEI, HEI,
-     a ridge inverse, :mod:`leakjax.audit.hidden`);
+     a ridge inverse, then the exact search, :mod:`leakjax.audit.hidden`);
    * `snapshot` cells: the differential rank search between the model
      before and after fine-tuning (:mod:`leakjax.audit.snapshot`);
    * utility runs: the same fine-tuning under each defense and seed
@@ -297,14 +297,27 @@ class _Cells:
       if row is None:
         start = time.perf_counter()
         inverse = None
-        if name == 'ridge':
+        if name in ('ridge', 'exact'):
           inverse = self.inverse(layer)
           if inverse.kernel is None:
-            logging.info('ridge at layer %s skipped: %s', layer, inverse.note)
+            logging.info(
+              '%s at layer %s skipped: %s', name, layer, inverse.note
+            )
             continue
-        predicted = hidden.invert(
-          self.model, self.params, states, name, inverse
-        )
+        if name == 'exact':
+          predicted = hidden.invert_exactly(
+            self.model,
+            self.params,
+            states,
+            mask,
+            layer,
+            inverse,
+            noisy=kind == 'noise',
+          )
+        else:
+          predicted = hidden.invert(
+            self.model, self.params, states, name, inverse
+          )
         row = {**base, 'attack': name}
         row.update(hidden.score(self.model, texts, ids, mask, predicted))
         described = scoring.describe(texts, row['recovered'], ents)
