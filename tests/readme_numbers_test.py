@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from leakjax import io
+from leakjax.attacks.inversion import exact_perturb
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / 'README.md').read_text(encoding='utf-8')
 # The prose with its line breaks as spaces (sentences wrap across lines).
@@ -25,6 +28,10 @@ PROSE = ' '.join(README.split())
 
 def summary(report: str) -> dict[str, float]:
   return json.loads((ROOT / 'reports' / report / 'summary.json').read_text())
+
+
+def load_facts(report: str) -> dict:
+  return json.loads((ROOT / 'reports' / report / 'facts.json').read_text())
 
 
 def row(*anchors: str) -> str:
@@ -393,17 +400,29 @@ def test_exact_inversion_row():
     s[f'rouge1@attack=hei,data=enron,layer={x},split=test'] for x in layers
   ]
   assert all(e == 1.0 for e in exact)
+  others = [
+    s[f'exact@attack=exact,data={c},layer={x},split=test']
+    for c in ('wikitext', 'sms')
+    for x in layers
+  ]
+  assert all(e == 1.0 for e in others)
+  assert load_facts('inversion_exact')['device'] == 'cpu'
   cells = headline('Exact inversion of hidden states')
-  assert cells['attack'].startswith(
+  assert cells['attack'] == (
     f'Exact inversion of hidden states (Nikolaou et al.), SmolLM2-135M, {n}'
-    ' Enron test sentences per layer'
+    ' Enron test sentences per layer, 2-core CPU'
   )
   assert cells['ours'].startswith(
     f'{n} of {n} exact at layers 10, 20, 25 and the last; held out'
+    ' (nothing tuned on the test split); likewise on WikiText-2 and SMS;'
   )
   assert cells['ours'].endswith(f'HEI ROUGE-1 ≤ {max(hei):.2f} there')
   # The introduction says the same.
-  assert f'{n} of {n} Enron sentences read back token for token' in PROSE
+  assert (
+    f'{n} of {n} Enron sentences read back token for token from SmolLM2'
+    "'s states at layers 10, 20, 25 and the last, and as many of"
+    " WikiText-2's and SMS's, on a 2-core CPU"
+  ) in PROSE
   config = json.loads(
     (ROOT / 'reports/inversion_exact/config.json').read_text()
   )
@@ -1642,37 +1661,43 @@ def _shown(value: float, cell: str) -> bool:
   return f'{value:.{decimals}f}' == cell.replace(',', '')
 
 
+def _exact_keys(at: str, shown: tuple[str, ...]) -> list[str]:
+  """The summary keys of one exact-inversion table row: the search's
+  exact, ROUGE-1, candidates and seconds, then `shown` (metric@attack)."""
+  return [
+    f'exact@attack=exact,{at}',
+    f'rouge1@attack=exact,{at}',
+    f'candidates_per_token@attack=exact,{at}',
+    f'seconds_per_sentence@attack=exact,{at}',
+    *(f'{x},{at}' for x in shown),
+  ]
+
+
 def test_exact_inversion_tables():
   text = (ROOT / 'reports' / 'inversion_exact' / 'README.md').read_text()
   main, robust = summary('inversion_exact'), summary('inversion_exact/robust')
   quick = summary('inversion_exact/quick')
+  one_shot = ('rouge1@attack=softmax', 'rouge1@attack=ridge')
   rows = _table_rows(text, '| corpus | layer | exact |')
-  assert len(rows) == 7
+  assert len(rows) == 15
   for corpus, layer, *cells in rows:
     at = f'data={corpus},layer={layer},split=test'
-    keys = [
-      f'exact@attack=exact,{at}',
-      f'rouge1@attack=exact,{at}',
-      f'candidates_per_token@attack=exact,{at}',
-      f'seconds_per_sentence@attack=exact,{at}',
-      f'rouge1@attack=ridge,{at}',
-      f'rouge1@attack=hei,{at}',
-      f'rouge1@attack=bei,{at}',
-    ]
+    keys = _exact_keys(
+      at, one_shot + ('rouge1@attack=hei', 'rouge1@attack=bei')
+    )
     for key, cell in zip(keys, cells, strict=True):
       assert _shown(main[key], cell), (key, cell)
+  specs = json.loads(
+    (ROOT / 'reports/inversion_exact/robust/config.json').read_text()
+  )['perturbations']
   rows = _table_rows(text, '| corpus | perturbation |')
-  assert len(rows) == 5
+  assert len(rows) == 3 * len(specs) and {r[1] for r in rows} == set(specs)
   for corpus, spec, *cells in rows:
-    noise = spec.split(':')[1]
-    at = f'data={corpus},layer=25,noise={noise},split=test'
-    keys = [
-      f'exact@attack=exact,{at}',
-      f'rouge1@attack=exact,{at}',
-      f'candidates_per_token@attack=exact,{at}',
-      f'seconds_per_sentence@attack=exact,{at}',
-      f'rouge1@attack=ridge,{at}',
-    ]
+    params = exact_perturb.parse(spec).summary_params()
+    at = io.summary_key(
+      'x', data=corpus, layer='25', split='test', **params
+    ).partition('@')[2]
+    keys = _exact_keys(at, ('undecided@attack=exact',) + one_shot)
     for key, cell in zip(keys, cells, strict=True):
       assert _shown(robust[key], cell), (key, cell)
   rows = _table_rows(text, '| layer | perturbation |')
@@ -1680,14 +1705,7 @@ def test_exact_inversion_tables():
   for layer, spec, *cells in rows:
     extra = '' if spec == 'none' else f',noise={spec.split(":")[1]}'
     at = f'data=enron,layer={layer}{extra},split=test'
-    keys = [
-      f'exact@attack=exact,{at}',
-      f'rouge1@attack=exact,{at}',
-      f'candidates_per_token@attack=exact,{at}',
-      f'seconds_per_sentence@attack=exact,{at}',
-      f'rouge1@attack=ridge,{at}',
-    ]
-    for key, cell in zip(keys, cells, strict=True):
+    for key, cell in zip(_exact_keys(at, one_shot), cells, strict=True):
       assert _shown(quick[key], cell), (key, cell)
 
 
@@ -1696,7 +1714,7 @@ def test_exact_inversion_proposal_ranks():
   ranks = summary('inversion_exact/proposals')
   rows = _table_rows(text, '| corpus | layer | ridge |')
   assert len(rows) == 6
-  names = ('ridge', 'ridge_context', 'prior', 'order')
+  names = ('ridge', 'ridge_context', 'softmax', 'prior', 'order_ridge', 'order')
   for corpus, layer, *cells in rows:
     for ranking, cell in zip(names, cells, strict=True):
       at = f'data={corpus},layer={layer},ranking={ranking}'
