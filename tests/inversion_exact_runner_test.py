@@ -382,6 +382,7 @@ def parsed(values, argv) -> exact_runner.ExactRunConfig:
     'inversion_exact_quick.flags',
     'inversion_exact.flags',
     'inversion_exact_robust.flags',
+    'inversion_exact_robust_unbounded.flags',
   ],
 )
 def test_the_flagfiles_parse_to_their_configs(fresh_flags, name):
@@ -406,10 +407,11 @@ def test_the_flagfiles_parse_to_their_configs(fresh_flags, name):
   elif name == 'inversion_exact.flags':
     assert cfg == exact_runner.ExactRunConfig()
     assert len(exact_runner.cells(cfg)) == 15
-  else:
+  elif name == 'inversion_exact_robust.flags':
     assert cfg == exact_runner.ExactRunConfig(
       num_test=16,
       layers=('25',),
+      max_candidates=1024,
       perturbations=(
         'noise:0.001',
         'noise:0.01',
@@ -421,6 +423,13 @@ def test_the_flagfiles_parse_to_their_configs(fresh_flags, name):
       ),
     )
     assert len(exact_runner.cells(cfg)) == 21
+  else:  # the mild perturbations without the budget
+    assert cfg == exact_runner.ExactRunConfig(
+      num_test=16,
+      layers=('25',),
+      perturbations=('noise:0.001', 'noise:0.01', 'bf16', 'int8'),
+    )
+    assert len(exact_runner.cells(cfg)) == 12
 
 
 def test_flags_give_the_config_and_refuse_bad_input(fresh_flags):
