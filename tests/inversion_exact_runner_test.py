@@ -81,6 +81,7 @@ def config(corpora=('a=x.json', 'b=y.txt'), **changes):
     max_length=8,
     layers=('2', 'last'),
     perturbations=('none', 'noise:0.001', 'dct:1'),
+    ep_steps=40,
   )
   values.update(changes)
   return exact_runner.ExactRunConfig(**values)
@@ -98,6 +99,7 @@ def config(corpora=('a=x.json', 'b=y.txt'), **changes):
     (dict(layers=('2', '2')), 'names an entry twice'),
     (dict(max_candidates=0), 'max_candidates=0'),
     (dict(num_attacker=0), 'num_attacker=0'),
+    (dict(ep_steps=0), 'ep_steps=0'),
     (dict(perturbations=('blur',)), "unknown perturbation 'blur'"),
     (dict(perturbations=()), '--perturbations is empty'),
   ],
@@ -276,6 +278,7 @@ def test_a_tiny_llama_is_read_back_exactly(tiny_run):
     'rouge1@attack=ridge,data=a,layer=2,noise=0.001,split=test',
     'exact@attack=exact,data=b,defense=dct:1,layer=last,split=test',
     'rougeL@attack=bei,data=a,layer=last,split=test',
+    'rouge1@attack=ep_skip,data=b,defense=dct:1,layer=2,split=test',
   ):
     assert 0 <= summary[key] <= 1, key
   # The one-shot reads miss what the search recovers, checking beyond
@@ -300,6 +303,7 @@ def test_the_report_renders_its_tables(tiny_run):
   text = (workdir / 'summary.md').read_text()
   assert '## Split: test (3 a, 3 b texts), unperturbed' in text
   assert '| a | 2 | 1.000 | 1.000 |' in text
+  assert '| ROUGE-1 softmax | ROUGE-1 EP | ROUGE-1 ridge |' in text
   assert '## Perturbed states' in text
   assert '| test | b | last | dct:1 |' in text
   assert '## Recovered texts (exact search)' in text
@@ -362,10 +366,14 @@ def test_a_rerun_skips_the_finished_rows(tiny_run, monkeypatch):
 
   monkeypatch.setattr(exact_runner.exact, 'invert', no_search)
   model, params = tiny_llama()
+  before = json.loads((workdir / 'facts.json').read_text())['seconds']
   again = experiment.run_experiment(
     cfg, workdir, progress=False, model=model, params=params
   )
   assert again == summary
+  # facts.json's seconds add the resuming invocation's to the run's.
+  after = json.loads((workdir / 'facts.json').read_text())['seconds']
+  assert after > before
   assert len((workdir / 'results.jsonl').read_text().splitlines()) == len(rows)
 
 
@@ -383,6 +391,7 @@ def parsed(values, argv) -> exact_runner.ExactRunConfig:
     'inversion_exact.flags',
     'inversion_exact_robust.flags',
     'inversion_exact_robust_unbounded.flags',
+    'inversion_exact_noise.flags',
   ],
 )
 def test_the_flagfiles_parse_to_their_configs(fresh_flags, name):
@@ -423,6 +432,17 @@ def test_the_flagfiles_parse_to_their_configs(fresh_flags, name):
       ),
     )
     assert len(exact_runner.cells(cfg)) == 21
+  elif name == 'inversion_exact_noise.flags':
+    assert cfg == exact_runner.ExactRunConfig(
+      num_test=8,
+      num_dev=24,
+      layers=('25',),
+      max_candidates=1024,
+      perturbations=('noise:0.1', 'noise:0.3'),
+    )
+    # The robust run's attacker: test and dev take the same 32 texts.
+    robust = exact_runner.ExactRunConfig(num_test=16)
+    assert cfg.num_test + cfg.num_dev == robust.num_test + robust.num_dev
   else:  # the mild perturbations without the budget
     assert cfg == exact_runner.ExactRunConfig(
       num_test=16,

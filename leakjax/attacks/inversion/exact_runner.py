@@ -15,11 +15,14 @@ top-down from :func:`run`:
    splits of `splits` (`--splits=dev` while choosing);
 2. per (split, corpus, layer, perturbation) cell (:func:`cells`): the
    provider observes the layer's states of the texts, perturbed
-   (:mod:`.exact_perturb`); five attacks read them: `bei`, `hei`, `ridge`
+   (:mod:`.exact_perturb`); six attacks read them: `bei`, `hei`, `ridge`
    (HEI on the ridge inverse's `H^0`), `softmax` (HEI on the softmax
    inverse's, :mod:`.softmax_inverse`: the ridge map trained further to
-   rank the true token first) and `exact` (:func:`.exact.invert` with the
-   softmax inverse's proposals, :func:`.exact.proposal_scores`);
+   rank the true token first), `ep_skip` (HEI on Embed Parrot's, Wan et
+   al. Sec. 4.3, with the ridge-initialised skip of :mod:`.embed_parrot`)
+   and `exact` (:func:`.exact.invert` with the softmax inverse's
+   proposals, :func:`.exact.proposal_scores`); every learned inverse is
+   fitted on the attacker's clean states of the layer;
    `rule='tolerance'` on unperturbed states, `'nearest'` on the others;
 3. one results row per (cell, attack), scored as Wan et al. score (Sec.
    5.1.3: ROUGE-1/L of each text against its own reconstruction, BOS not
@@ -68,11 +71,18 @@ from leakjax.attacks.inversion import texts as texts_lib
 from leakjax.attacks.inversion.runner import DEFAULT_CORPORA, parse_corpora
 from leakjax.errors import LeakjaxError, check_positive
 
-ATTACKS = ('bei', 'hei', 'ridge', 'softmax', 'exact')
+ATTACKS = ('bei', 'hei', 'ridge', 'softmax', 'ep_skip', 'exact')
 SPLITS = ('dev', 'test')
 SHOWN = 4  # recovered texts kept per results row (for the report)
 BATCH = 16  # texts per forward pass of the target
 EXACT_KEYS = ('candidates_per_token', 'seconds_per_sentence', 'undecided')
+# Embed Parrot beside the search: the `ep_skip` variant at the architecture
+# of experiments/configs/embed_parrot_smollm2.flags (a 256-wide decoder of
+# 2 blocks, 4 heads; 32 texts a step at learning rate 1e-3). Decision: the
+# small decoder, not the paper's GPT-2 XL (Wan et al. Sec. 4.3), which this
+# runner cannot train beside every layer on a CPU.
+EP_ARCH = dict(width=256, num_layers=2, num_heads=4, linear_skip=True)
+EP_BATCH, EP_LR = 32, 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +108,7 @@ class ExactRunConfig:
       = the final-normed output).
     max_candidates: Candidates the exact search checks per position before
       giving up (absent: the whole vocabulary).
+    ep_steps: Training steps of Embed Parrot (`ep_skip`) per layer.
     perturbations: What happens to the states on the way: none, noise:S
       (Gaussian, std S x the layer's rms coordinate), bf16, int8 (absmax
       per position) or dct:K (Wan et al.'s DCT defense, K subsets).
@@ -115,11 +126,12 @@ class ExactRunConfig:
   splits: tuple[str, ...] = ('test',)
   layers: tuple[str, ...] = ('0', '10', '20', '25', 'last')
   max_candidates: int | None = None
+  ep_steps: int = 1000
   perturbations: tuple[str, ...] = ('none',)
   seed: int = 0
 
   def __post_init__(self):
-    check_positive(self, 'max_length', 'num_attacker')
+    check_positive(self, 'max_length', 'num_attacker', 'ep_steps')
     check_positive(self, 'num_dev', 'num_test', 'seed', minimum=0)
     names = [name for name, _ in self.corpus_paths()]
     if len(set(names)) < len(names):
@@ -302,6 +314,7 @@ class _Attacks:
     self.cfg, self.model, self.params, self.drawn = cfg, model, params, drawn
     self.states: dict[tuple[str, str], dict[str, np.ndarray]] = {}
     self.inverses: dict[str, dict[str, np.ndarray]] = {}
+    self.parrots: dict[str, tuple[embed_parrot.EmbedParrotConfig, Any]] = {}
     self.warm: set[str] = set()
     self.embeddings = model.word_embeddings(params)
 
@@ -342,9 +355,46 @@ class _Attacks:
         )
     return self.inverses[layer]
 
-  def one_shot(self, attack: str, observed, layer: str) -> np.ndarray:
-    """Ids `[N, W]` BEI, HEI, the ridge or the softmax inverse read from
-    the states."""
+  def parrot(self, layer: str) -> tuple[embed_parrot.EmbedParrotConfig, Any]:
+    """Embed Parrot (`EP_ARCH`) trained on the attacker's `H^layer ->
+    H^0`, as the embedding-inversion runner trains it (scored positions,
+    `cfg.ep_steps` steps, no checkpoint)."""
+    if layer not in self.parrots:
+      data = self.drawn.attacker
+      hidden, h0 = self.layer_states(data.ids, data.mask, (layer, '0'))
+      config = embed_parrot.EmbedParrotConfig(
+        input_dim=hidden.shape[-1], output_dim=h0.shape[-1], **EP_ARCH
+      )
+      steps = self.cfg.ep_steps
+      train_cfg = embed_parrot.train_config(
+        steps,
+        min(EP_BATCH, len(data.ids)),
+        learning_rate=EP_LR,
+        warmup_steps=max(steps // 20, 1),
+        log_every=max(steps // 10, 1),
+        checkpoint_every=steps,
+        seed=self.cfg.seed,
+      )
+      variables, _ = embed_parrot.train(
+        config,
+        hidden,
+        h0,
+        data.score_mask,
+        train_cfg,
+        key=jax.random.key(self.cfg.seed),
+      )
+      self.parrots[layer] = (config, variables)
+    return self.parrots[layer]
+
+  def one_shot(self, attack: str, observed, mask, layer: str) -> np.ndarray:
+    """Ids `[N, W]` BEI, HEI, the ridge or softmax inverse, or Embed
+    Parrot read from the states."""
+    if attack == 'ep_skip':
+      config, variables = self.parrot(layer)
+      observed = embed_parrot.predict_batches(
+        config, variables, observed, mask, batch_size=BATCH
+      )
+      attack = 'hei'
     hidden = jnp.asarray(observed)
     if attack == 'bei':
       fn = jitted(bei_hei.bei_ids, static_argnames=('model',))
@@ -429,7 +479,7 @@ class _Attacks:
         row.update(search_facts(found, data.score_mask))
         row['references'] = data.references[:SHOWN]
       else:
-        predicted = self.one_shot(attack, observed, layer)
+        predicted = self.one_shot(attack, observed, data.mask, layer)
       row.update(score(self.model.tokenizer, data, predicted))
       row['seconds'] = time.perf_counter() - start
       rows.append(row)
@@ -517,7 +567,7 @@ class ExactRun:
   Attributes:
     results: every results row (this run's and earlier ones).
     facts: the run's inputs and machine (model shape, texts per split,
-      device, seconds of this invocation), also in facts.json.
+      device, seconds over every invocation), also in facts.json.
   """
 
   results: list[dict[str, Any]]
@@ -558,6 +608,7 @@ def run(
   if (model is None) != (params is None):
     raise LeakjaxError('run takes model and params together')
   start = time.perf_counter()
+  resumed = bool(writer.results)
   corpora = load_corpora(cfg) if corpora is None else corpora
   if model is None:
     model, params = models.load_model(cfg.model, seed=cfg.seed)
@@ -579,13 +630,25 @@ def run(
     bar.update(1)
   bar.close()
   facts = run_facts(cfg, model, drawn)
-  facts['seconds'] = time.perf_counter() - start
+  facts['seconds'] = _earlier_seconds(writer, resumed) + (
+    time.perf_counter() - start
+  )
   if writer.enabled:
     io.atomic_write_text(
       writer.workdir / 'facts.json',
       json.dumps(io.jsonable(facts), indent=2, sort_keys=True),
     )
   return ExactRun(results=writer.results, facts=facts)
+
+
+def _earlier_seconds(writer: io.ExperimentWriter, resumed: bool) -> float:
+  """The seconds of the invocations before this one, when it resumed a
+  run: facts.json's `seconds` is the run's wall time over every invocation
+  (an invocation cut short before it wrote facts.json is not counted)."""
+  path = writer.workdir / 'facts.json'
+  if not (resumed and writer.enabled and path.exists()):
+    return 0.0
+  return float(json.loads(path.read_text()).get('seconds', 0.0))
 
 
 def run_facts(cfg: ExactRunConfig, model, drawn: Texts) -> dict[str, Any]:
