@@ -307,8 +307,9 @@ def check_model(cfg: ExactRunConfig, model) -> None:
     bei_hei.parse_layer(model, layer)
 
 
-class _Attacks:
-  """The states, inverses and attacks of one run (computed on demand)."""
+class Attacks:
+  """The states, inverses and attacks of one run (computed on demand; the
+  noise-levels study reads its inverters through it)."""
 
   def __init__(self, cfg, model, params, drawn: Texts):
     self.cfg, self.model, self.params, self.drawn = cfg, model, params, drawn
@@ -614,7 +615,7 @@ def run(
     model, params = models.load_model(cfg.model, seed=cfg.seed)
   check_model(cfg, model)
   drawn = draw_texts(cfg, model.tokenizer, corpora)
-  attacks = _Attacks(cfg, model, params, drawn)
+  attacks = Attacks(cfg, model, params, drawn)
   work = cells(cfg)
   bar = tqdm.tqdm(
     total=len(work),
@@ -671,6 +672,7 @@ def run_facts(cfg: ExactRunConfig, model, drawn: Texts) -> dict[str, Any]:
 
 __all__ = [
   'ATTACKS',
+  'Attacks',
   'ExactRun',
   'ExactRunConfig',
   'Texts',
