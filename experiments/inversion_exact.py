@@ -11,7 +11,9 @@ search of Nikolaou et al., arXiv 2510.15511) ->
 Settings of the exact search are chosen on the dev split
 (`--splits=dev`), then the test split is attacked once (the default);
 every results row and summary key names its split. A re-run with the same
-`--workdir` resumes: finished rows are skipped.
+`--workdir` resumes: finished rows are skipped. `--mesh=data:N` splits
+the candidates of each check of the exact search over N devices (the
+parameters replicated); the numbers are the same.
 
   python -m experiments.inversion_exact \
       --flagfile=experiments/configs/inversion_exact_quick.flags
@@ -24,13 +26,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from absl import flags
+from absl import flags, logging
 
 from experiments import common
 from experiments import inversion_exact_report as report
-from leakjax import io
+from leakjax import io, sharding
 from leakjax.attacks.inversion import exact_runner
-from leakjax.errors import LeakjaxError
 
 FLAGS = flags.FLAGS
 Config = exact_runner.ExactRunConfig
@@ -43,8 +44,10 @@ def run_experiment(
   progress: bool = True,
   model=None,
   params=None,
+  mesh=None,
 ) -> dict[str, float]:
-  """Runs (or resumes) the experiment into `workdir`; returns the summary."""
+  """Runs (or resumes) the experiment into `workdir`; returns the summary
+  (`mesh`: split the exact search's candidates over its data axis)."""
   # The corpora are read (and checked) before the workdir is touched.
   corpora = exact_runner.load_corpora(cfg)
   writer = io.ExperimentWriter(
@@ -57,12 +60,13 @@ def run_experiment(
     model=model,
     params=params,
     progress=progress,
+    mesh=mesh,
   )
   return report.write(writer, cfg, result)
 
 
 def define_flags() -> None:
-  """--workdir/--data/--seed and one flag per config field."""
+  """--workdir/--data/--seed/--mesh and one flag per config field."""
   common.define_common_flags('/tmp/leakjax_inversion_exact')
   common.define_config_flags(Config)
   flags.adopt_module_key_flags(common)
@@ -73,11 +77,6 @@ def config_from_flags() -> Config:
   common.reject_data_fields(
     'each corpus of --corpora is read with its default text field'
   )
-  if FLAGS.mesh:
-    raise LeakjaxError(
-      '--mesh is not used by this experiment',
-      'the candidates are checked on one device',
-    )
   if FLAGS.data:
     return common.config_from_flags(
       Config, corpora=(f'data={FLAGS.data}',), attacker_corpus='data'
@@ -89,8 +88,11 @@ def main(argv):
   del argv
   cfg = config_from_flags()
   common.require_data(cfg)  # every named data set, before any work
+  mesh = sharding.data_mesh(FLAGS.mesh)  # malformed: an error before work
+  if mesh is not None:
+    logging.info('exact search candidates split over %s', dict(mesh.shape))
   start = time.perf_counter()
-  summary = run_experiment(cfg, FLAGS.workdir)
+  summary = run_experiment(cfg, FLAGS.workdir, mesh=mesh)
   common.print_summary(FLAGS.workdir, summary, start)
 
 

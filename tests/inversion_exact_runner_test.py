@@ -377,6 +377,27 @@ def test_a_rerun_skips_the_finished_rows(tiny_run, monkeypatch):
   assert len((workdir / 'results.jsonl').read_text().splitlines()) == len(rows)
 
 
+@pytest.mark.slow
+def test_a_run_split_over_a_mesh_reads_the_same(tmp_path, mesh):
+  cfg = config(
+    corpora=write_corpora(tmp_path), layers=('2',), perturbations=('none',)
+  )
+  model, params = tiny_llama()
+  got = {}
+  for name, where in (('one', None), ('split', mesh)):
+    summary = experiment.run_experiment(
+      cfg,
+      tmp_path / name,
+      progress=False,
+      model=model,
+      params=params,
+      mesh=where,
+    )
+    got[name] = {k: v for k, v in summary.items() if 'seconds' not in k}
+  assert got['split'] == got['one']
+  assert got['one']['exact@attack=exact,data=a,layer=2,split=test'] == 1.0
+
+
 # ------------------------------------------------------------------ flags
 def parsed(values, argv) -> exact_runner.ExactRunConfig:
   values.unparse_flags()
@@ -459,7 +480,8 @@ def test_flags_give_the_config_and_refuse_bad_input(fresh_flags):
   assert cfg.splits == ('dev',)
   with pytest.raises(LeakjaxError, match="bad noise scale in 'noise:'"):
     parsed(fresh_flags, ['prog', '--perturbations=none,noise:'])
-  with pytest.raises(LeakjaxError, match='--mesh is not used'):
-    parsed(fresh_flags, ['prog', '--mesh=data:8'])
+  # --mesh splits the search's candidates; the config is the same.
+  mesh_cfg = parsed(fresh_flags, ['prog', '--mesh=data:8'])
+  assert mesh_cfg == exact_runner.ExactRunConfig()
   key = io.summary_key('exact', split='dev', layer='25', data='enron')
   assert key == 'exact@data=enron,layer=25,split=dev'

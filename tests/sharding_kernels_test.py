@@ -16,7 +16,8 @@ differential_score`, the sequence axis), the differential-rank search
 (`attacks.differential.rank_beam_search(mesh=...)`, the beam rows of every
 step, also as the experiment runs it) and embedding inversion
 (`attacks.inversion`: hidden states of a batch, then BEI and HEI
-ids).
+ids) and the exact inversion's candidate checks (`attacks.inversion.exact`,
+the candidate axis of every check; whole inversions equal).
 """
 
 import functools
@@ -34,6 +35,7 @@ from leakjax.attacks.differential import evaluation
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder
 from leakjax.attacks.inversion import bei_hei as ei
+from leakjax.attacks.inversion import exact as ex
 from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2, lstm
 from leakjax.tokenization import WordTokenizer
@@ -161,6 +163,43 @@ def test_embedding_inversion_sharded_over_batch(tiny, mesh):
   np.testing.assert_array_equal(bei1, bei8)
   # HEI at layer 0 reads the input embeddings (plus positions): mostly right.
   assert (np.asarray(hei1[0]) == ids).mean() > 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', ['llama', 'gpt2'])
+def test_exact_inversion_checks_sharded_over_candidates(mesh, family):
+  from tests import inversion_exact_test as ie  # pylint: disable=g-import-not-at-top
+
+  model, params = ie.MODELS[family]()
+  ids = np.asarray(jax.random.randint(jax.random.key(4), (1, 7), 0, 200))
+  states = ie.observed_states(model, params, ids, 3)
+  # Random proposals: the search goes down the vocabulary, in chunks of 4
+  # and 20 candidates, rounded up to whole shards of 8.
+  rng = np.random.default_rng(0)
+  scores = rng.standard_normal((1, 7, model.vocab_size)).astype(np.float32)
+  config = ex.ExactConfig(first_chunk=4, chunk=20)
+  run = functools.partial(
+    ex.invert, model, layer=3, scores=scores, config=config
+  )
+  one = run(params, states, np.asarray([7]))
+  split = run(params, states, np.asarray([7]), mesh=mesh)
+  assert split[0].ids == one[0].ids == ids[0].tolist()
+  assert split[0].checked == one[0].checked and max(one[0].checked) > 1
+  assert split[0].decided == one[0].decided
+  # The check itself: the candidates spread over the 8 devices.
+  cache = model.init_stream_cache(params, 1, 8, layer=3)
+  for tok in ids[0, :3]:
+    _, cache = model.stream_decode(params, cache, jnp.asarray([[tok]]), layer=3)
+  cands = np.arange(16, dtype=np.int32)
+  check = functools.partial(ex.check_candidates, model, layer=3)
+  single, sharded = _run_both(
+    lambda p, c: check(p, cache, c, jnp.asarray(states[0, 3])),
+    params,
+    (cands,),
+    mesh,
+  )
+  _assert_spread(sharded)
+  np.testing.assert_allclose(single, sharded, rtol=1e-5, atol=1e-5)
 
 
 def _random_lstm(seed: int, vocab: int = 37):

@@ -36,6 +36,11 @@ Acceptance needs no truth (:class:`ExactConfig`):
   times the second nearest; after the whole vocabulary the nearest is
   taken and the position marked undecided when the gap rule fails.
 
+Scale-out: with a `('data',)` mesh (`mesh=` of :func:`invert`) each
+check's candidates are split over its devices, the parameters and the
+prefix's caches replicated; the check itself does not know (chunks are
+rounded up to a multiple of the data axis, padded with a real candidate).
+
 Decision: the first position is the tokenizer's BOS when the model has one
 (the user's system adds it; the attacker knows the convention), so it is
 not searched.
@@ -54,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from leakjax import sharding
 from leakjax._jit import jitted
 from leakjax.attacks.inversion import bei_hei
 from leakjax.errors import LeakjaxError
@@ -297,6 +303,7 @@ def invert_sentence(
   scores: np.ndarray,
   config: ExactConfig = ExactConfig(),  # noqa: B008 (frozen)
   width: int | None = None,
+  mesh=None,
 ) -> Inversion:
   """Recovers the `length` tokens whose layer states are `observed`.
 
@@ -308,8 +315,14 @@ def invert_sentence(
     scores: float `[>= length, V]`: :func:`proposal_scores` of the states.
     config: proposals and acceptance.
     width: the padded width (one compile per width); None: length.
+    mesh: a mesh with a `'data'` axis to split each check's candidates
+      over (None: one device); replicate `params` on it once beforehand
+      (:func:`leakjax.sharding.replicate`) to spare a copy per sentence.
   """
   start = time.perf_counter()
+  sharding.check_data_axis(mesh)
+  params = sharding.replicate(params, mesh)
+  devices = sharding.data_size(mesh)
   width = width or length
   check = jitted(check_candidates, static_argnames=CHECK_STATIC)
   check_row = jitted(check_guesses, static_argnames=CHECK_STATIC)
@@ -324,10 +337,15 @@ def invert_sentence(
   )
   tolerance = config.rule == 'tolerance'
   state = {
-    'stream': model.init_stream_cache(
-      params, 1, 2 * width, layer=_layer_index(model, layer)
+    **sharding.replicate(
+      {
+        'stream': model.init_stream_cache(
+          params, 1, 2 * width, layer=_layer_index(model, layer)
+        ),
+        'full': model.init_cache(params, 1, 2 * width),
+      },
+      mesh,
     ),
-    'full': model.init_cache(params, 1, 2 * width),
     'prior': None,
   }
 
@@ -346,15 +364,16 @@ def invert_sentence(
     size = (
       config.first_chunk if len(tokens) <= config.first_chunk else config.chunk
     )
+    size = -(-size // devices) * devices  # whole shards
     got = check(
       model,
       params,
       state['stream'],
-      _padded(tokens, size),
+      sharding.shard_batch(_padded(tokens, size), mesh),
       jnp.asarray(observed_w[t]),
       layer,
     )
-    return np.asarray(got)[: len(tokens)]
+    return sharding.to_host(got)[: len(tokens)]
 
   t = 0
   bos = getattr(getattr(model, 'tokenizer', None), 'bos_id', None)
@@ -447,10 +466,13 @@ def invert(
   layer,
   scores: np.ndarray,
   config: ExactConfig = ExactConfig(),  # noqa: B008 (frozen)
+  mesh=None,
 ) -> list[Inversion]:
   """:func:`invert_sentence` for every row of `observed [N, W, D]` (real
-  lengths `lengths [N]`, proposal scores `scores [N, W, V]`)."""
+  lengths `lengths [N]`, proposal scores `scores [N, W, V]`), the
+  candidates of each check split over `mesh`'s data axis when given."""
   width = observed.shape[1]
+  params = sharding.replicate(params, mesh)
   return [
     invert_sentence(
       model,
@@ -461,6 +483,7 @@ def invert(
       scores=scores[i],
       config=config,
       width=width,
+      mesh=mesh,
     )
     for i in range(len(observed))
   ]

@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from leakjax import io, models, provenance
+from leakjax import io, models, provenance, sharding
 from leakjax._jit import jitted
 from leakjax.attacks.inversion import (
   bei_hei,
@@ -311,8 +311,11 @@ class Attacks:
   """The states, inverses and attacks of one run (computed on demand; the
   noise-levels study reads its inverters through it)."""
 
-  def __init__(self, cfg, model, params, drawn: Texts):
+  def __init__(self, cfg, model, params, drawn: Texts, mesh=None):
     self.cfg, self.model, self.params, self.drawn = cfg, model, params, drawn
+    self.mesh = mesh
+    # The exact search's copy, on every device of the mesh (once).
+    self.search_params = sharding.replicate(params, mesh)
     self.states: dict[tuple[str, str], dict[str, np.ndarray]] = {}
     self.inverses: dict[str, dict[str, np.ndarray]] = {}
     self.parrots: dict[str, tuple[embed_parrot.EmbedParrotConfig, Any]] = {}
@@ -430,12 +433,13 @@ class Attacks:
       short = np.minimum(lengths[:1], 3)
       exact.invert(
         self.model,
-        self.params,
+        self.search_params,
         observed[:1],
         short,
         layer=_layer(layer),
         scores=scores(0)[None],
         config=config,
+        mesh=self.mesh,
       )
     out = []
     for i in range(len(observed)):
@@ -447,6 +451,7 @@ class Attacks:
         layer=_layer(layer),
         scores=scores(i)[None],
         config=config,
+        mesh=self.mesh,
       )
       tick(i + 1)
     return out
@@ -593,6 +598,7 @@ def run(
   model: models.Model | None = None,
   params=None,
   progress: bool = True,
+  mesh=None,
 ) -> ExactRun:
   """Runs (or resumes) the experiment into `writer`.
 
@@ -604,6 +610,8 @@ def run(
     model: the target (replaces loading `config.model`), with `params`.
     params: its parameters (both or neither).
     progress: one progress bar over the cells.
+    mesh: a mesh with a `'data'` axis: the exact search's candidates of
+      each check are split over it (None: one device).
   """
   cfg = config
   if (model is None) != (params is None):
@@ -615,7 +623,8 @@ def run(
     model, params = models.load_model(cfg.model, seed=cfg.seed)
   check_model(cfg, model)
   drawn = draw_texts(cfg, model.tokenizer, corpora)
-  attacks = Attacks(cfg, model, params, drawn)
+  sharding.check_data_axis(mesh)
+  attacks = Attacks(cfg, model, params, drawn, mesh)
   work = cells(cfg)
   bar = tqdm.tqdm(
     total=len(work),
