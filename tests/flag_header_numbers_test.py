@@ -909,6 +909,17 @@ def _inversion_exact_robust():
   ]
 
 
+@check('inversion_exact_noise')
+def _inversion_exact_noise():
+  n, k = cells('inversion_exact/noise')
+  assert load('inversion_exact/noise', 'facts.json')['device'] == 'cpu'
+  secs = load('inversion_exact/noise', 'facts.json')['seconds']
+  return [
+    f'{n} cells of {k} sentences; {minutes(secs)} on a 2-core CPU',
+    f'{span(per_sentence("inversion_exact/noise"), " s", ".1f")} a sentence',
+  ]
+
+
 # ------------------------------------------------------------------- tests
 
 
