@@ -909,6 +909,25 @@ def _inversion_exact_robust():
   ]
 
 
+@check('inversion_exact_robust_unbounded')
+def _inversion_exact_robust_unbounded():
+  report = 'inversion_exact/robust/unbounded'
+  n, k = cells(report)
+  assert load(report, 'facts.json')['device'] == 'cpu'
+  searches = rows(report, attack='exact')
+  int8 = [
+    r['seconds_per_sentence'] for r in searches if r['perturbation'] == 'int8'
+  ]
+  rest = [
+    r['seconds_per_sentence'] for r in searches if r['perturbation'] != 'int8'
+  ]
+  return [
+    f"{n} cells of {k} sentences; the attacks' rows add up to"
+    f' {minutes(sum(seconds(report)))} on a 2-core CPU',
+    f'{span(rest, " s", ".1f")} a sentence, {span(int8, " s", ".1f")} under int8',
+  ]
+
+
 @check('inversion_exact_noise')
 def _inversion_exact_noise():
   n, k = cells('inversion_exact/noise')
