@@ -1680,11 +1680,11 @@ def test_exact_inversion_tables():
   one_shot = ('rouge1@attack=softmax', 'rouge1@attack=ridge')
   rows = _table_rows(text, '| corpus | layer | exact |')
   assert len(rows) == 15
+  reads = ('rouge1@attack=softmax', 'rouge1@attack=ep_skip')
+  reads += ('rouge1@attack=ridge', 'rouge1@attack=hei', 'rouge1@attack=bei')
   for corpus, layer, *cells in rows:
     at = f'data={corpus},layer={layer},split=test'
-    keys = _exact_keys(
-      at, one_shot + ('rouge1@attack=hei', 'rouge1@attack=bei')
-    )
+    keys = _exact_keys(at, reads)
     for key, cell in zip(keys, cells, strict=True):
       assert _shown(main[key], cell), (key, cell)
   specs = json.loads(
@@ -1700,6 +1700,42 @@ def test_exact_inversion_tables():
     keys = _exact_keys(at, ('undecided@attack=exact',) + one_shot)
     for key, cell in zip(keys, cells, strict=True):
       assert _shown(robust[key], cell), (key, cell)
+  for folder, header, shown in (
+    ('robust/unbounded', '| corpus | perturbation, no budget |', one_shot),
+    (
+      'noise',
+      '| corpus | noise |',
+      ('rouge1@attack=softmax', 'rouge1@attack=ep_skip', 'rouge1@attack=ridge'),
+    ),
+  ):
+    got = summary(f'inversion_exact/{folder}')
+    specs = json.loads(
+      (ROOT / f'reports/inversion_exact/{folder}/config.json').read_text()
+    )['perturbations']
+    rows = _table_rows(text, header)
+    assert len(rows) == 3 * len(specs), folder
+    for corpus, spec, *cells in rows:
+      spec = f'noise:{spec}' if spec[0].isdigit() else spec
+      params = exact_perturb.parse(spec).summary_params()
+      at = io.summary_key(
+        'x', data=corpus, layer='25', split='test', **params
+      ).partition('@')[2]
+      keys = _exact_keys(at, ('undecided@attack=exact',) + shown)
+      for key, cell in zip(keys, cells, strict=True):
+        assert _shown(got[key], cell), (folder, key, cell)
+  levels = summary('inversion_exact/noise_levels')
+  rows = _table_rows(text, '| corpus | none |')
+  header = next(
+    x for x in text.splitlines() if x.startswith('| corpus | none |')
+  )
+  scales = [c.strip() for c in header.strip('|').split('|')][2:]
+  assert len(rows) == 3 and scales
+  for corpus, *cells in rows:
+    at = f'attack=ep_skip,data={corpus},layer=25'
+    keys = [f'rouge1@{at},split=dev']
+    keys += [f'rouge1@{at},noise={x},split=dev' for x in scales]
+    for key, cell in zip(keys, cells, strict=True):
+      assert _shown(levels[key], cell), (key, cell)
   rows = _table_rows(text, '| layer | perturbation |')
   assert len(rows) == 4
   for layer, spec, *cells in rows:
