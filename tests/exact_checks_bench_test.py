@@ -7,21 +7,12 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import beam_search_vs_hf, exact_checks
-from leakjax.models import llama
+from tests import inversion_exact_test
 
 
 def _tiny():
-  config = llama.LlamaConfig(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    tie_word_embeddings=True,
-  )
-  return llama.init_model(config, key=jax.random.key(0))
+  """The exact-inversion tests' tiny Llama (3 blocks, 200 tokens)."""
+  return inversion_exact_test.tiny_llama()
 
 
 @pytest.mark.slow

@@ -898,15 +898,20 @@ def _inversion_exact_quick():
   return [f'about {secs / 60:.0f} minutes', f'facts.json: {secs:.0f} s,']
 
 
-@check('inversion_exact_robust')
-def _inversion_exact_robust():
-  n, k = cells('inversion_exact/robust')
-  assert load('inversion_exact/robust', 'facts.json')['device'] == 'cpu'
-  secs = load('inversion_exact/robust', 'facts.json')['seconds']
+def _perturbed_run(report: str) -> list[str]:
+  """Cells, run time and seconds a sentence of a layer-25 run."""
+  n, k = cells(report)
+  assert load(report, 'facts.json')['device'] == 'cpu'
+  secs = load(report, 'facts.json')['seconds']
   return [
     f'{n} cells of {k} sentences; {minutes(secs)} on a 2-core CPU',
-    f'{span(per_sentence("inversion_exact/robust"), " s", ".1f")} a sentence',
+    f'{span(per_sentence(report), " s", ".1f")} a sentence',
   ]
+
+
+@check('inversion_exact_robust')
+def _inversion_exact_robust():
+  return _perturbed_run('inversion_exact/robust')
 
 
 @check('inversion_exact_robust_unbounded')
@@ -930,13 +935,7 @@ def _inversion_exact_robust_unbounded():
 
 @check('inversion_exact_noise')
 def _inversion_exact_noise():
-  n, k = cells('inversion_exact/noise')
-  assert load('inversion_exact/noise', 'facts.json')['device'] == 'cpu'
-  secs = load('inversion_exact/noise', 'facts.json')['seconds']
-  return [
-    f'{n} cells of {k} sentences; {minutes(secs)} on a 2-core CPU',
-    f'{span(per_sentence("inversion_exact/noise"), " s", ".1f")} a sentence',
-  ]
+  return _perturbed_run('inversion_exact/noise')
 
 
 # ------------------------------------------------------------------- tests
