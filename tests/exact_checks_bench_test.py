@@ -2,6 +2,9 @@
 sides agree, the true token is the nearest, and the FLOP model of one
 check against XLA's own count."""
 
+import json
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -39,3 +42,20 @@ def test_check_flops_match_xla_cost_analysis():
   cost = cost[0] if isinstance(cost, list) else cost
   ratio = 64 * exact_checks.check_flops(model, 3, 16) / cost['flops']
   assert 0.7 < ratio <= 1.05
+
+
+def test_the_readme_quotes_the_committed_run():
+  root = pathlib.Path(__file__).resolve().parents[1]
+  got = json.loads((root / 'benchmarks/results/exact_checks.json').read_text())
+  rows = got['rows']
+  assert got['model'] == 'smollm2-135m' and all(r['agree'] for r in rows)
+  speed = [r['speedup_vs_transformers'] for r in rows]
+  ours = [100 * r['ours_fraction_of_peak'] for r in rows]
+  peer = [100 * r['transformers_fraction_of_peak'] for r in rows]
+  text = ' '.join((root / 'benchmarks/README.md').read_text().split())
+  assert (
+    f'ours {min(speed):.2f}-{max(speed):.2f}x transformers, at'
+    f' {min(ours):.0f}-{max(ours):.0f} % of the measured fp32 matmul peak'
+    f' ({got["matmul_peak_flops_per_second"] / 1e9:.0f} GFLOP/s) against'
+    f" transformers' {min(peer):.0f}-{max(peer):.0f} %"
+  ) in text
