@@ -13,6 +13,7 @@ A study uses the library's public names only. Ablation flagfiles of
 `experiments/` live in `studies/<paper>/configs/`.
 """
 
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,4 +29,13 @@ def report_dir(study_file: str | Path) -> Path:
   return ROOT / 'reports' / here.relative_to(ROOT / 'studies')
 
 
-__all__ = ['ROOT', 'report_dir']
+def write_summary(path: str | Path, summary: dict) -> None:
+  """Writes a study's summary as sorted, indented JSON (its folder made
+  when missing) and says where."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(summary, indent=2, sort_keys=True) + '\n')
+  print(f'Wrote {path} ({len(summary)} keys)')
+
+
+__all__ = ['ROOT', 'report_dir', 'write_summary']

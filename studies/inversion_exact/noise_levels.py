@@ -20,11 +20,11 @@ S = 0).
       --flagfile=experiments/configs/inversion_exact_noise.flags
 """
 
-import json
 from pathlib import Path
 
 from absl import app, flags
 
+import studies
 from experiments import inversion_exact
 from leakjax import io, models
 from leakjax.attacks.inversion import exact_perturb as perturb
@@ -77,10 +77,7 @@ def main(argv):
     exact_runner.load_corpora(cfg),
     [float(x) for x in f.levels],
   )
-  path = Path(f.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(out, indent=2, sort_keys=True) + '\n')
-  print(f'Wrote {path} ({len(out)} keys)')
+  studies.write_summary(f.out, out)
 
 
 def define_flags() -> None:

@@ -28,13 +28,13 @@ The texts, layers and attacker's texts are the experiment's (its flags;
   python -m studies.inversion_exact.proposals --layers=10,25
 """
 
-import json
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+import studies
 from experiments import inversion_exact
 from leakjax import io, models
 from leakjax.attacks.inversion import (
@@ -168,10 +168,7 @@ def main(argv):
       print(
         name, layer, {k: round(float(np.mean(v)), 1) for k, v in ranks.items()}
       )
-  path = Path(f.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(out, indent=2, sort_keys=True) + '\n')
-  print(f'Wrote {path} ({len(out)} keys)')
+  studies.write_summary(f.out, out)
 
 
 def define_flags() -> None:
