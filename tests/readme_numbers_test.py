@@ -1887,3 +1887,21 @@ def test_speed_peer_fraction_of_peak():
   assert len(fractions) == 6
   low, high = round(100 * min(fractions)), round(100 * max(fractions))
   assert f'Both peers already run at {low}-{high} % of the measured' in PROSE
+
+
+def test_audit_attacker_text_table():
+  # reports/audit/README.md's proposer table against the study's summary.
+  s = summary('audit/attacker_text')
+  text = (ROOT / 'reports/audit/README.md').read_text('utf-8')
+  rows = _table_rows(text, '| attacker text |')
+  assert len(rows) == 3
+  for row, name in zip(rows, ('user', 'user+samples:200', 'user+samples:400')):
+    values = [
+      s[f'mean_place@layer=15,text={name}'],
+      s[f'top1@layer=15,text={name}'],
+      s[f'mean_place@layer=last,text={name}'],
+      s[f'top1@layer=last,text={name}'],
+      s[f'fit_seconds@layer=last,text={name}'],
+    ]
+    for value, cell in zip(values, row[1:]):
+      assert _shown(value, cell), (name, value, cell)
