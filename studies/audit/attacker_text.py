@@ -77,21 +77,26 @@ def main(argv):
       fit_seconds = time.perf_counter() - start
       states = np.asarray(hidden.states(model, params, ids, mask, layer))
       kernel, bias = inverse.softmax
-      places = []
-      for i in range(len(ids)):
-        scores = np.asarray(
-          exact.proposal_scores(
-            jnp.asarray(states[i]),
-            embeddings,
-            kernel,
-            bias,
-            inverse.stats['input_shift'],
-            inverse.stats['input_scale'],
-          )
+      # Every position's scores in one call: [N * W, D] -> [N, W, V].
+      scores = np.asarray(
+        exact.proposal_scores(
+          jnp.asarray(states.reshape(-1, states.shape[-1])),
+          embeddings,
+          kernel,
+          bias,
+          inverse.stats['input_shift'],
+          inverse.stats['input_scale'],
         )
-        for t in np.flatnonzero(score[i]):
-          order = exact.proposal_order(scores[t], logits[i, t - 1], config)
-          places.append(int(np.flatnonzero(order == ids[i, t])[0]))
+      ).reshape(*states.shape[:2], -1)
+      places = [
+        int(
+          np.flatnonzero(
+            exact.proposal_order(scores[i, t], logits[i, t - 1], config)
+            == ids[i, t]
+          )[0]
+        )
+        for i, t in zip(*np.nonzero(score))
+      ]
       got = np.asarray(places)
       at = dict(layer=layer, text=name)
       out[io.summary_key('mean_place', **at)] = float(got.mean())
