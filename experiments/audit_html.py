@@ -181,6 +181,10 @@ def facts_rows(model: str, data: str, extra: dict) -> list[tuple[str, str]]:
     ),
     ('hidden size, layers', f'{get("hidden_size")}, {get("num_layers")}'),
   ]
+  if extra.get('num_attacker_samples') is not None:
+    rows.append(
+      ("model samples added to the attacker's own", get('num_attacker_samples'))
+    )
   if devices := extra.get('devices'):
     rows.append(
       ('devices', f'{devices.get("count", "?")} x {devices.get("kind", "?")}')

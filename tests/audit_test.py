@@ -38,6 +38,7 @@ def tiny(**changes) -> audit.AuditConfig:
     film_steps=1,
     snapshot_beams=4,
     snapshot_length=3,
+    attacker_samples=0,  # a random model writes no sentence
   )
   values.update(changes)
   return audit.AuditConfig(**values)

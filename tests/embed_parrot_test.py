@@ -793,22 +793,17 @@ def test_model_samples_are_whole_distinct_sentences():
     ' Go now.',
   ]
   model, params = _chain_model(tok, sentences)
-  cfg = runner.InversionConfig(
-    max_length=24, train_samples=2, sample_start_id=tok.encode('.')[0]
+  settings = dict(
+    length=24, start_id=tok.encode('.')[0], key=jax.random.key(0), batch_size=4
   )
-  got = texts.model_samples(
-    model, params, cfg, key=jax.random.key(0), batch_size=4
-  )
+  got = texts.model_samples(model, params, 2, **settings)
   # 'Go now.' has < 4 words; every row's unfinished last piece is dropped.
   assert sorted(got) == ['A blue bird sings well.', 'The red fox runs fast.']
   with pytest.raises(LeakjaxError, match='no new sentence'):
-    texts.model_samples(
-      model,
-      params,
-      dataclasses.replace(cfg, train_samples=3),
-      key=jax.random.key(0),
-      batch_size=4,
-    )
+    texts.model_samples(model, params, 3, **settings)
+  with pytest.raises(LeakjaxError, match='no valid token'):
+    texts.model_samples(model, params, 2, **{**settings, 'start_id': 10**6})
+  cfg = runner.InversionConfig(max_length=24, train_samples=2)
   with pytest.raises(LeakjaxError, match='sample_top_p'):
     dataclasses.replace(cfg, sample_top_p=0.0)
   with pytest.raises(LeakjaxError, match='sample_temperature'):
@@ -824,9 +819,9 @@ def test_experiment_adds_model_samples_to_the_training_texts(
   samples = [f'Sample number {i} is a sentence.' for i in range(5)]
   calls = []
 
-  def fake_samples(model, params, cfg, *, key):
-    calls.append(cfg.train_samples)
-    return samples[: cfg.train_samples]
+  def fake_samples(model, params, num, **kwargs):
+    calls.append(num)
+    return samples[:num]
 
   monkeypatch.setattr(texts, 'model_samples', fake_samples)
   cfg = experiment.Config(

@@ -11,9 +11,12 @@ the model. Attacks, cheapest first:
   Parrot's linear skip (:func:`leakjax.attacks.inversion.embed_parrot.
   ridge_solution`) without the decoder. Decision: the attacker's text is
   the user's sentences that are neither attacked nor held out (an attacker
-  with text of the same kind: the worst case). The L2 penalty keeps the
-  fit defined with fewer tokens than features; without any such sentence
-  the attack is skipped.
+  with text of the same kind: the worst case) and sentences the provider
+  samples from the model it holds (:func:`attacker_samples`: free to it,
+  and they make the exact search's proposals far better, see
+  `reports/audit/attacker_text/`). The L2 penalty keeps the fit defined
+  with fewer tokens than features; without any text the attack is
+  skipped.
 * `exact` -- exact inversion by sequential verification (Nikolaou et al.,
   arXiv 2510.15511; :mod:`leakjax.attacks.inversion.exact`): candidates
   proposed by the softmax inverse trained from the ridge one
@@ -47,6 +50,8 @@ from leakjax.attacks.inversion import (
   softmax_inverse,
 )
 from leakjax.attacks.inversion import scoring as inversion_scoring
+from leakjax.attacks.inversion import texts as inversion_texts
+from leakjax.errors import LeakjaxError
 
 ATTACKS = ('bei', 'hei', 'ridge', 'exact')
 EXACT_BUDGET = 1024  # candidates per position on noisy states
@@ -75,11 +80,30 @@ def states(model, params, ids, mask, layer: str) -> jax.Array:
   return out[0].astype(jnp.float32)
 
 
-def fit_inverse(model, params, texts: Sequence[str], layer: str, width: int):
-  """The ridge inverse of `layer` fitted on `texts` (the attacker's)."""
-  if not texts:
+def attacker_samples(model, params, num: int, length: int, seed: int):
+  """`num` sentences the provider samples from the model (rows of `length`
+  tokens from BOS, temperature 1, top-p 0.95: the inversion experiment's
+  defaults; :func:`leakjax.attacks.inversion.texts.model_samples`)."""
+  if not num:
+    return []
+  try:
+    return inversion_texts.model_samples(
+      model, params, num, length=length, key=jax.random.PRNGKey(seed)
+    )
+  except LeakjaxError as e:
+    raise LeakjaxError(
+      f'the hidden-state attacker could not sample text from the model ({e})',
+      "pass --attacker_samples=0 to fit on the user's sentences alone",
+    ) from e
+
+
+def fit_inverse(
+  model, params, attacker: Sequence[str], layer: str, width: int
+) -> Inverse:
+  """The ridge inverse of `layer` fitted on the attacker's texts."""
+  if not attacker:
     return Inverse(None, None, None, 'no attacker text to fit on')
-  ids, mask = dager_client.padded_batch(model, texts, width)
+  ids, mask = dager_client.padded_batch(model, attacker, width)
   # The layer and its target H^0 from one pass, 16 texts at a time.
   hidden, target = bei_hei.layer_states_of_many(
     model, params, ids, mask, (layer, 0)
@@ -182,6 +206,7 @@ def noisy(hidden: jax.Array, std: float, key) -> jax.Array:
 __all__ = [
   'ATTACKS',
   'Inverse',
+  'attacker_samples',
   'fit_inverse',
   'invert',
   'invert_exactly',

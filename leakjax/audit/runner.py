@@ -217,6 +217,7 @@ class _Cells:
     self.dager = dager_config(cfg)
     self.baselines = {'film': film.baseline(cfg.film_beams, cfg.film_steps)}
     self.inverses: dict[str, hidden.Inverse] = {}
+    self.samples: list[str] | None = None
     self.entities: dict[tuple[int, int], list[set[str]]] = {}
     self.tuned: dict[str, Any] = {}
     self.sigmas: dict[str, float] = {}
@@ -330,10 +331,23 @@ class _Cells:
         break
     return rows
 
+  def attacker_text(self) -> list[str]:
+    """The user's unattacked sentences and the model's samples (drawn
+    once, at the first hidden-state cell)."""
+    if self.samples is None:
+      self.samples = hidden.attacker_samples(
+        self.model,
+        self.params,
+        self.cfg.attacker_samples,
+        self.cfg.max_tokens,
+        self.cfg.seed,
+      )
+    return [*self.splits.attacker, *self.samples]
+
   def inverse(self, layer: str) -> hidden.Inverse:
     if layer not in self.inverses:
       self.inverses[layer] = hidden.fit_inverse(
-        self.model, self.params, self.splits.attacker, layer, self.width
+        self.model, self.params, self.attacker_text(), layer, self.width
       )
     return self.inverses[layer]
 
@@ -440,6 +454,8 @@ def run(
       if writer.done(**_row_key(row)) is None:
         writer.add_result(row)
   extra = facts(cfg, model, splits, cells.sigmas, texts)
+  if cells.samples is not None:
+    extra['num_attacker_samples'] = len(cells.samples)
   extra['seconds'] = time.perf_counter() - start
   extra['peak_memory_mib'] = (
     resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

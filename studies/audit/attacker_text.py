@@ -5,7 +5,8 @@ the order of a softmax inverse trained on the attacker's text; its cost is
 the place of the true token in that order. By default the attacker's text
 is the user's sentences that no batch attacks (24 in the quick audit). The
 provider holds the model, so it can also sample text from it for free
-(:func:`leakjax.attacks.inversion.texts.model_samples`). For each
+(:func:`leakjax.audit.hidden.attacker_samples`, which the audit now uses
+at the 400 chosen here). For each
 attacker text, on the audit's held-out sentences (the perplexity's text,
 which no hidden-state cell attacks: the dev split of this choice), with the
 true prefix given, the place of every true token in
@@ -22,11 +23,9 @@ Writes `reports/audit/attacker_text/summary.json` with
       --flagfile=experiments/configs/audit_quick.flags --layers=15,last
 """
 
-import dataclasses
 import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
@@ -36,7 +35,7 @@ from experiments import audit
 from leakjax import data as data_lib
 from leakjax import io, models
 from leakjax.attacks.dager import client as dager_client
-from leakjax.attacks.inversion import exact, texts
+from leakjax.attacks.inversion import exact
 from leakjax.audit import hidden, runner
 
 REPORT = Path(__file__).resolve().parents[2] / 'reports' / 'audit'
@@ -64,12 +63,9 @@ def main(argv):
   config = exact.ExactConfig()
   out: dict[str, float] = {}
   for n in [int(x) for x in f.samples]:
-    attacker = list(splits.attacker)
-    if n:
-      sample_cfg = SampleSettings(n, cfg.max_tokens)
-      attacker += texts.model_samples(
-        model, params, sample_cfg, key=jax.random.PRNGKey(cfg.seed)
-      )
+    attacker = list(splits.attacker) + hidden.attacker_samples(
+      model, params, n, cfg.max_tokens, cfg.seed
+    )
     name = 'user' if not n else f'user+samples:{n}'
     for layer in cfg.layers:
       start = time.perf_counter()
@@ -122,18 +118,6 @@ def main(argv):
         flush=True,
       )
   studies.write_summary(f.out, out)
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleSettings:
-  """The fields :func:`texts.model_samples` reads, at the inversion
-  experiment's defaults (BOS start, temperature 1, top-p 0.95)."""
-
-  train_samples: int
-  max_length: int
-  sample_start_id: int = -1
-  sample_temperature: float = 1.0
-  sample_top_p: float = 0.95
 
 
 def define_flags() -> None:

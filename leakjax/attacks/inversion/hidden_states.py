@@ -186,7 +186,14 @@ def compute_states(
       sample_texts = json.loads(texts_path.read_text())
     else:
       sample_texts = texts_lib.model_samples(
-        model, params, cfg, key=jax.random.fold_in(key, 3)
+        model,
+        params,
+        cfg.train_samples,
+        length=cfg.max_length,
+        key=jax.random.fold_in(key, 3),
+        start_id=cfg.sample_start_id,
+        temperature=cfg.sample_temperature,
+        top_p=cfg.sample_top_p,
       )
       if io.is_primary():
         io.atomic_write_text(texts_path, json.dumps(sample_texts, indent=0))

@@ -128,42 +128,47 @@ def disjoint_draw(
 def model_samples(
   model: Model,
   params,
-  cfg: InversionConfig,
+  num: int,
   *,
+  length: int,
   key: jax.Array,
+  start_id: int = -1,
+  temperature: float = 1.0,
+  top_p: float = 0.95,
   batch_size: int = 64,
 ) -> list[str]:
-  """`cfg.train_samples` distinct sentences sampled from the target.
+  """`num` distinct sentences sampled from the target.
 
-  Rows of `cfg.max_length` tokens are drawn from `cfg.sample_start_id`
-  (:func:`leakjax.models.sampling.sample`, temperature and top-p from the
-  config), `batch_size` at a time, decoded and cut into sentences
+  Rows of `length` tokens are drawn from `start_id` (-1: the tokenizer's
+  BOS) by :func:`leakjax.models.sampling.sample` at `temperature` and
+  nucleus `top_p`, `batch_size` at a time, decoded and cut into sentences
   (:func:`leakjax.data.split_sentences`). A row's last piece is dropped
   (the row's length, not the model, ended it), and so are pieces of fewer
   than 4 words (the rule the sentence-split corpora follow) and repeats.
-  Rows are drawn until enough sentences are kept; the first
-  `cfg.train_samples` are returned, in order of drawing.
+  Rows are drawn until enough sentences are kept; the first `num` are
+  returned, in order of drawing.
   """
   tok = model.tokenizer
-  start = cfg.sample_start_id if cfg.sample_start_id >= 0 else tok.bos_id
+  start = start_id if start_id >= 0 else tok.bos_id
   if start is None or not 0 <= start < model.vocab_size:
     raise LeakjaxError(
       f'no valid token to start the samples from (got {start})',
-      'pass --sample_start_id=ID, e.g. the end-of-text id',
+      'start from a token id of the vocabulary, e.g. the end-of-text id'
+      ' (the inversion experiment: --sample_start_id=ID)',
     )
   prompt = jnp.full((batch_size, 1), start, jnp.int32)
   kept: dict[str, None] = {}
   started, rows = time.time(), 0
   draw = jitted(sampling.sample, static_argnames=sampling.SAMPLE_STATIC)
-  while len(kept) < cfg.train_samples:
+  while len(kept) < num:
     ids = draw(
       model,
       params,
       jax.random.fold_in(key, rows),
       prompt,
-      num_tokens=cfg.max_length,
-      temperature=cfg.sample_temperature,
-      top_p=cfg.sample_top_p,
+      num_tokens=length,
+      temperature=temperature,
+      top_p=top_p,
     )
     before = len(kept)
     for row in np.asarray(ids)[:, 1:]:
@@ -176,16 +181,17 @@ def model_samples(
     if len(kept) == before:
       raise LeakjaxError(
         f'{batch_size} samples gave no new sentence of >= 4 words',
-        'raise --max_length or --sample_temperature',
+        'sample longer rows or at a higher temperature (the inversion'
+        ' experiment: --max_length, --sample_temperature)',
       )
     logging.info(
       'model samples: %d/%d sentences from %d rows (%.0f s)',
-      min(len(kept), cfg.train_samples),
-      cfg.train_samples,
+      min(len(kept), num),
+      num,
       rows,
       time.time() - started,
     )
-  return list(kept)[: cfg.train_samples]
+  return list(kept)[:num]
 
 
 def pad_to(x: np.ndarray, width: int, axis: int) -> np.ndarray:
