@@ -149,7 +149,9 @@ def summary_key(metric: str, **params: Any) -> str:
 
 
 def _added_default_fields(config: Any, stored: Mapping[str, Any]) -> set[str]:
-  """Fields of dataclass `config` missing from `stored`, at their default."""
+  """Fields of dataclass `config` missing from `stored`, at the value that
+  keeps the old behaviour: the field's `metadata['before']` when a field
+  added later changed what a run computes by default, else its default."""
   if not dataclasses.is_dataclass(config):
     return set()
   added = set()
@@ -162,6 +164,7 @@ def _added_default_fields(config: Any, stored: Mapping[str, Any]) -> set[str]:
       default = f.default_factory()
     else:
       continue
+    default = f.metadata.get('before', default)
     if getattr(config, f.name) == default:
       added.add(f.name)
   return added

@@ -102,6 +102,25 @@ def test_writer_disabled_on_other_processes(tmp_path):
   assert not (tmp_path / 'w').exists()
 
 
+def test_a_field_that_changed_the_default_resumes_only_at_its_old_value(
+  tmp_path,
+):
+  @dataclasses.dataclass(frozen=True)
+  class Old:
+    b: int = 4
+
+  @dataclasses.dataclass(frozen=True)
+  class New:
+    b: int = 4
+    samples: int = dataclasses.field(default=400, metadata={'before': 0})
+
+  io.ExperimentWriter(tmp_path / 'old', Old()).add_result({'b': 4})
+  with pytest.raises(LeakjaxError, match='changed: samples'):
+    io.ExperimentWriter(tmp_path / 'old', New())  # the new default
+  w = io.ExperimentWriter(tmp_path / 'old', New(samples=0))  # the old one
+  assert w.done(b=4) is not None
+
+
 def test_atomic_write_makes_readable_files(tmp_path):
   path = tmp_path / 'summary.json'
   io.atomic_write_text(path, '{}')
