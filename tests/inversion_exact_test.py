@@ -2,7 +2,9 @@
 the kernel against a NumPy reference, tiny models inverted exactly, and
 planted near-ties reported undecided rather than guessed."""
 
+import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -151,6 +153,27 @@ def test_the_proposals_order_checks_the_best_first():
   assert got.checked == [5] * 5
 
 
+@pytest.mark.parametrize('prior_top', [0, 4, 16])
+@pytest.mark.parametrize('ties', [False, True])
+def test_the_proposal_head_is_the_orders_first_entries(prior_top, ties):
+  rng = np.random.default_rng(prior_top)
+  for trial in range(20):
+    v = int(rng.integers(5, 400))
+    scores = rng.standard_normal(v).astype(np.float32)
+    prior = rng.standard_normal(v).astype(np.float32)
+    if ties:  # many equal values, so the heads' boundaries fall in ties
+      scores, prior = np.round(scores), np.round(prior * 2)
+    config = exact.ExactConfig(
+      first_chunk=int(rng.integers(1, 12)), prior_top=prior_top
+    )
+    for with_prior in (prior, None):
+      full = exact.proposal_order(scores, with_prior, config)
+      for n in (1, config.first_chunk, 40):
+        head = exact.proposal_head(scores, with_prior, config, n)
+        assert len(head) >= min(n, v), (trial, n)
+        np.testing.assert_array_equal(head, full[: len(head)])
+
+
 def test_a_planted_near_tie_is_undecided_not_guessed():
   # Tokens 40 and 41 share one embedding: their states are identical, so
   # nothing tells them apart and the position is reported undecided.
@@ -209,6 +232,57 @@ def test_the_nearest_rule_recovers_noisy_states():
     config=exact.ExactConfig(rule='nearest', chunk=128),
   )
   assert got.ids == ids[0].tolist() and all(got.decided)
+
+
+def _noisy_llama_sentence(rel: float):
+  """A BOS-first sentence of the tiny Llama (BOS id 1) and its layer-2
+  states with Gaussian noise of `rel` x their rms on every coordinate."""
+  model, params = tiny_llama()
+  model = dataclasses.replace(model, tokenizer=types.SimpleNamespace(bos_id=1))
+  ids = np.asarray([[1, 3, 9, 40, 12, 5, 77, 150]])
+  states = observed_states(model, params, ids, 2)
+  std = rel * float(np.sqrt(np.mean(states[0, 1:] ** 2)))
+  noise = np.asarray(jax.random.normal(jax.random.key(9), states.shape))
+  return model, params, ids[0], states[0] + std * noise[0]
+
+
+def test_the_calibrated_rule_reads_the_noise_off_the_bos():
+  model, params, ids, noisy = _noisy_llama_sentence(0.2)
+  scores = hei_scores(model, params, noisy)
+  run = functools.partial(
+    exact.invert_sentence, model, params, noisy, 8, layer=2, scores=scores
+  )
+  nearest = run(config=exact.ExactConfig(rule='nearest', chunk=64))
+  # The gap rule cannot tell at this noise: it checks the whole vocabulary.
+  assert max(nearest.checked) == 200 and not all(nearest.decided)
+  got = run(config=exact.ExactConfig(rule='calibrated', chunk=64))
+  assert got.ids == ids.tolist() and all(got.decided)
+  assert got.checked == [1] * 8
+  # With the true token of position 3 out of the budget, no candidate is
+  # within the tolerance: the nearest is taken, undecided.
+  hidden = scores.copy()
+  hidden[3, ids[3]] = -1e9
+  cut = run(
+    scores=hidden,
+    config=exact.ExactConfig(rule='calibrated', chunk=64, max_candidates=64),
+  )
+  assert cut.decided[3] is False and cut.ids[3] != ids[3]
+  assert cut.checked[3] == 64
+
+
+def test_the_calibrated_rule_needs_a_bos():
+  model, params = tiny_llama()
+  states = observed_states(model, params, np.asarray([[3, 9, 40]]), 2)
+  with pytest.raises(LeakjaxError, match='no BOS'):
+    exact.invert_sentence(
+      model,
+      params,
+      states[0],
+      3,
+      layer=2,
+      scores=hei_scores(model, params, states)[0],
+      config=exact.ExactConfig(rule='calibrated'),
+    )
 
 
 @pytest.mark.parametrize(

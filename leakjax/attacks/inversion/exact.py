@@ -35,6 +35,17 @@ Acceptance needs no truth (:class:`ExactConfig`):
   nearest candidate checked so far is accepted once it is at most `gap`
   times the second nearest; after the whole vocabulary the nearest is
   taken and the position marked undecided when the gap rule fails.
+* `rule='calibrated'` -- states with i.i.d. Gaussian noise of unknown std
+  on every coordinate: the tolerance rule with the tolerance read off the
+  BOS, whose clean state the attacker computes. Its residual `|n_0|^2`
+  estimates `D sigma^2`; the true token's `d^2 = |n_t|^2` is then `D
+  sigma^2 (1 +- 2 / sqrt(D))` (chi-square with D degrees of freedom, over
+  an estimate with the same spread), so the tolerance is `|n_0| sqrt(1 +
+  CALIBRATED_Z * 2 / sqrt(D))`, while a wrong token sits at about
+  `sqrt(Delta^2 + D sigma^2)`, Delta its clean distance. Decision:
+  `CALIBRATED_Z = 6` (a true token outside it is a 6-sigma event); the
+  search goes on past `max_candidates` only as far as the config allows,
+  then takes the nearest, undecided. It needs a BOS.
 
 Scale-out: with a `('data',)` mesh (`mesh=` of :func:`invert`) each
 check's candidates are split over its devices, the parameters and the
@@ -64,7 +75,8 @@ from leakjax._jit import jitted
 from leakjax.attacks.inversion import bei_hei
 from leakjax.errors import LeakjaxError
 
-RULES = ('tolerance', 'nearest')
+RULES = ('tolerance', 'nearest', 'calibrated')
+CALIBRATED_Z = 6.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +84,8 @@ class ExactConfig:
   """How candidates are proposed, checked and accepted.
 
   Attributes:
-    rule: 'tolerance' (the model's own states) or 'nearest' (perturbed
-      states); see the module docstring.
+    rule: 'tolerance' (the model's own states), 'nearest' (perturbed
+      states) or 'calibrated' (Gaussian noise); see the module docstring.
     rel_tol: the tolerance rule's distance, relative to the observed
       state's norm.
     gap: the nearest rule's ratio of the nearest to the second nearest.
@@ -253,6 +265,82 @@ def proposal_order(
   return np.concatenate([np.asarray(head, np.int64), rest.astype(np.int64)])
 
 
+def _top(x: np.ndarray, k: int) -> np.ndarray:
+  """The first entries of `np.argsort(-x, kind='stable')`: at least `k` of
+  them (every tie of the k-th value is kept), without sorting all of x."""
+  if k >= len(x):
+    return np.argsort(-x, kind='stable')
+  idx = np.argpartition(-x, k - 1)[:k]
+  idx = np.flatnonzero(x >= x[idx].min())
+  return idx[np.lexsort((idx, -x[idx]))]
+
+
+def proposal_head(
+  scores: np.ndarray, prior: np.ndarray | None, config, n: int
+) -> np.ndarray:
+  """`proposal_order(scores, prior, config)[:m]` for some m >= n, or the
+  whole order, from the two rankings' heads only (a position accepted in
+  its first check never sorts the vocabulary).
+
+  Both rankings' first k entries are exact (:func:`_top`); a token outside
+  both has an interleaved place of at least `min(2 k_s, 2 k_p + 1)`, so
+  every head token with a smaller place is where the full order puts it.
+  """
+  k = n + config.first_chunk + config.prior_top
+  ranked = _top(scores, k)
+  if len(ranked) == len(scores):
+    return proposal_order(scores, prior, config)
+  head = list(dict.fromkeys(ranked[: max(1, config.first_chunk // 2)].tolist()))
+  if prior is None or not config.prior_top:
+    rest, bound = ranked, None
+  else:
+    by_prior = _top(prior, k)
+    if len(by_prior) == len(prior):
+      return proposal_order(scores, prior, config)
+    for tok in by_prior[: config.prior_top].tolist():
+      if tok not in head:
+        head.append(tok)
+    place = {int(t): 2 * r for r, t in enumerate(ranked.tolist())}
+    for r, t in enumerate(by_prior.tolist()):
+      place[t] = min(place.get(t, 2 * r + 1), 2 * r + 1)
+    bound = min(2 * len(ranked), 2 * len(by_prior) + 1)
+    rest = np.asarray(
+      sorted((t for t in place if place[t] < bound), key=place.__getitem__),
+      np.int64,
+    )
+  seen = set(head)
+  rest = [int(t) for t in rest if t not in seen]
+  out = np.asarray(head + rest, np.int64)
+  if len(out) < n:
+    return proposal_order(scores, prior, config)
+  return out
+
+
+class _Order:
+  """The first `limit` entries of a position's proposal order, computed
+  only as far as the search reads them."""
+
+  def __init__(self, scores, prior, config, limit: int):
+    self.scores, self.prior, self.config = scores, prior, config
+    self.size = min(limit, len(scores))
+    self.known = np.zeros((0,), np.int64)
+
+  def __len__(self) -> int:
+    return self.size
+
+  def upto(self, n: int) -> np.ndarray:
+    n = min(n, self.size)
+    if len(self.known) < n:
+      if not len(self.known):
+        self.known = proposal_head(self.scores, self.prior, self.config, n)
+      if len(self.known) < n:
+        self.known = proposal_order(self.scores, self.prior, self.config)
+    return self.known[:n]
+
+  def __getitem__(self, i: int) -> int:
+    return int(self.upto(i + 1)[i])
+
+
 class _Twins:
   """Tokens whose input embedding is within `rel` x |e_token| of a token's
   (their states are as near as the tolerance: a near-tie).
@@ -331,11 +419,18 @@ def invert_sentence(
   observed_w[:length] = observed[:length]
   tol = config.rel_tol * np.linalg.norm(observed_w, axis=-1)
   ids = [int(x) for x in np.asarray(scores[:length]).argmax(-1)]
+  bos = getattr(getattr(model, 'tokenizer', None), 'bos_id', None)
+  if config.rule == 'calibrated' and bos is None:
+    raise LeakjaxError(
+      'the calibrated rule reads the noise off the BOS state, and this'
+      ' model has no BOS',
+      "use rule='nearest'",
+    )
   decided, checked = [True] * length, [1] * length
   twins = _Twins(
     np.asarray(model.word_embeddings(params), np.float32), config.rel_tol
   )
-  tolerance = config.rule == 'tolerance'
+  tolerance = config.rule in ('tolerance', 'calibrated')
   state = {
     **sharding.replicate(
       {
@@ -376,7 +471,20 @@ def invert_sentence(
     return sharding.to_host(got)[: len(tokens)]
 
   t = 0
-  bos = getattr(getattr(model, 'tokenizer', None), 'bos_id', None)
+  if config.rule == 'calibrated':
+    # The BOS's residual: the noise of one position, |n_0|.
+    d_bos = np.asarray(
+      check_row(
+        model,
+        params,
+        state['stream'],
+        jnp.full((width,), bos, jnp.int32),
+        jnp.asarray(observed_w[:width]),
+        layer,
+      )
+    )[0]
+    dim = observed.shape[-1]
+    tol[:] = d_bos * np.sqrt(1 + CALIBRATED_Z * 2 / np.sqrt(dim))
   if bos is not None:
     ids[0] = bos
     verified(bos)
@@ -402,13 +510,11 @@ def invert_sentence(
         d, t = d[1:], t + 1
       if t == length:
         break
-    order = proposal_order(np.asarray(scores[t]), state['prior'], config)[
-      :limit
-    ]
+    order = _Order(np.asarray(scores[t]), state['prior'], config, limit)
     offset, best, accepted, tie = 0, [], None, False
     while offset < len(order) and accepted is None:
       size = config.first_chunk if offset == 0 else config.chunk
-      cands = order[offset : offset + size]
+      cands = order.upto(offset + size)[offset:]
       d = distances(cands)
       best = sorted(
         best + list(zip(d.tolist(), range(offset, offset + len(d))))
@@ -418,7 +524,7 @@ def invert_sentence(
     if accepted is not None and tolerance and not tie:
       # Near-identical input embeddings give near-identical states: a
       # twin of the accepted token that was not checked is checked now.
-      seen = set(order[:offset].tolist())
+      seen = set(order.upto(offset).tolist())
       rest = [v for v in twins(int(order[accepted])).tolist() if v not in seen]
       for s in range(0, len(rest), config.chunk):
         tie = tie or bool(
@@ -448,7 +554,7 @@ def _accept(best, tol, config) -> tuple[int | None, bool]:
   whether it is a near-tie."""
   d0, i0 = best[0]
   d1 = best[1][0] if len(best) > 1 else np.inf
-  if config.rule == 'tolerance':
+  if config.rule in ('tolerance', 'calibrated'):
     if d0 > tol:
       return None, False
     return i0, d1 <= tol
@@ -490,6 +596,7 @@ def invert(
 
 
 __all__ = [
+  'CALIBRATED_Z',
   'CHECK_STATIC',
   'ExactConfig',
   'Inversion',
@@ -498,6 +605,7 @@ __all__ = [
   'invert',
   'invert_sentence',
   'layer_of',
+  'proposal_head',
   'proposal_order',
   'proposal_scores',
 ]
