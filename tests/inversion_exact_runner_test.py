@@ -4,9 +4,11 @@ tiny Llama's states are read back exactly, resumably, into a report."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import pathlib
+import types
 
 import jax
 import jax.numpy as jnp
@@ -98,6 +100,7 @@ def config(corpora=('a=x.json', 'b=y.txt'), **changes):
     (dict(layers=('middle',)), "bad --layers entry 'middle'"),
     (dict(layers=('2', '2')), 'names an entry twice'),
     (dict(max_candidates=0), 'max_candidates=0'),
+    (dict(noise_rule='gap'), 'noise_rule=gap'),
     (dict(num_attacker=0), 'num_attacker=0'),
     (dict(ep_steps=0), 'ep_steps=0'),
     (dict(perturbations=('blur',)), "unknown perturbation 'blur'"),
@@ -143,7 +146,11 @@ def test_perturbation_specs_parse_to_their_rule_and_key():
   with pytest.raises(LeakjaxError, match='named twice'):
     perturb.parse_all(['noise:0.01', 'noise:1e-2'])
   cfg = config(max_candidates=50)
-  assert cfg.exact_config(noise).rule == 'nearest'
+  # Gaussian noise: the calibrated rule unless asked otherwise; the other
+  # perturbations are not Gaussian, so the gap rule.
+  assert cfg.exact_config(noise).rule == 'calibrated'
+  assert {cfg.exact_config(p).rule for p in (bf16, int8, dct1)} == {'nearest'}
+  assert config(noise_rule='nearest').exact_config(noise).rule == 'nearest'
   assert cfg.exact_config(none).max_candidates == 50
 
 
@@ -485,3 +492,20 @@ def test_flags_give_the_config_and_refuse_bad_input(fresh_flags):
   assert mesh_cfg == exact_runner.ExactRunConfig()
   key = io.summary_key('exact', split='dev', layer='25', data='enron')
   assert key == 'exact@data=enron,layer=25,split=dev'
+
+
+def test_the_calibrated_rule_needs_a_bos_before_any_work():
+  model = types.SimpleNamespace(
+    hidden_fn=lambda *a: None,
+    tokenizer=types.SimpleNamespace(bos_id=None),
+    num_layers=2,
+  )
+  cfg = config(layers=('1',), perturbations=('noise:0.1',))
+  with pytest.raises(LeakjaxError, match='--noise_rule=nearest'):
+    exact_runner.check_model(cfg, model)
+  exact_runner.check_model(
+    dataclasses.replace(cfg, noise_rule='nearest'), model
+  )
+  exact_runner.check_model(
+    dataclasses.replace(cfg, perturbations=('bf16',)), model
+  )

@@ -255,16 +255,19 @@ def test_the_calibrated_rule_reads_the_noise_off_the_bos():
   nearest = run(config=exact.ExactConfig(rule='nearest', chunk=64))
   # The gap rule cannot tell at this noise: it checks the whole vocabulary.
   assert max(nearest.checked) == 200 and not all(nearest.decided)
-  got = run(config=exact.ExactConfig(rule='calibrated', chunk=64))
+  calibrated = exact.ExactConfig(rule='calibrated', chunk=64, noise_confirm=64)
+  got = run(config=calibrated)
   assert got.ids == ids.tolist() and all(got.decided)
-  assert got.checked == [1] * 8
+  # Each position within the early tolerance at its first proposal, or
+  # (position 2) the nearest of the first noise_confirm, all counted.
+  assert got.checked == [1, 1, 72, 1, 1, 1, 1, 1]
   # With the true token of position 3 out of the budget, no candidate is
   # within the tolerance: the nearest is taken, undecided.
   hidden = scores.copy()
   hidden[3, ids[3]] = -1e9
   cut = run(
     scores=hidden,
-    config=exact.ExactConfig(rule='calibrated', chunk=64, max_candidates=64),
+    config=dataclasses.replace(calibrated, max_candidates=64, noise_confirm=72),
   )
   assert cut.decided[3] is False and cut.ids[3] != ids[3]
   assert cut.checked[3] == 64

@@ -39,7 +39,7 @@ def test_noise_rule_compares_the_rules_on_the_dev_texts():
   )
   assert len(got) == 2 * 2 * 7
   for name in 'ab':
-    at = f'data={name},layer=1,noise=0.05,rule=calibrated,split=dev'
+    at = f'data={name},layer=1,noise=0.05,rule=calibrated,split=dev,z=6'
     # Light noise: the calibrated rule reads every dev text back.
     assert got[f'exact@{at}'] == 1.0
     assert got[f'undecided@{at}'] == 0.0

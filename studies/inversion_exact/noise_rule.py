@@ -12,10 +12,12 @@ implies, searching on past the budget when none is. On the first
 numbers are not reported on), at each noise level of the flags, every rule
 of `--rules` runs the runner's own search (:meth:`exact_runner.Attacks.
 exact_attack`; `nearest` with the flags' `--max_candidates`, `calibrated`
-with no budget) and is scored as the runner scores it.
+with no budget, at each `noise_z` of `--noise_z`) and is scored as the
+runner scores it.
 
 Writes `reports/inversion_exact/noise_rule/summary.json` with
-`METRIC@data=C,layer=L,noise=S,rule=R,split=dev` for METRIC in `exact`,
+`METRIC@data=C,layer=L,noise=S,rule=R,split=dev` (and `,z=Z`, the
+calibrated rule's `noise_z` in `--noise_z`) for METRIC in `exact`,
 `rouge1`, `candidates_per_token` (median), `candidates_mean`,
 `candidates_max`, `seconds_per_sentence` and `undecided`.
 
@@ -38,7 +40,7 @@ from leakjax.attacks.inversion import exact_perturb as perturb
 REPORT = Path(__file__).resolve().parents[2] / 'reports' / 'inversion_exact'
 
 
-def measure(cfg, model, params, corpora, rules, num_texts) -> dict:
+def measure(cfg, model, params, corpora, rules, num_texts, zs=(6.0,)) -> dict:
   """The summary keys (module docstring) of `cfg`'s first dev texts."""
   drawn = exact_runner.draw_texts(cfg, model.tokenizer, corpora)
   attacks = exact_runner.Attacks(cfg, model, params, drawn)
@@ -55,10 +57,12 @@ def measure(cfg, model, params, corpora, rules, num_texts) -> dict:
           p, states, every.score_mask, key=key, seed=cfg.seed
         )
         observed = observed[:num_texts]
-        for rule in rules:
+        for rule, z in [
+          (r, z) for r in rules for z in (zs if r == 'calibrated' else [0])
+        ]:
           config = dataclasses.replace(cfg.exact_config(p), rule=rule)
           if rule == 'calibrated':
-            config = dataclasses.replace(config, max_candidates=None)
+            config = dataclasses.replace(config, max_candidates=None, noise_z=z)
           found = attacks.exact_attack(
             observed, data, layer, config, lambda i: None
           )
@@ -70,6 +74,9 @@ def measure(cfg, model, params, corpora, rules, num_texts) -> dict:
           at = dict(
             data=name, layer=layer, rule=rule, split='dev', **p.summary_params()
           )
+          if rule == 'calibrated':
+            at['z'] = f'{z:g}'
+            rule = f'calibrated z={z:g}'  # for the line below
           for metric in (
             'exact',
             'rouge1',
@@ -105,6 +112,7 @@ def main(argv):
     exact_runner.load_corpora(cfg),
     tuple(f.rules),
     f.num_texts,
+    tuple(float(z) for z in f.noise_z),
   )
   studies.write_summary(f.out, out)
 
@@ -113,6 +121,7 @@ def define_flags() -> None:
   inversion_exact.define_flags()
   flags.DEFINE_list('rules', ['calibrated', 'nearest'], 'Rules compared.')
   flags.DEFINE_integer('num_texts', 8, 'Dev texts of each corpus.')
+  flags.DEFINE_list('noise_z', ['6'], "The calibrated rule's noise_z values.")
   flags.DEFINE_string(
     'out', str(REPORT / 'noise_rule' / 'summary.json'), 'Output JSON.'
   )

@@ -40,12 +40,15 @@ Acceptance needs no truth (:class:`ExactConfig`):
   BOS, whose clean state the attacker computes. Its residual `|n_0|^2`
   estimates `D sigma^2`; the true token's `d^2 = |n_t|^2` is then `D
   sigma^2 (1 +- 2 / sqrt(D))` (chi-square with D degrees of freedom, over
-  an estimate with the same spread), so the tolerance is `|n_0| sqrt(1 +
-  CALIBRATED_Z * 2 / sqrt(D))`, while a wrong token sits at about
-  `sqrt(Delta^2 + D sigma^2)`, Delta its clean distance. Decision:
-  `CALIBRATED_Z = 6` (a true token outside it is a 6-sigma event); the
-  search goes on past `max_candidates` only as far as the config allows,
-  then takes the nearest, undecided. It needs a BOS.
+  an estimate with the same spread), while a wrong token sits at about
+  `d^2 = Delta^2 + D sigma^2`, Delta its clean distance: under strong
+  noise a wrong token near the true one is within any tolerance that
+  keeps the true one. So two tolerances, `|n_0| sqrt(1 + z * 2 /
+  sqrt(D))`: a candidate within `noise_z_early` is accepted at once;
+  otherwise the search checks `noise_confirm` candidates and takes the
+  nearest once it is within `noise_z` (the likeliest token among many
+  checked), going on through the budget when none is, then the nearest,
+  undecided. It needs a BOS.
 
 Scale-out: with a `('data',)` mesh (`mesh=` of :func:`invert`) each
 check's candidates are split over its devices, the parameters and the
@@ -76,7 +79,6 @@ from leakjax.attacks.inversion import bei_hei
 from leakjax.errors import LeakjaxError
 
 RULES = ('tolerance', 'nearest', 'calibrated')
-CALIBRATED_Z = 6.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +91,11 @@ class ExactConfig:
     rel_tol: the tolerance rule's distance, relative to the observed
       state's norm.
     gap: the nearest rule's ratio of the nearest to the second nearest.
+    noise_z: the calibrated rule's tolerance after `noise_confirm`
+      candidates, in standard deviations of the true token's squared
+      distance (module docstring).
+    noise_z_early: its tolerance before them.
+    noise_confirm: candidates it checks before the wider tolerance.
     first_chunk: candidates in the first check of a position (the learned
       inverse's and the LM's best).
     chunk: candidates per later check.
@@ -102,6 +109,9 @@ class ExactConfig:
   rule: str = 'tolerance'
   rel_tol: float = 1e-3
   gap: float = 0.2
+  noise_z: float = 6.0
+  noise_z_early: float = 1.0
+  noise_confirm: int = 1024
   first_chunk: int = 8
   chunk: int = 128
   prior_top: int = 4
@@ -114,6 +124,11 @@ class ExactConfig:
       )
     if not (self.rel_tol > 0 and 0 < self.gap < 1):
       raise LeakjaxError('rel_tol must be > 0 and gap in (0, 1)')
+    if not 0 < self.noise_z_early <= self.noise_z or self.noise_confirm < 1:
+      raise LeakjaxError(
+        'the calibrated rule needs 0 < noise_z_early <= noise_z and'
+        ' noise_confirm >= 1'
+      )
     if min(self.first_chunk, self.chunk, self.prior_top + 1) < 1:
       raise LeakjaxError('first_chunk and chunk must be >= 1')
 
@@ -128,7 +143,8 @@ class Inversion:
       (False: a near-tie, or the nearest taken without its gap).
     checked: per position, candidates checked before the accepted one was
       found, itself included (1: the first proposal; positions verified by
-      a row's guess count 1).
+      a row's guess count 1; under the calibrated rule's wide tolerance,
+      every candidate checked).
     seconds: wall time.
   """
 
@@ -483,8 +499,9 @@ def invert_sentence(
         layer,
       )
     )[0]
-    dim = observed.shape[-1]
-    tol[:] = d_bos * np.sqrt(1 + CALIBRATED_Z * 2 / np.sqrt(dim))
+    spread = 2 / np.sqrt(observed.shape[-1])
+    tol[:] = d_bos * np.sqrt(1 + config.noise_z_early * spread)
+    wide = d_bos * np.sqrt(1 + config.noise_z * spread)
   if bos is not None:
     ids[0] = bos
     verified(bos)
@@ -519,8 +536,12 @@ def invert_sentence(
       best = sorted(
         best + list(zip(d.tolist(), range(offset, offset + len(d))))
       )[:2]
-      accepted, tie = _accept(best, tol[t], config)
       offset += len(cands)
+      within = tol[t]
+      confirmed = min(config.noise_confirm, len(order))
+      if config.rule == 'calibrated' and offset >= confirmed:
+        within = wide
+      accepted, tie = _accept(best, within, config)
     if accepted is not None and tolerance and not tie:
       # Near-identical input embeddings give near-identical states: a
       # twin of the accepted token that was not checked is checked now.
@@ -528,16 +549,18 @@ def invert_sentence(
       rest = [v for v in twins(int(order[accepted])).tolist() if v not in seen]
       for s in range(0, len(rest), config.chunk):
         tie = tie or bool(
-          np.any(distances(rest[s : s + config.chunk]) <= tol[t])
+          np.any(distances(rest[s : s + config.chunk]) <= within)
         )
     if accepted is None:
       # The vocabulary (or the budget) is spent: the nearest, undecided.
       ids[t], decided[t], checked[t] = int(order[best[0][1]]), False, offset
     else:
+      # Accepted as the nearest of many (calibrated): all of them counted.
+      late = config.rule == 'calibrated' and within is wide
       ids[t], decided[t], checked[t] = (
         int(order[accepted]),
         not tie,
-        accepted + 1,
+        offset if late else accepted + 1,
       )
     verified(ids[t])
     t += 1
@@ -596,7 +619,6 @@ def invert(
 
 
 __all__ = [
-  'CALIBRATED_Z',
   'CHECK_STATIC',
   'ExactConfig',
   'Inversion',

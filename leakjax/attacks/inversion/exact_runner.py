@@ -66,16 +66,20 @@ from leakjax.attacks.inversion import (
   softmax_inverse,
 )
 from leakjax.attacks.inversion import exact_perturb as perturb
-from leakjax.attacks.inversion import scoring as inversion_scoring
 from leakjax.attacks.inversion import texts as texts_lib
+from leakjax.attacks.inversion.exact_summary import (
+  SHOWN,
+  key_params,
+  score,
+  search_facts,
+  summarize,
+)
 from leakjax.attacks.inversion.runner import DEFAULT_CORPORA, parse_corpora
 from leakjax.errors import LeakjaxError, check_positive
 
 ATTACKS = ('bei', 'hei', 'ridge', 'softmax', 'ep_skip', 'exact')
 SPLITS = ('dev', 'test')
-SHOWN = 4  # recovered texts kept per results row (for the report)
 BATCH = 16  # texts per forward pass of the target
-EXACT_KEYS = ('candidates_per_token', 'seconds_per_sentence', 'undecided')
 # Embed Parrot beside the search: the `ep_skip` variant at the architecture
 # of experiments/configs/embed_parrot_smollm2.flags (a 256-wide decoder of
 # 2 blocks, 4 heads; 32 texts a step at learning rate 1e-3). Decision: the
@@ -108,6 +112,9 @@ class ExactRunConfig:
       = the final-normed output).
     max_candidates: Candidates the exact search checks per position before
       giving up (absent: the whole vocabulary).
+    noise_rule: The exact search's acceptance rule on noise:S states:
+      calibrated (the tolerance read off the BOS's residual) or nearest
+      (the gap rule); :mod:`.exact`. Other perturbations use nearest.
     ep_steps: Training steps of Embed Parrot (`ep_skip`) per layer.
     perturbations: What happens to the states on the way: none, noise:S
       (Gaussian, std S x the layer's rms coordinate), bf16, int8 (absmax
@@ -126,6 +133,10 @@ class ExactRunConfig:
   splits: tuple[str, ...] = ('test',)
   layers: tuple[str, ...] = ('0', '10', '20', '25', 'last')
   max_candidates: int | None = None
+  # Runs made before the field used the nearest rule on noise.
+  noise_rule: str = dataclasses.field(
+    default='calibrated', metadata={'before': 'nearest'}
+  )
   ep_steps: int = 1000
   perturbations: tuple[str, ...] = ('none',)
   seed: int = 0
@@ -153,6 +164,10 @@ class ExactRunConfig:
       lambda x: x == bei_hei.LAST or re.fullmatch(r'\d+', x) is not None,
       'integers or last, e.g. 0,10,25,last',
     )
+    if self.noise_rule not in ('calibrated', 'nearest'):
+      raise LeakjaxError(
+        f'--noise_rule={self.noise_rule} is not calibrated or nearest'
+      )
     if self.max_candidates is not None and self.max_candidates < 1:
       raise LeakjaxError(
         f'--max_candidates={self.max_candidates} must be at least 1',
@@ -173,7 +188,8 @@ class ExactRunConfig:
 
   def exact_config(self, p: perturb.Perturbation) -> exact.ExactConfig:
     """The search's settings on states perturbed by `p`."""
-    return exact.ExactConfig(rule=p.rule, max_candidates=self.max_candidates)
+    rule = self.noise_rule if p.kind == 'noise' else p.rule
+    return exact.ExactConfig(rule=rule, max_candidates=self.max_candidates)
 
 
 def _check_names(field: str, values, ok: Callable[[str], bool], hint: str):
@@ -305,6 +321,15 @@ def check_model(cfg: ExactRunConfig, model) -> None:
     raise LeakjaxError('the model has no tokenizer', 'load it with one')
   for layer in cfg.layers:
     bei_hei.parse_layer(model, layer)
+  noisy = any(p.kind == 'noise' for p in cfg.perturbation_specs())
+  if (
+    noisy and cfg.noise_rule == 'calibrated' and model.tokenizer.bos_id is None
+  ):
+    raise LeakjaxError(
+      'the calibrated rule reads the noise off the BOS state, and the'
+      " model's tokenizer has no BOS",
+      'pass --noise_rule=nearest',
+    )
 
 
 class Attacks:
@@ -490,79 +515,6 @@ class Attacks:
       row['seconds'] = time.perf_counter() - start
       rows.append(row)
     return rows
-
-
-def search_facts(found: Sequence[exact.Inversion], score_mask) -> dict:
-  """The exact search's cost over the scored positions of every text."""
-  checked, decided = [], []
-  for inv, m in zip(found, np.asarray(score_mask).astype(bool)):
-    scored = np.flatnonzero(m[: len(inv.ids)])
-    checked += [inv.checked[j] for j in scored]
-    decided += [inv.decided[j] for j in scored]
-  checked = np.asarray(checked or [0], np.float64)
-  return {
-    'candidates_per_token': float(np.median(checked)),
-    'candidates_mean': float(np.mean(checked)),
-    'candidates_max': int(np.max(checked)),
-    'seconds_per_sentence': float(np.mean([inv.seconds for inv in found])),
-    'undecided': float(1 - np.mean(decided)) if decided else 0.0,
-  }
-
-
-def score(tokenizer, data: texts_lib.Split, predicted) -> dict[str, Any]:
-  """Wan et al.'s scores (Sec. 5.1.3) of `predicted [N, W]` ids, and the
-  fraction of texts recovered token for token (scored positions)."""
-  predicted = np.asarray(predicted)
-  preds = bei_hei.decode_ids(tokenizer, predicted, data.score_mask)
-  scores = inversion_scoring.score_texts(preds, data.references)
-  real = data.score_mask.astype(bool)
-  same = [
-    bool(np.array_equal(predicted[r][real[r]], data.ids[r][real[r]]))
-    for r in range(len(preds))
-  ]
-  return {
-    'exact': float(np.mean(same)),
-    'rouge1': float(np.mean(scores['rouge1'])),
-    'rougeL': float(np.mean(scores['rougeL'])),
-    'exact_each': same,
-    'num_texts': len(preds),
-    'recovered': preds[:SHOWN],
-  }
-
-
-# ---------------------------------------------------------------- summary
-def key_params(row: Mapping[str, Any]) -> dict[str, str]:
-  """The summary key's parameters of a results row."""
-  params = dict(
-    attack=row['attack'],
-    data=row['data'],
-    layer=row['layer'],
-    split=row['split'],
-  )
-  params.update(perturb.parse(row['perturbation']).summary_params())
-  return params
-
-
-def summarize(
-  rows: Sequence[Mapping[str, Any]], facts: Mapping[str, Any] | None = None
-) -> dict[str, float]:
-  """summary.json's keys (module docstring) from the results rows."""
-  out: dict[str, float] = {}
-  for row in rows:
-    if row.get('kind') != 'attack':
-      continue
-    params = key_params(row)
-    metrics = ('exact', 'rouge1', 'rougeL')
-    if row['attack'] == 'exact':
-      metrics += EXACT_KEYS
-    for metric in metrics:
-      out[io.summary_key(metric, **params)] = float(row[metric])
-  for split, counts in (facts or {}).get('num_texts', {}).items():
-    for name, n in counts.items():
-      out[io.summary_key('num_texts', data=name, split=split)] = n
-  if facts and 'num_attacker' in facts:
-    out['num_attacker'] = facts['num_attacker']
-  return out
 
 
 # -------------------------------------------------------------------- run
