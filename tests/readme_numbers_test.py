@@ -1745,6 +1745,25 @@ def test_exact_inversion_tables():
       assert _shown(quick[key], cell), (key, cell)
 
 
+def test_exact_inversion_noise_rule_table():
+  text = (ROOT / 'reports' / 'inversion_exact' / 'README.md').read_text()
+  got = summary('inversion_exact/noise_rule')
+  rows = _table_rows(text, '| corpus | noise, dev |')
+  assert len(rows) == 6
+  metrics = (
+    'exact',
+    'rouge1',
+    'candidates_per_token',
+    'candidates_mean',
+    'seconds_per_sentence',
+    'undecided',
+  )
+  for corpus, noise, *cells in rows:
+    at = f'data={corpus},layer=25,noise={noise},rule=calibrated,split=dev,z=6'
+    for metric, cell in zip(metrics, cells, strict=True):
+      assert _shown(got[f'{metric}@{at}'], cell), (at, metric, cell)
+
+
 def test_exact_inversion_proposal_ranks():
   text = (ROOT / 'reports' / 'inversion_exact' / 'README.md').read_text()
   ranks = summary('inversion_exact/proposals')

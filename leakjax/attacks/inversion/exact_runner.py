@@ -23,7 +23,8 @@ top-down from :func:`run`:
    and `exact` (:func:`.exact.invert` with the softmax inverse's
    proposals, :func:`.exact.proposal_scores`); every learned inverse is
    fitted on the attacker's clean states of the layer;
-   `rule='tolerance'` on unperturbed states, `'nearest'` on the others;
+   `rule='tolerance'` on unperturbed states, `noise_rule` on noise:S,
+   `'nearest'` on the others;
 3. one results row per (cell, attack), scored as Wan et al. score (Sec.
    5.1.3: ROUGE-1/L of each text against its own reconstruction, BOS not
    scored) plus `exact`, the fraction of texts recovered token for token;
