@@ -273,6 +273,26 @@ def test_the_calibrated_rule_reads_the_noise_off_the_bos():
   assert cut.checked[3] == 64
 
 
+def test_the_calibrated_rule_keeps_the_tolerance_rules_floor():
+  # A BOS sent exactly, the rest moved by far less than the tolerance
+  # rule's 1e-3 (rounding of another batch): the BOS's residual alone
+  # would give a tolerance of 0, which no candidate meets.
+  model, params, ids, clean = _noisy_llama_sentence(0.0)
+  noisy = clean.copy()
+  noisy[1:] += 3e-5 * float(np.abs(clean[1:]).max())
+  got = exact.invert_sentence(
+    model,
+    params,
+    noisy,
+    8,
+    layer=2,
+    scores=hei_scores(model, params, noisy),
+    config=exact.ExactConfig(rule='calibrated', noise_confirm=64),
+  )
+  assert got.ids == ids.tolist() and all(got.decided)
+  assert got.checked == [1] * 8
+
+
 def test_the_calibrated_rule_needs_a_bos():
   model, params = tiny_llama()
   states = observed_states(model, params, np.asarray([[3, 9, 40]]), 2)

@@ -22,9 +22,11 @@ the model. Attacks, cheapest first:
   proposed by the softmax inverse trained from the ridge one
   (:mod:`leakjax.attacks.inversion.softmax_inverse`) and checked one
   position at a time against the sent states. On the model's own states
-  it accepts a candidate within the tolerance; under `noise:S` the nearest
-  with a gap, taking the nearest of the first `EXACT_BUDGET` candidates of
-  a position (undecided) when none has it.
+  it accepts a candidate within the tolerance; under `noise:S` (Gaussian)
+  the calibrated rule, which reads the noise's size off the BOS's residual
+  (the gap rule for a model without a BOS), taking the nearest of the
+  first `EXACT_BUDGET` candidates of a position (undecided) when none is
+  accepted.
 
 Scores are Wan et al.'s (Sec. 5.1.3): each text against its own
 reconstruction, position by position, ROUGE-1/L without stemming
@@ -132,11 +134,10 @@ def invert_exactly(
   hidden = np.asarray(hidden, np.float32)
   propose = jitted(exact.proposal_scores)
   kernel, bias = inverse.softmax
-  config = (
-    exact.ExactConfig(rule='nearest', max_candidates=EXACT_BUDGET)
-    if noisy
-    else exact.ExactConfig()
-  )
+  config = exact.ExactConfig()
+  if noisy:
+    rule = 'nearest' if model.tokenizer.bos_id is None else 'calibrated'
+    config = exact.ExactConfig(rule=rule, max_candidates=EXACT_BUDGET)
   lengths = np.asarray(mask).sum(1)
   out = np.zeros(hidden.shape[:2], np.int32)
   for r in range(len(hidden)):

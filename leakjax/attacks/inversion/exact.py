@@ -48,7 +48,8 @@ Acceptance needs no truth (:class:`ExactConfig`):
   otherwise the search checks `noise_confirm` candidates and takes the
   nearest once it is within `noise_z` (the likeliest token among many
   checked), going on through the budget when none is, then the nearest,
-  undecided. It needs a BOS.
+  undecided. Neither tolerance is below the tolerance rule's (noise
+  smaller than float32 rounding). It needs a BOS.
 
 Scale-out: with a `('data',)` mesh (`mesh=` of :func:`invert`) each
 check's candidates are split over its devices, the parameters and the
@@ -499,9 +500,13 @@ def invert_sentence(
         layer,
       )
     )[0]
+    # Never below the tolerance rule's: noise under float32 rounding.
     spread = 2 / np.sqrt(observed.shape[-1])
-    tol[:] = d_bos * np.sqrt(1 + config.noise_z_early * spread)
-    wide = d_bos * np.sqrt(1 + config.noise_z * spread)
+    floor = tol.copy()
+    tol[:] = np.maximum(
+      floor, d_bos * np.sqrt(1 + config.noise_z_early * spread)
+    )
+    wide = np.maximum(floor, d_bos * np.sqrt(1 + config.noise_z * spread))
   if bos is not None:
     ids[0] = bos
     verified(bos)
@@ -540,7 +545,7 @@ def invert_sentence(
       within = tol[t]
       confirmed = min(config.noise_confirm, len(order))
       if config.rule == 'calibrated' and offset >= confirmed:
-        within = wide
+        within = wide[t]
       accepted, tie = _accept(best, within, config)
     if accepted is not None and tolerance and not tie:
       # Near-identical input embeddings give near-identical states: a
@@ -556,7 +561,7 @@ def invert_sentence(
       ids[t], decided[t], checked[t] = int(order[best[0][1]]), False, offset
     else:
       # Accepted as the nearest of many (calibrated): all of them counted.
-      late = config.rule == 'calibrated' and within is wide
+      late = config.rule == 'calibrated' and offset >= confirmed
       ids[t], decided[t], checked[t] = (
         int(order[accepted]),
         not tie,
