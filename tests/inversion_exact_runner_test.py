@@ -439,6 +439,7 @@ def test_the_flagfiles_parse_to_their_configs(fresh_flags, name):
       layers=('10', '25'),
       perturbations=('none', 'noise:0.01'),
       max_length=24,
+      noise_rule='nearest',
     )
     assert len(exact_runner.cells(cfg)) == 4
   elif name == 'inversion_exact.flags':
@@ -458,6 +459,7 @@ def test_the_flagfiles_parse_to_their_configs(fresh_flags, name):
         'int8',
         'dct:1',
       ),
+      noise_rule='nearest',
     )
     assert len(exact_runner.cells(cfg)) == 21
   elif name == 'inversion_exact_noise.flags':
@@ -465,7 +467,6 @@ def test_the_flagfiles_parse_to_their_configs(fresh_flags, name):
       num_test=8,
       num_dev=24,
       layers=('25',),
-      max_candidates=1024,
       perturbations=('noise:0.1', 'noise:0.3'),
     )
     # The robust run's attacker: test and dev take the same 32 texts.
@@ -476,6 +477,7 @@ def test_the_flagfiles_parse_to_their_configs(fresh_flags, name):
       num_test=16,
       layers=('25',),
       perturbations=('noise:0.001', 'noise:0.01', 'bf16', 'int8'),
+      noise_rule='nearest',
     )
     assert len(exact_runner.cells(cfg)) == 12
 

@@ -102,25 +102,6 @@ def test_writer_disabled_on_other_processes(tmp_path):
   assert not (tmp_path / 'w').exists()
 
 
-def test_a_field_that_changed_the_default_resumes_only_at_its_old_value(
-  tmp_path,
-):
-  @dataclasses.dataclass(frozen=True)
-  class Old:
-    b: int = 4
-
-  @dataclasses.dataclass(frozen=True)
-  class New:
-    b: int = 4
-    samples: int = dataclasses.field(default=400, metadata={'before': 0})
-
-  io.ExperimentWriter(tmp_path / 'old', Old()).add_result({'b': 4})
-  with pytest.raises(LeakjaxError, match='changed: samples'):
-    io.ExperimentWriter(tmp_path / 'old', New())  # the new default
-  w = io.ExperimentWriter(tmp_path / 'old', New(samples=0))  # the old one
-  assert w.done(b=4) is not None
-
-
 def test_atomic_write_makes_readable_files(tmp_path):
   path = tmp_path / 'summary.json'
   io.atomic_write_text(path, '{}')
@@ -153,6 +134,21 @@ def test_resume_accepts_fields_added_at_their_default(tmp_path):
     io.ExperimentWriter(other, New(patience=1))  # not the default: refused
   with pytest.raises(LeakjaxError, match='changed: b'):
     io.ExperimentWriter(other, New(b=8))
+
+
+def test_a_field_that_changed_the_default_resumes_only_at_its_old_value(
+  tmp_path,
+):
+  @dataclasses.dataclass(frozen=True)
+  class Changed:
+    b: int = 4
+    samples: int = dataclasses.field(default=400, metadata={'before': 0})
+
+  io.ExperimentWriter(tmp_path, {'b': 4}).add_result({'b': 4})
+  with pytest.raises(LeakjaxError, match='changed: samples'):
+    io.ExperimentWriter(tmp_path, Changed())  # the new default
+  w = io.ExperimentWriter(tmp_path, Changed(samples=0))  # the old one
+  assert w.done(b=4) is not None
 
 
 def test_resume_ignores_record_fields_and_rewrites_them(tmp_path):
