@@ -309,7 +309,7 @@ def proposal_head(
     return proposal_order(scores, prior, config)
   head = list(dict.fromkeys(ranked[: max(1, config.first_chunk // 2)].tolist()))
   if prior is None or not config.prior_top:
-    rest, bound = ranked, None
+    rest = ranked
   else:
     by_prior = _top(prior, k)
     if len(by_prior) == len(prior):
