@@ -137,6 +137,19 @@ def split_sentences(cfg: AuditConfig, sentences: Sequence[str]) -> Splits:
   )
 
 
+def splits_of(cfg: AuditConfig, texts: Sequence[str], tokenizer) -> Splits:
+  """The audit's splits of the raw `texts`
+  (:func:`leakjax.data.preprocess_sentences` at `max_tokens` and
+  `max_sentences`, then :func:`split_sentences`)."""
+  sentences = data_lib.preprocess_sentences(
+    texts,
+    tokenizer,
+    max_tokens=cfg.max_tokens,
+    max_sentences=cfg.max_sentences,
+  )
+  return split_sentences(cfg, sentences)
+
+
 def check_model(cfg: AuditConfig, model) -> None:
   """LeakjaxError when the model cannot give an artefact of `cfg`."""
   gives_spans = bool(model.paths.attention_inputs)
@@ -420,13 +433,7 @@ def run(
   texts = load_texts(cfg) if texts is None else texts
   model, params = models.load_model(cfg.model, seed=cfg.seed)
   check_model(cfg, model)
-  sentences = data_lib.preprocess_sentences(
-    texts,
-    model.tokenizer,
-    max_tokens=cfg.max_tokens,
-    max_sentences=cfg.max_sentences,
-  )
-  splits = split_sentences(cfg, sentences)
+  splits = splits_of(cfg, texts, model.tokenizer)
   scoring.entities_of(splits.sentences[:1])  # spaCy is there, before work
   cells = _Cells(cfg, model, params, splits, mesh)
   work = units(cfg)
@@ -551,6 +558,7 @@ __all__ = [
   'run',
   'sentences_needed',
   'split_sentences',
+  'splits_of',
   'units',
   'writer_inputs',
 ]

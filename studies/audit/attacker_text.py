@@ -32,7 +32,6 @@ from absl import app, flags
 
 import studies
 from experiments import audit
-from leakjax import data as data_lib
 from leakjax import io, models
 from leakjax.attacks.dager import client as dager_client
 from leakjax.attacks.inversion import exact
@@ -46,13 +45,7 @@ def main(argv):
   f = flags.FLAGS
   cfg = audit.config_from_flags()
   model, params = models.load_model(cfg.model, seed=cfg.seed)
-  sentences = data_lib.preprocess_sentences(
-    runner.load_texts(cfg),
-    model.tokenizer,
-    max_tokens=cfg.max_tokens,
-    max_sentences=cfg.max_sentences,
-  )
-  splits = runner.split_sentences(cfg, sentences)
+  splits = runner.splits_of(cfg, runner.load_texts(cfg), model.tokenizer)
   width = cfg.max_tokens + 1
   ids, mask = dager_client.padded_batch(model, splits.heldout, width)
   score = np.asarray(mask).copy()

@@ -76,7 +76,6 @@ def measure(cfg, model, params, corpora, rules, num_texts, zs=(6.0,)) -> dict:
           )
           if rule == 'calibrated':
             at['z'] = f'{z:g}'
-            rule = f'calibrated z={z:g}'  # for the line below
           for metric in (
             'exact',
             'rouge1',
@@ -88,7 +87,9 @@ def measure(cfg, model, params, corpora, rules, num_texts, zs=(6.0,)) -> dict:
           ):
             out[io.summary_key(metric, **at)] = row[metric]
           print(
-            f'{name} layer {layer} {p.spec} {rule}: exact {row["exact"]:.3f}'
+            f'{name} layer {layer} {p.spec} {rule}'
+            + (f' z={z:g}' if rule == 'calibrated' else '')
+            + f': exact {row["exact"]:.3f}'
             f' ROUGE-1 {row["rouge1"]:.3f} candidates median'
             f' {row["candidates_per_token"]:.0f} mean'
             f' {row["candidates_mean"]:.1f}'
