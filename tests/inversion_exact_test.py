@@ -255,12 +255,13 @@ def test_the_calibrated_rule_reads_the_noise_off_the_bos():
   nearest = run(config=exact.ExactConfig(rule='nearest', chunk=64))
   # The gap rule cannot tell at this noise: it checks the whole vocabulary.
   assert max(nearest.checked) == 200 and not all(nearest.decided)
-  calibrated = exact.ExactConfig(rule='calibrated', chunk=64, noise_confirm=64)
+  calibrated = exact.ExactConfig(rule='calibrated', chunk=32, noise_confirm=64)
   got = run(config=calibrated)
   assert got.ids == ids.tolist() and all(got.decided)
-  # Each position within the early tolerance at its first proposal, or
-  # (position 2) the nearest of the first noise_confirm, all counted.
-  assert got.checked == [1, 1, 72, 1, 1, 1, 1, 1]
+  # Each position the nearest of its first chunk, within the early
+  # tolerance, or (positions 2 and 5) the nearest of the first
+  # noise_confirm, every candidate compared counted.
+  assert got.checked == [1, 32, 64, 32, 32, 64, 32, 32]
   # With the true token of position 3 out of the budget, no candidate is
   # within the tolerance: the nearest is taken, undecided.
   hidden = scores.copy()
@@ -290,7 +291,60 @@ def test_the_calibrated_rule_keeps_the_tolerance_rules_floor():
     config=exact.ExactConfig(rule='calibrated', noise_confirm=64),
   )
   assert got.ids == ids.tolist() and all(got.decided)
-  assert got.checked == [1] * 8
+  # The BOS, then each position's first chunk (128 candidates).
+  assert got.checked == [1] + [128] * 7
+
+
+def test_the_calibrated_rule_never_accepts_a_proposal_unseen():
+  # Position 3's state lies between the true token's and a wrong one's,
+  # nearer the true one; the wrong one is proposed first and is within
+  # any tolerance. The speculative row of the tolerance rule would take
+  # it; the calibrated rule compares it with the rest of its chunk.
+  model, params, ids, noisy = _noisy_llama_sentence(0.05)
+  wrong_ids = ids.copy()
+  wrong_ids[3] = 120
+  clean = observed_states(model, params, ids[None], 2)[0]
+  wrong = observed_states(model, params, wrong_ids[None], 2)[0]
+  noisy[3] = noisy[3] + 0.3 * (wrong[3] - clean[3])
+  scores = hei_scores(model, params, noisy).copy()
+  scores[3, 120] = 10.0  # the first proposal
+  wide = exact.ExactConfig(
+    rule='calibrated', chunk=32, noise_z_early=1e5, noise_z=1e5
+  )
+  got = exact.invert_sentence(
+    model, params, noisy, 8, layer=2, scores=scores, config=wide
+  )
+  assert got.ids == ids.tolist()
+  d = np.linalg.norm(noisy[3] - np.stack([clean[3], wrong[3]]), axis=-1)
+  assert (
+    d[0]
+    < d[1]
+    <= exact.noise_tolerance_of(
+      [float(np.sum((noisy[0] - clean[0]) ** 2))], 1e5, noisy.shape[-1]
+    )
+  )
+
+
+@pytest.mark.parametrize('k', [1, 16])
+def test_the_noise_tolerance_covers_the_true_residual(k):
+  # Residuals of i.i.d. Gaussian noise on D coordinates: the true token's
+  # squared residual is within z standard deviations of the estimate from
+  # k others about Phi(z) of the time (a normal approximation of the
+  # chi-square), for any sigma; more residuals, a tighter tolerance.
+  dim, z = 576, 2.0
+  rng = np.random.default_rng(0)
+  sigma = 3.0
+  noise = sigma * rng.standard_normal((4000, k + 1, dim))
+  sq = np.sum(noise**2, axis=-1)
+  within = [
+    sq[i, -1] <= exact.noise_tolerance_of(sq[i, :-1], z, dim) ** 2
+    for i in range(len(sq))
+  ]
+  assert abs(np.mean(within) - 0.977) < 0.012
+  est = [dim * sigma**2] * k
+  assert exact.noise_tolerance_of(est * 2, z, dim) < exact.noise_tolerance_of(
+    est, z, dim
+  )
 
 
 def test_the_calibrated_rule_needs_a_bos():

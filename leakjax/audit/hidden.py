@@ -23,8 +23,9 @@ the model. Attacks, cheapest first:
   (:mod:`leakjax.attacks.inversion.softmax_inverse`) and checked one
   position at a time against the sent states. On the model's own states
   it accepts a candidate within the tolerance; under `noise:S` (Gaussian)
-  the calibrated rule, which reads the noise's size off the BOS's residual
-  (the gap rule for a model without a BOS), taking the nearest of the
+  the calibrated rule, which reads the noise's size off the residuals of
+  the BOS and of the positions accepted before (the gap rule for a model
+  without a BOS), taking the nearest of the
   first `EXACT_BUDGET` candidates of a position (undecided) when none is
   accepted.
 

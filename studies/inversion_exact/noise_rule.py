@@ -6,8 +6,9 @@ candidate once it is `gap` times nearer than the second; at the noise of
 early, so every position spends the whole budget, and a position whose
 true token lies past it takes a wrong nearest. The `calibrated` rule
 (:mod:`leakjax.attacks.inversion.exact`) reads the noise's size off the
-BOS's residual and accepts the first candidate within the tolerance that
-implies, searching on past the budget when none is. On the first
+residuals of the BOS and of the positions accepted before, and accepts the
+nearest of a position's first chunk within the tolerance that implies,
+searching on past the budget when none is. On the first
 `--num_texts` dev texts of each corpus of the flags (texts its test
 numbers are not reported on), at each noise level of the flags, every rule
 of `--rules` runs the runner's own search (:meth:`exact_runner.Attacks.

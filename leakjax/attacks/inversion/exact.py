@@ -37,19 +37,25 @@ Acceptance needs no truth (:class:`ExactConfig`):
   taken and the position marked undecided when the gap rule fails.
 * `rule='calibrated'` -- states with i.i.d. Gaussian noise of unknown std
   on every coordinate: the tolerance rule with the tolerance read off the
-  BOS, whose clean state the attacker computes. Its residual `|n_0|^2`
-  estimates `D sigma^2`; the true token's `d^2 = |n_t|^2` is then `D
-  sigma^2 (1 +- 2 / sqrt(D))` (chi-square with D degrees of freedom, over
-  an estimate with the same spread), while a wrong token sits at about
-  `d^2 = Delta^2 + D sigma^2`, Delta its clean distance: under strong
-  noise a wrong token near the true one is within any tolerance that
-  keeps the true one. So two tolerances, `|n_0| sqrt(1 + z * 2 /
-  sqrt(D))`: a candidate within `noise_z_early` is accepted at once;
-  otherwise the search checks `noise_confirm` candidates and takes the
-  nearest once it is within `noise_z` (the likeliest token among many
-  checked), going on through the budget when none is, then the nearest,
-  undecided. Neither tolerance is below the tolerance rule's (noise
-  smaller than float32 rounding). It needs a BOS.
+  noise's own residuals. The attacker computes the BOS's clean state, so
+  its residual `|n_0|^2` estimates `D sigma^2`, and so does every position
+  accepted since (the residual of its accepted token): the estimate is
+  their mean over k positions. The true token's `d^2 = |n_t|^2` is `D
+  sigma^2 (1 +- sqrt(2 / D))` (chi-square with D degrees of freedom: one
+  standard deviation), the estimate's spread that over sqrt(k), so a
+  tolerance of z standard deviations of their difference is `d^2 <= est
+  (1 + z sqrt(2 / D) sqrt(1 + 1 / k))` (with the BOS alone, k = 1: `est
+  (1 + 2 z / sqrt(D))`). A wrong token sits at about `d^2 = Delta^2 + D sigma^2`,
+  Delta its clean distance: under strong noise a wrong token near the
+  true one is within any tolerance that keeps the true one, so it is never
+  accepted unseen. Each position's first check is a whole `chunk` of
+  proposals (no speculative row: the learned inverse's guess is often
+  such a near wrong token), whose nearest is accepted when within
+  `noise_z_early`; otherwise the search checks `noise_confirm`
+  candidates and takes the nearest once it is within `noise_z` (the
+  likeliest token among many checked), going on through the budget when
+  none is, then the nearest, undecided. Neither tolerance is below the tolerance rule's (noise smaller
+  than float32 rounding). It needs a BOS.
 
 Scale-out: with a `('data',)` mesh (`mesh=` of :func:`invert`) each
 check's candidates are split over its devices, the parameters and the
@@ -77,6 +83,11 @@ from jaxtyping import Array, Float, Int
 from leakjax import sharding
 from leakjax._jit import jitted
 from leakjax.attacks.inversion import bei_hei
+from leakjax.attacks.inversion.exact_order import (
+  _Order,
+  proposal_head,
+  proposal_order,
+)
 from leakjax.errors import LeakjaxError
 
 RULES = ('tolerance', 'nearest', 'calibrated')
@@ -94,11 +105,11 @@ class ExactConfig:
     gap: the nearest rule's ratio of the nearest to the second nearest.
     noise_z: the calibrated rule's tolerance after `noise_confirm`
       candidates, in standard deviations of the true token's squared
-      distance (module docstring).
+      distance less the noise estimate (module docstring).
     noise_z_early: its tolerance before them.
     noise_confirm: candidates it checks before the wider tolerance.
     first_chunk: candidates in the first check of a position (the learned
-      inverse's and the LM's best).
+      inverse's and the LM's best; `chunk` under the calibrated rule).
     chunk: candidates per later check.
     prior_top: the LM prior's candidates placed after the learned
       inverse's first `first_chunk // 2` (the two rankings are interleaved
@@ -144,8 +155,8 @@ class Inversion:
       (False: a near-tie, or the nearest taken without its gap).
     checked: per position, candidates checked before the accepted one was
       found, itself included (1: the first proposal; positions verified by
-      a row's guess count 1; under the calibrated rule's wide tolerance,
-      every candidate checked).
+      a row's guess count 1; under the calibrated rule, which compares
+      them, every candidate checked).
     seconds: wall time.
   """
 
@@ -253,111 +264,6 @@ def proposal_scores(
   return bei_hei.cosine_scores(x, embeddings)
 
 
-def proposal_order(
-  scores: np.ndarray, prior: np.ndarray | None, config
-) -> np.ndarray:
-  """Every vocabulary id once, in proposal order (module docstring): the
-  learned inverse's best `first_chunk // 2`, the prior's best `prior_top`,
-  then the two rankings interleaved (a token's place is set by the better
-  of its two ranks, so neither ranking's tail can bury a token the other
-  ranks high)."""
-  ranked = np.argsort(-scores, kind='stable')
-  head = list(dict.fromkeys(ranked[: max(1, config.first_chunk // 2)].tolist()))
-  if prior is None or not config.prior_top:
-    rest = ranked
-  else:
-    by_prior = np.argsort(-prior, kind='stable')
-    for tok in by_prior[: config.prior_top].tolist():
-      if tok not in head:
-        head.append(tok)
-    place = np.empty(len(ranked), np.int64)
-    place[ranked] = 2 * np.arange(len(ranked))
-    place[by_prior] = np.minimum(
-      place[by_prior], 2 * np.arange(len(ranked)) + 1
-    )
-    rest = np.argsort(place, kind='stable')
-  seen = np.zeros(len(ranked), bool)
-  seen[head] = True
-  rest = rest[~seen[rest]]
-  return np.concatenate([np.asarray(head, np.int64), rest.astype(np.int64)])
-
-
-def _top(x: np.ndarray, k: int) -> np.ndarray:
-  """The first entries of `np.argsort(-x, kind='stable')`: at least `k` of
-  them (every tie of the k-th value is kept), without sorting all of x."""
-  if k >= len(x):
-    return np.argsort(-x, kind='stable')
-  idx = np.argpartition(-x, k - 1)[:k]
-  idx = np.flatnonzero(x >= x[idx].min())
-  return idx[np.lexsort((idx, -x[idx]))]
-
-
-def proposal_head(
-  scores: np.ndarray, prior: np.ndarray | None, config, n: int
-) -> np.ndarray:
-  """`proposal_order(scores, prior, config)[:m]` for some m >= n, or the
-  whole order, from the two rankings' heads only (a position accepted in
-  its first check never sorts the vocabulary).
-
-  Both rankings' first k entries are exact (:func:`_top`); a token outside
-  both has an interleaved place of at least `min(2 k_s, 2 k_p + 1)`, so
-  every head token with a smaller place is where the full order puts it.
-  """
-  k = n + config.first_chunk + config.prior_top
-  ranked = _top(scores, k)
-  if len(ranked) == len(scores):
-    return proposal_order(scores, prior, config)
-  head = list(dict.fromkeys(ranked[: max(1, config.first_chunk // 2)].tolist()))
-  if prior is None or not config.prior_top:
-    rest = ranked
-  else:
-    by_prior = _top(prior, k)
-    if len(by_prior) == len(prior):
-      return proposal_order(scores, prior, config)
-    for tok in by_prior[: config.prior_top].tolist():
-      if tok not in head:
-        head.append(tok)
-    place = {int(t): 2 * r for r, t in enumerate(ranked.tolist())}
-    for r, t in enumerate(by_prior.tolist()):
-      place[t] = min(place.get(t, 2 * r + 1), 2 * r + 1)
-    bound = min(2 * len(ranked), 2 * len(by_prior) + 1)
-    rest = np.asarray(
-      sorted((t for t in place if place[t] < bound), key=place.__getitem__),
-      np.int64,
-    )
-  seen = set(head)
-  rest = [int(t) for t in rest if t not in seen]
-  out = np.asarray(head + rest, np.int64)
-  if len(out) < n:
-    return proposal_order(scores, prior, config)
-  return out
-
-
-class _Order:
-  """The first `limit` entries of a position's proposal order, computed
-  only as far as the search reads them."""
-
-  def __init__(self, scores, prior, config, limit: int):
-    self.scores, self.prior, self.config = scores, prior, config
-    self.size = min(limit, len(scores))
-    self.known = np.zeros((0,), np.int64)
-
-  def __len__(self) -> int:
-    return self.size
-
-  def upto(self, n: int) -> np.ndarray:
-    n = min(n, self.size)
-    if len(self.known) < n:
-      if not len(self.known):
-        self.known = proposal_head(self.scores, self.prior, self.config, n)
-      if len(self.known) < n:
-        self.known = proposal_order(self.scores, self.prior, self.config)
-    return self.known[:n]
-
-  def __getitem__(self, i: int) -> int:
-    return int(self.upto(i + 1)[i])
-
-
 class _Twins:
   """Tokens whose input embedding is within `rel` x |e_token| of a token's
   (their states are as near as the tolerance: a near-tie).
@@ -448,18 +354,18 @@ def invert_sentence(
     np.asarray(model.word_embeddings(params), np.float32), config.rel_tol
   )
   tolerance = config.rule in ('tolerance', 'calibrated')
-  state = {
-    **sharding.replicate(
-      {
-        'stream': model.init_stream_cache(
-          params, 1, 2 * width, layer=_layer_index(model, layer)
-        ),
-        'full': model.init_cache(params, 1, 2 * width),
-      },
-      mesh,
-    ),
-    'prior': None,
-  }
+  calibrated = config.rule == 'calibrated'
+
+  def fresh() -> dict:
+    caches = {
+      'stream': model.init_stream_cache(
+        params, 1, 2 * width, layer=_layer_index(model, layer)
+      ),
+      'full': model.init_cache(params, 1, 2 * width),
+    }
+    return {**sharding.replicate(caches, mesh), 'prior': None}
+
+  state = fresh()
 
   def verified(token: int) -> None:
     state['stream'], state['full'], logp = step(
@@ -472,7 +378,7 @@ def invert_sentence(
     )
     state['prior'] = np.asarray(logp)
 
-  def distances(tokens) -> np.ndarray:
+  def distances(tokens, t: int) -> np.ndarray:
     size = (
       config.first_chunk if len(tokens) <= config.first_chunk else config.chunk
     )
@@ -487,65 +393,42 @@ def invert_sentence(
     )
     return sharding.to_host(got)[: len(tokens)]
 
-  t = 0
-  if config.rule == 'calibrated':
-    # The BOS's residual: the noise of one position, |n_0|.
-    d_bos = np.asarray(
-      check_row(
-        model,
-        params,
-        state['stream'],
-        jnp.full((width,), bos, jnp.int32),
-        jnp.asarray(observed_w[:width]),
-        layer,
-      )
-    )[0]
+  dim = observed.shape[-1]
+  residual = [0.0] * length  # each position's distance to its token
+
+  def pool(upto: int) -> list[float]:
+    # The noise estimate's squared residuals: the BOS, then each
+    # accepted token before `upto`.
+    return [residual[0] ** 2] + [
+      residual[i] ** 2 for i in range(1, upto) if decided[i]
+    ]
+
+  def noise_tolerance(t: int, z: float, upto: int) -> float:
     # Never below the tolerance rule's: noise under float32 rounding.
-    spread = 2 / np.sqrt(observed.shape[-1])
-    floor = tol.copy()
-    tol[:] = np.maximum(
-      floor, d_bos * np.sqrt(1 + config.noise_z_early * spread)
-    )
-    wide = np.maximum(floor, d_bos * np.sqrt(1 + config.noise_z * spread))
-  if bos is not None:
-    ids[0] = bos
-    verified(bos)
-    t = 1
-  limit = config.max_candidates or model.vocab_size
-  while t < length:
-    if tolerance:
-      # One row verifies the proposals' guesses while they match.
-      row = np.full((width,), ids[t], np.int32)
-      row[: length - t] = ids[t:length]
-      d = np.asarray(
-        check_row(
-          model,
-          params,
-          state['stream'],
-          jnp.asarray(row),
-          jnp.asarray(observed_w[t : t + width]),
-          layer,
-        )
-      )
-      while t < length and d[0] <= tol[t] and not len(twins(ids[t])):
-        verified(ids[t])
-        d, t = d[1:], t + 1
-      if t == length:
-        break
+    return max(float(tol[t]), noise_tolerance_of(pool(upto), z, dim))
+
+  def search(t: int):
+    """Position t's token, whether the rule accepted it, the candidates
+    checked and its distance."""
     order = _Order(np.asarray(scores[t]), state['prior'], config, limit)
     offset, best, accepted, tie = 0, [], None, False
+    confirmed = min(config.noise_confirm, len(order))
+    within = tol[t]
+    if calibrated:
+      early, wide = noise_tolerance(t, config.noise_z_early, t), None
     while offset < len(order) and accepted is None:
-      size = config.first_chunk if offset == 0 else config.chunk
+      first = config.chunk if calibrated else config.first_chunk
+      size = first if offset == 0 else config.chunk
       cands = order.upto(offset + size)[offset:]
-      d = distances(cands)
+      d = distances(cands, t)
       best = sorted(
         best + list(zip(d.tolist(), range(offset, offset + len(d))))
       )[:2]
       offset += len(cands)
-      within = tol[t]
-      confirmed = min(config.noise_confirm, len(order))
-      if config.rule == 'calibrated' and offset >= confirmed:
-        within = wide[t]
+      if calibrated:
+        if offset >= confirmed and wide is None:
+          wide = noise_tolerance(t, config.noise_z, t)
+        within = early if wide is None else wide
       accepted, tie = _accept(best, within, config)
     if accepted is not None and tolerance and not tie:
       # Near-identical input embeddings give near-identical states: a
@@ -554,27 +437,77 @@ def invert_sentence(
       rest = [v for v in twins(int(order[accepted])).tolist() if v not in seen]
       for s in range(0, len(rest), config.chunk):
         tie = tie or bool(
-          np.any(distances(rest[s : s + config.chunk]) <= within)
+          np.any(distances(rest[s : s + config.chunk], t) <= within)
         )
     if accepted is None:
       # The vocabulary (or the budget) is spent: the nearest, undecided.
-      ids[t], decided[t], checked[t] = int(order[best[0][1]]), False, offset
-    else:
-      # Accepted as the nearest of many (calibrated): all of them counted.
-      late = config.rule == 'calibrated' and offset >= confirmed
-      ids[t], decided[t], checked[t] = (
-        int(order[accepted]),
-        not tie,
-        offset if late else accepted + 1,
-      )
-    verified(ids[t])
-    t += 1
+      return int(order[best[0][1]]), False, offset, best[0][0]
+    # The calibrated rule compares every candidate it checked.
+    count = offset if calibrated else accepted + 1
+    return int(order[accepted]), not tie, count, best[0][0]
+
+  def decode_from(t: int) -> None:
+    while t < length:
+      if config.rule == 'tolerance':
+        # One row verifies the proposals' guesses while they match.
+        row = np.full((width,), ids[t], np.int32)
+        row[: length - t] = ids[t:length]
+        d = np.asarray(
+          check_row(
+            model,
+            params,
+            state['stream'],
+            jnp.asarray(row),
+            jnp.asarray(observed_w[t : t + width]),
+            layer,
+          )
+        )
+        while t < length and d[0] <= tol[t] and not len(twins(ids[t])):
+          verified(ids[t])
+          d, t = d[1:], t + 1
+        if t == length:
+          break
+      ids[t], decided[t], checked[t], residual[t] = search(t)
+      verified(ids[t])
+      t += 1
+
+  t = 0
+  if calibrated:
+    # The BOS's residual: the noise of one position, |n_0|.
+    residual[0] = float(
+      np.asarray(
+        check_row(
+          model,
+          params,
+          state['stream'],
+          jnp.full((width,), bos, jnp.int32),
+          jnp.asarray(observed_w[:width]),
+          layer,
+        )
+      )[0]
+    )
+  if bos is not None:
+    ids[0] = bos
+    verified(bos)
+    t = 1
+  limit = config.max_candidates or model.vocab_size
+  decode_from(t)
   return Inversion(
     ids=[int(x) for x in ids],
     decided=decided,
     checked=checked,
     seconds=time.perf_counter() - start,
   )
+
+
+def noise_tolerance_of(residuals, z: float, dim: int) -> float:
+  """The calibrated rule's distance (module docstring): `z` standard
+  deviations of a true token's squared residual less the mean of
+  `residuals` (k squared residuals of known positions, all chi-square with
+  `dim` degrees of freedom times `sigma^2`) above that mean."""
+  est = float(np.mean(residuals))
+  spread = np.sqrt(2 / dim) * np.sqrt(1 + 1 / len(residuals))
+  return float(np.sqrt(est * max(1 + z * spread, 0.0)))
 
 
 def _accept(best, tol, config) -> tuple[int | None, bool]:
@@ -632,6 +565,7 @@ __all__ = [
   'invert',
   'invert_sentence',
   'layer_of',
+  'noise_tolerance_of',
   'proposal_head',
   'proposal_order',
   'proposal_scores',

@@ -114,7 +114,8 @@ class ExactRunConfig:
     max_candidates: Candidates the exact search checks per position before
       giving up (absent: the whole vocabulary).
     noise_rule: The exact search's acceptance rule on noise:S states:
-      calibrated (the tolerance read off the BOS's residual) or nearest
+      calibrated (the tolerance read off the residuals of the BOS and
+      the positions accepted before) or nearest
       (the gap rule); :mod:`.exact`. Other perturbations use nearest.
     ep_steps: Training steps of Embed Parrot (`ep_skip`) per layer.
     perturbations: What happens to the states on the way: none, noise:S
