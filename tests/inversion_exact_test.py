@@ -258,10 +258,11 @@ def test_the_calibrated_rule_reads_the_noise_off_the_bos():
   calibrated = exact.ExactConfig(rule='calibrated', chunk=32, noise_confirm=64)
   got = run(config=calibrated)
   assert got.ids == ids.tolist() and all(got.decided)
-  # Each position the nearest of its first chunk, within the early
-  # tolerance, or (positions 2 and 5) the nearest of the first
-  # noise_confirm, every candidate compared counted.
-  assert got.checked == [1, 32, 64, 32, 32, 64, 32, 32]
+  # Position 1 the whole vocabulary's table; then each position the
+  # nearest of its first chunk, within the early tolerance, or (positions
+  # 2 and 5) the nearest of the first noise_confirm, every candidate
+  # compared counted.
+  assert got.checked == [1, 200, 64, 32, 32, 64, 32, 32]
   # With the true token of position 3 out of the budget, no candidate is
   # within the tolerance: the nearest is taken, undecided.
   hidden = scores.copy()
@@ -291,8 +292,9 @@ def test_the_calibrated_rule_keeps_the_tolerance_rules_floor():
     config=exact.ExactConfig(rule='calibrated', noise_confirm=64),
   )
   assert got.ids == ids.tolist() and all(got.decided)
-  # The BOS, then each position's first chunk (128 candidates).
-  assert got.checked == [1] + [128] * 7
+  # The BOS, the first position's table (the vocabulary), then each
+  # position's first chunk (128 candidates).
+  assert got.checked == [1, 200] + [128] * 6
 
 
 def test_the_calibrated_rule_never_accepts_a_proposal_unseen():
@@ -323,6 +325,56 @@ def test_the_calibrated_rule_never_accepts_a_proposal_unseen():
       [float(np.sum((noisy[0] - clean[0]) ** 2))], 1e5, noisy.shape[-1]
     )
   )
+
+
+@pytest.mark.parametrize('layer', [2, 'last'])
+@pytest.mark.parametrize('family', sorted(MODELS))
+def test_the_first_position_table_is_every_tokens_state_after_the_bos(
+  family, layer
+):
+  # NumPy reference: the full rows [BOS, token] of every token (no cache).
+  model, params = MODELS[family]()
+  model = dataclasses.replace(model, tokenizer=types.SimpleNamespace(bos_id=1))
+  table = exact.first_states(model, params, layer, chunk=48)
+  vocab = model.vocab_size
+  rows = np.stack([np.ones(vocab, np.int64), np.arange(vocab)], 1)
+  want = observed_states(model, params, rows, layer)[:, 1]
+  assert table.shape == want.shape
+  np.testing.assert_allclose(table, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_calibrated_rule_compares_every_token_at_the_first_position():
+  # The true first token last in the order and past the budget: the
+  # table still holds its state, so it is found, and computed once for
+  # all the rows of invert.
+  model, params, ids, noisy = _noisy_llama_sentence(0.2)
+  scores = hei_scores(model, params, noisy).copy()
+  scores[1, ids[1]] = -1e9
+  config = exact.ExactConfig(
+    rule='calibrated', chunk=32, noise_confirm=64, max_candidates=64
+  )
+  calls = []
+  table = exact.first_states(model, params, 2)
+
+  def counted(*args, **kwargs):
+    calls.append(1)
+    return table
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(exact, 'first_states', counted)
+    got = exact.invert(
+      model,
+      params,
+      np.stack([noisy, noisy]),
+      np.asarray([8, 8]),
+      layer=2,
+      scores=np.stack([scores, scores]),
+      config=config,
+    )
+  assert len(calls) == 1
+  for inv in got:
+    assert inv.ids == ids.tolist() and inv.decided[1]
+    assert inv.checked[1] == model.vocab_size
 
 
 @pytest.mark.parametrize('k', [1, 16])

@@ -27,7 +27,8 @@ the model. Attacks, cheapest first:
   the BOS and of the positions accepted before (the gap rule for a model
   without a BOS), taking the nearest of the
   first `EXACT_BUDGET` candidates of a position (undecided) when none is
-  accepted.
+  accepted; at the first position after the BOS it compares every token
+  (:func:`leakjax.attacks.inversion.exact.first_states`, once a call).
 
 Scores are Wan et al.'s (Sec. 5.1.3): each text against its own
 reconstruction, position by position, ROUGE-1/L without stemming
@@ -139,6 +140,9 @@ def invert_exactly(
   if noisy:
     rule = 'nearest' if model.tokenizer.bos_id is None else 'calibrated'
     config = exact.ExactConfig(rule=rule, max_candidates=EXACT_BUDGET)
+  first = None
+  if config.rule == 'calibrated':  # one table for every row
+    first = exact.first_states(model, params, _layer(layer))
   lengths = np.asarray(mask).sum(1)
   out = np.zeros(hidden.shape[:2], np.int32)
   for r in range(len(hidden)):
@@ -158,6 +162,7 @@ def invert_exactly(
       layer=_layer(layer),
       scores=np.asarray(scores)[None],
       config=config,
+      first=first,
     )
     out[r, : len(found.ids)] = found.ids
   return out

@@ -55,7 +55,12 @@ Acceptance needs no truth (:class:`ExactConfig`):
   candidates and takes the nearest once it is within `noise_z` (the
   likeliest token among many checked), going on through the budget when
   none is, then the nearest, undecided. Neither tolerance is below the tolerance rule's (noise smaller
-  than float32 rounding). It needs a BOS.
+  than float32 rounding). It needs a BOS. The first position after the
+  BOS is where the learned inverse proposes worst and the estimate rests
+  on the BOS alone; its state depends on the BOS and the token only, so
+  :func:`first_states` computes every token's there once per model and
+  layer, and the rule takes the nearest of the whole vocabulary, decided
+  when it alone is within the `noise_z` tolerance.
 
 Scale-out: with a `('data',)` mesh (`mesh=` of :func:`invert`) each
 check's candidates are split over its devices, the parameters and the
@@ -193,6 +198,19 @@ def _distance(states, observed) -> jax.Array:
   return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
 
 
+def candidate_states(
+  model, params, cache, candidates: Int[Array, ' c'], layer
+) -> Float[Array, 'c d']:
+  """The layer states (float32) of C candidate tokens each placed at the
+  next position after the one-row cached prefix."""
+  states = model.stream_candidates(
+    params, cache, candidates, layer=_layer_index(model, layer)
+  )
+  if layer == bei_hei.LAST:
+    states = bei_hei.final_norm(model, params, states)
+  return states.astype(jnp.float32)
+
+
 def check_candidates(
   model,
   params,
@@ -211,12 +229,8 @@ def check_candidates(
   (:meth:`Model.stream_candidates`: the cache is read in place, not
   copied per candidate).
   """
-  states = model.stream_candidates(
-    params, cache, candidates, layer=_layer_index(model, layer)
-  )
-  if layer == bei_hei.LAST:
-    states = bei_hei.final_norm(model, params, states)
-  return _distance(states.astype(jnp.float32), observed[None])
+  states = candidate_states(model, params, cache, candidates, layer)
+  return _distance(states, observed[None])
 
 
 def check_guesses(
@@ -304,6 +318,56 @@ def _padded(tokens, size: int) -> jax.Array:
   return jnp.asarray(out)
 
 
+def _bos_of(model) -> int | None:
+  return getattr(getattr(model, 'tokenizer', None), 'bos_id', None)
+
+
+def first_states(
+  model, params, layer, *, chunk: int = 512, mesh=None, progress=None
+) -> np.ndarray:
+  """`[V, D]` float32: the layer state of every token at the first
+  position after the BOS.
+
+  That state depends on the BOS and the token alone, so one table per
+  model and layer serves every sentence: the calibrated rule compares the
+  whole vocabulary there (:func:`invert_sentence`'s `first`). Costs one
+  full-vocabulary check; `progress(done, total)` after each chunk.
+  """
+  bos = _bos_of(model)
+  if bos is None:
+    raise LeakjaxError('first_states needs a model with a BOS')
+  sharding.check_data_axis(mesh)
+  params = sharding.replicate(params, mesh)
+  size = -(-chunk // sharding.data_size(mesh)) * sharding.data_size(mesh)
+  cache = model.init_stream_cache(
+    params, 1, 2, layer=_layer_index(model, layer)
+  )
+  _, cache = jitted(_states, static_argnames=CHECK_STATIC)(
+    model, params, cache, jnp.asarray([[bos]], jnp.int32), layer
+  )
+  cache = sharding.replicate(cache, mesh)
+  states = jitted(candidate_states, static_argnames=CHECK_STATIC)
+  vocab = model.vocab_size
+  out = None
+  for s in range(0, vocab, size):
+    tokens = np.arange(s, min(s + size, vocab))
+    got = sharding.to_host(
+      states(
+        model,
+        params,
+        cache,
+        sharding.shard_batch(_padded(tokens, size), mesh),
+        layer,
+      )
+    )
+    if out is None:
+      out = np.empty((vocab, got.shape[-1]), np.float32)
+    out[s : s + len(tokens)] = got[: len(tokens)]
+    if progress is not None:
+      progress(s + len(tokens), vocab)
+  return out
+
+
 def invert_sentence(
   model,
   params,
@@ -315,6 +379,7 @@ def invert_sentence(
   config: ExactConfig = ExactConfig(),  # noqa: B008 (frozen)
   width: int | None = None,
   mesh=None,
+  first: np.ndarray | None = None,
 ) -> Inversion:
   """Recovers the `length` tokens whose layer states are `observed`.
 
@@ -329,6 +394,10 @@ def invert_sentence(
     mesh: a mesh with a `'data'` axis to split each check's candidates
       over (None: one device); replicate `params` on it once beforehand
       (:func:`leakjax.sharding.replicate`) to spare a copy per sentence.
+    first: :func:`first_states` of `model` at `layer`: under the
+      calibrated rule the first position after the BOS is compared with
+      every token (the whole vocabulary, whatever `max_candidates`);
+      None: computed here (pass it to spare the cost per sentence).
   """
   start = time.perf_counter()
   sharding.check_data_axis(mesh)
@@ -342,13 +411,15 @@ def invert_sentence(
   observed_w[:length] = observed[:length]
   tol = config.rel_tol * np.linalg.norm(observed_w, axis=-1)
   ids = [int(x) for x in np.asarray(scores[:length]).argmax(-1)]
-  bos = getattr(getattr(model, 'tokenizer', None), 'bos_id', None)
+  bos = _bos_of(model)
   if config.rule == 'calibrated' and bos is None:
     raise LeakjaxError(
       'the calibrated rule reads the noise off the BOS state, and this'
       ' model has no BOS',
       "use rule='nearest'",
     )
+  if config.rule == 'calibrated' and length > 1 and first is None:
+    first = first_states(model, params, layer, mesh=mesh)
   decided, checked = [True] * length, [1] * length
   twins = _Twins(
     np.asarray(model.word_embeddings(params), np.float32), config.rel_tol
@@ -410,6 +481,16 @@ def invert_sentence(
   def search(t: int):
     """Position t's token, whether the rule accepted it, the candidates
     checked and its distance."""
+    if calibrated and t == 1:
+      # Every token's state there is in `first`: the nearest, decided
+      # when it alone is within the wide tolerance.
+      d = np.linalg.norm(first - observed_w[1], axis=-1)
+      two = np.argpartition(d, 1)[:2]
+      best = sorted(zip(d[two].tolist(), two.tolist()))
+      accepted, tie = _accept(
+        best, noise_tolerance(1, config.noise_z, 1), config
+      )
+      return best[0][1], accepted is not None and not tie, len(d), best[0][0]
     order = _Order(np.asarray(scores[t]), state['prior'], config, limit)
     offset, best, accepted, tie = 0, [], None, False
     confirmed = min(config.noise_confirm, len(order))
@@ -417,8 +498,8 @@ def invert_sentence(
     if calibrated:
       early, wide = noise_tolerance(t, config.noise_z_early, t), None
     while offset < len(order) and accepted is None:
-      first = config.chunk if calibrated else config.first_chunk
-      size = first if offset == 0 else config.chunk
+      opening = config.chunk if calibrated else config.first_chunk
+      size = opening if offset == 0 else config.chunk
       cands = order.upto(offset + size)[offset:]
       d = distances(cands, t)
       best = sorted(
@@ -534,12 +615,16 @@ def invert(
   scores: np.ndarray,
   config: ExactConfig = ExactConfig(),  # noqa: B008 (frozen)
   mesh=None,
+  first: np.ndarray | None = None,
 ) -> list[Inversion]:
   """:func:`invert_sentence` for every row of `observed [N, W, D]` (real
   lengths `lengths [N]`, proposal scores `scores [N, W, V]`), the
-  candidates of each check split over `mesh`'s data axis when given."""
+  candidates of each check split over `mesh`'s data axis when given; the
+  calibrated rule's :func:`first_states` computed once when not given."""
   width = observed.shape[1]
   params = sharding.replicate(params, mesh)
+  if config.rule == 'calibrated' and first is None and width > 1:
+    first = first_states(model, params, layer, mesh=mesh)
   return [
     invert_sentence(
       model,
@@ -551,6 +636,7 @@ def invert(
       config=config,
       width=width,
       mesh=mesh,
+      first=first,
     )
     for i in range(len(observed))
   ]
@@ -561,7 +647,9 @@ __all__ = [
   'ExactConfig',
   'Inversion',
   'RULES',
+  'candidate_states',
   'check_candidates',
+  'first_states',
   'invert',
   'invert_sentence',
   'layer_of',
