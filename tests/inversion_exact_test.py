@@ -103,6 +103,45 @@ def test_the_checks_are_the_distances_of_each_rows_states(family, layer):
   )
 
 
+@pytest.mark.parametrize('family', sorted(MODELS))
+def test_the_check_vmaps_over_sentences(family):
+  # Three sentences, each its own cached prefix and observed state, checked
+  # in one vmapped, jitted call: the same distances as one call each.
+  model, params = MODELS[family]()
+  layer = 2
+  prefixes = np.asarray([[5, 17, 99], [3, 3, 60], [150, 2, 41]])
+  cands = jnp.asarray([4, 8, 15, 16, 23, 42])
+  truth = np.asarray([23, 4, 42])
+  rows = np.concatenate([prefixes, truth[:, None]], 1)
+  observed = jnp.asarray(observed_states(model, params, rows, layer)[:, 3])
+  caches = []
+  for prefix in prefixes:
+    cache = model.init_stream_cache(params, 1, 8, layer=layer)
+    _, cache = model.stream_decode(
+      params, cache, jnp.asarray(prefix[None]), layer=layer
+    )
+    caches.append(cache)
+  one_each = np.stack(
+    [
+      exact.check_candidates(model, params, c, cands, o, layer)
+      for c, o in zip(caches, observed, strict=True)
+    ]
+  )
+  stacked = jax.tree.map(lambda *x: jnp.stack(x), *caches)
+  batched = jax.jit(
+    jax.vmap(
+      lambda c, o: exact.check_candidates(model, params, c, cands, o, layer)
+    )
+  )(stacked, observed)
+  np.testing.assert_allclose(
+    np.asarray(batched), one_each, rtol=1e-5, atol=1e-5
+  )
+  # Each sentence's true token is its nearest candidate.
+  assert (
+    np.asarray(cands)[np.asarray(batched).argmin(1)].tolist() == truth.tolist()
+  )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('family', sorted(MODELS))
 @pytest.mark.parametrize('layer', [1, 3, 'last'])

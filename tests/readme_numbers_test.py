@@ -1779,6 +1779,26 @@ def test_exact_inversion_proposal_ranks():
       assert _shown(ranks[f'mean_rank@{at}'], mean), (at, cell)
 
 
+def test_exact_inversion_gradient_policy_ranks():
+  text = (ROOT / 'reports' / 'inversion_exact' / 'README.md').read_text()
+  got = summary('inversion_exact/gradient_policy')
+  rows = _table_rows(text, '| corpus | layer | tokens | gradient |')
+  assert len(rows) == 6
+  for corpus, layer, tokens, *cells, secs in rows:
+    at = f'data={corpus},layer={layer}'
+    assert int(tokens) == got[f'num_tokens@{at}'], (at, tokens)
+    assert _shown(got[f'seconds_per_token@{at}'], secs), (at, secs)
+    for ranking, cell in zip(
+      ('gradient', 'order', 'order_gradient'), cells, strict=True
+    ):
+      key = f'{at},ranking={ranking}'
+      top1, top128, mean, worst = cell.split(' / ')
+      assert _shown(got[f'top1@{key}'], top1), (key, cell)
+      assert _shown(got[f'top128@{key}'], top128), (key, cell)
+      assert _shown(got[f'mean_rank@{key}'], mean), (key, cell)
+      assert int(worst.replace(',', '')) == got[f'max_rank@{key}'], (key, cell)
+
+
 # ------------------------------------------------------------ speed table
 BENCH = ROOT / 'benchmarks' / 'results'
 

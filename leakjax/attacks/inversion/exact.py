@@ -66,6 +66,10 @@ Scale-out: with a `('data',)` mesh (`mesh=` of :func:`invert`) each
 check's candidates are split over its devices, the parameters and the
 prefix's caches replicated; the check itself does not know (chunks are
 rounded up to a multiple of the data axis, padded with a real candidate).
+:func:`check_candidates` is a pure function of its arrays, so it also vmaps
+over sentences, each with its own one-row cache (tested); :func:`invert`
+runs the sentences one after another, since each search stops at its own
+candidate.
 
 Decision: the first position is the tokenizer's BOS when the model has one
 (the user's system adds it; the attacker knows the convention), so it is
