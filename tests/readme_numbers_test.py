@@ -1697,7 +1697,10 @@ def test_exact_inversion_tables():
     at = io.summary_key(
       'x', data=corpus, layer='25', split='test', **params
     ).partition('@')[2]
-    keys = _exact_keys(at, ('undecided@attack=exact',) + one_shot)
+    beside = ('rouge1@attack=softmax', 'rouge1@attack=ep_skip')
+    keys = _exact_keys(
+      at, ('undecided@attack=exact', *beside, 'rouge1@attack=ridge')
+    )
     for key, cell in zip(keys, cells, strict=True):
       assert _shown(robust[key], cell), (key, cell)
   for folder, header, shown in (
