@@ -16,7 +16,7 @@ from leakjax import audit, io, models
 from leakjax.attacks.dager import client as dager_client
 from leakjax.attacks.dager import runner as dager_runner
 from leakjax.attacks.differential import rank_search
-from leakjax.attacks.inversion import bei_hei
+from leakjax.attacks.inversion import bei_hei, softmax_inverse
 from leakjax.attacks.inversion import scoring as inversion_scoring
 from leakjax.audit import runner
 from leakjax.errors import LeakjaxError
@@ -136,6 +136,13 @@ def tiny_audit(tmp_path_factory):
   cfg = tiny()
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(runner.film, 'baseline', _film_stand_in)
+    # The softmax inverse's training at its default 150 steps over GPT-2's
+    # 50,257 tokens was half the fixture's time; 10 steps run the same path.
+    fit = softmax_inverse.fit
+    short = softmax_inverse.SoftmaxInverseConfig(steps=10)
+    patch.setattr(
+      softmax_inverse, 'fit', lambda *a, **k: fit(*a, config=short, **k)
+    )
     summary = audit_exp.run_experiment(cfg, workdir, progress=False)
   rows = [json.loads(x) for x in (workdir / 'results.jsonl').open()]
   return cfg, workdir, summary, rows
