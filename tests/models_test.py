@@ -48,3 +48,38 @@ def test_random_init_keeps_the_architecture_and_tokenizer(tmp_path):
 def test_unknown_init_is_refused():
   with pytest.raises(LeakjaxError, match='unknown --init'):
     models.load_model(models.GPT2_TINY, init='zeros')
+
+
+def test_unknown_dtype_is_refused():
+  with pytest.raises(LeakjaxError, match="unknown --dtype 'float16'"):
+    models.load_model(models.GPT2_TINY, dtype='float16')
+
+
+@pytest.mark.slow
+def test_bfloat16_is_the_float32_model_cast(tmp_path):
+  # The same weights rounded to bfloat16, computing in it: logits within
+  # bfloat16's rounding of the float32 model's, the same next tokens.
+  model, params = models.load_model(models.GPT2_TINY, seed=0)
+  half_model, half = models.load_model(
+    models.GPT2_TINY, seed=0, dtype='bfloat16'
+  )
+  assert {x.dtype.name for x in jax.tree.leaves(half)} == {'bfloat16'}
+  assert leaves_equal(
+    jax.tree.map(lambda x: x.astype('bfloat16'), params), half
+  )
+  ids = np.asarray([[464, 3139, 286, 262, 2068, 373, 257, 1310]])
+  full_logits = np.asarray(model.logits(params, ids), np.float32)
+  half_logits = np.asarray(half_model.logits(half, ids), np.float32)
+  scale = np.abs(full_logits).max()
+  assert np.abs(half_logits - full_logits).max() < 0.05 * scale
+  assert np.abs(half_logits - full_logits).max() > 0  # it did round
+  # A checkpoint and a random initialisation of it load in bfloat16 too.
+  models.save(model, params, tmp_path / 'ckpt')
+  for init in models.INITS:
+    got_model, got = models.load_model(
+      tmp_path / 'ckpt', init=init, seed=0, dtype='bfloat16'
+    )
+    assert {x.dtype.name for x in jax.tree.leaves(got)} == {'bfloat16'}
+    assert got_model == half_model
+  # Casting a model already in the dtype changes nothing.
+  assert models.cast(half_model, half, 'bfloat16')[1] is half

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from leakjax import models
 from leakjax.errors import LeakjaxError, check_positive
 
 ARTEFACTS = ('gradient', 'update', 'snapshot', 'hidden')
@@ -84,6 +85,12 @@ class AuditConfig:
   Attributes:
     model: anything :func:`leakjax.models.load` takes ('smollm2-135m',
       'gpt2', a local Hugging Face directory, ...).
+    dtype: float32 or bfloat16: every artefact is computed and attacked on
+      the model cast to it (:func:`leakjax.models.cast`; a snapshot pair
+      is cast after fine-tuning). Decision: the fine-tuning runs of the
+      utility cost and the attacker's samples stay float32 (how the model
+      is trained is the setup, not the attack). bfloat16 is for
+      accelerators (`reports/dtype/`).
     data: the user's corpus (a named data set, a .json/.txt/.tsv file or
       hub:NAME); None: the embedded office sentences of the quickstart.
     data_column: the text field of the corpus's rows; None: the default.
@@ -135,6 +142,7 @@ class AuditConfig:
   """
 
   model: str = 'smollm2-135m'
+  dtype: str = 'float32'
   data: str | None = None
   data_column: str | None = None
   data_label: str | None = None
@@ -163,6 +171,7 @@ class AuditConfig:
   seed: int = 0
 
   def __post_init__(self):
+    models.parameter_dtype(self.dtype)
     for name in ('artefacts', 'batch_sizes', 'defenses', 'layers'):
       object.__setattr__(self, name, tuple(getattr(self, name)))
     object.__setattr__(self, 'layers', tuple(str(x) for x in self.layers))

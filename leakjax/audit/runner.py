@@ -226,6 +226,9 @@ class _Cells:
 
   def __init__(self, cfg, model, params, splits, mesh=None):
     self.cfg, self.model, self.params = cfg, model, params
+    # What the attacks read: the model as it serves in `cfg.dtype` (the
+    # fine-tuning runs and the attacker's own samples stay float32).
+    self.served, self.served_params = models.cast(model, params, cfg.dtype)
     self.splits, self.mesh = splits, mesh
     self.dager = dager_config(cfg)
     self.baselines = {'film': film.baseline(cfg.film_beams, cfg.film_steps)}
@@ -243,7 +246,7 @@ class _Cells:
     if artefact == 'snapshot':
       return self.snapshot(defense, done)
     texts = self.batch(b, index)
-    ids, mask = dager_client.padded_batch(self.model, texts, self.width)
+    ids, mask = dager_client.padded_batch(self.served, texts, self.width)
     key = dager_client.batch_key(self.dager, b, index)
     if (b, index) not in self.entities:  # one NER pass per batch
       self.entities[(b, index)] = scoring.entities_of(texts)
@@ -255,7 +258,7 @@ class _Cells:
         artefact, texts, ids, mask, defense, key, ents, base, done
       )
     defended, sigma = client.make_defense(
-      self.model, defense, self.cfg, num_train=len(self.splits.train)
+      self.served, defense, self.cfg, num_train=len(self.splits.train)
     )
     if sigma is not None:
       self.sigmas[defense] = sigma
@@ -266,8 +269,8 @@ class _Cells:
       if row is None:
         if grads is None:
           grads = client.sent_gradient(
-            self.model,
-            self.params,
+            self.served,
+            self.served_params,
             ids,
             mask,
             artefact,
@@ -276,8 +279,8 @@ class _Cells:
             key=key,
           )
         row = dager_runner.attack_gradient(
-          self.model,
-          self.params,
+          self.served,
+          self.served_params,
           grads,
           texts,
           ids,
@@ -302,7 +305,7 @@ class _Cells:
   def hidden(self, artefact, texts, ids, mask, defense, key, ents, base, done):
     layer = artefact.partition(':')[2]
     kind, value = parse_defense(defense)
-    states = hidden.states(self.model, self.params, ids, mask, layer)
+    states = hidden.states(self.served, self.served_params, ids, mask, layer)
     if kind == 'noise':
       states = hidden.noisy(states, value, key)
     rows = []
@@ -320,8 +323,8 @@ class _Cells:
             continue
         if name == 'exact':
           predicted = hidden.invert_exactly(
-            self.model,
-            self.params,
+            self.served,
+            self.served_params,
             states,
             mask,
             layer,
@@ -330,10 +333,10 @@ class _Cells:
           )
         else:
           predicted = hidden.invert(
-            self.model, self.params, states, name, inverse
+            self.served, self.served_params, states, name, inverse
           )
         row = {**base, 'attack': name}
-        row.update(hidden.score(self.model, texts, ids, mask, predicted))
+        row.update(hidden.score(self.served, texts, ids, mask, predicted))
         described = scoring.describe(texts, row['recovered'], ents)
         described.pop('matched')
         described.pop('exact_each')
@@ -360,7 +363,11 @@ class _Cells:
   def inverse(self, layer: str) -> hidden.Inverse:
     if layer not in self.inverses:
       self.inverses[layer] = hidden.fit_inverse(
-        self.model, self.params, self.attacker_text(), layer, self.width
+        self.served,
+        self.served_params,
+        self.attacker_text(),
+        layer,
+        self.width,
       )
     return self.inverses[layer]
 
@@ -391,9 +398,9 @@ class _Cells:
     if defense not in self.tuned:
       self.tuned[defense], _ = self.fine_tuned(defense, self.cfg.seed)
     row = snapshot.attack(
-      self.model,
-      self.params,
-      self.tuned[defense],
+      self.served,
+      self.served_params,
+      models.cast(self.model, self.tuned[defense], self.cfg.dtype)[1],
       self.splits.train,
       self.cfg,
     )

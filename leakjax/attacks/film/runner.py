@@ -80,6 +80,9 @@ class FilmConfig:
       (a 2-layer GPT-2 with the GPT-2 tokenizer, for tests).
     init: pretrained or random weights (same architecture, re-initialised;
       FILM Sec. 6.2 "pretrained vs randomly-initialized").
+    dtype: float32 or bfloat16: the client's gradient and the attack run on
+      the fine-tuned model cast to it (:func:`leakjax.models.cast`); the
+      perplexity filter, fine-tuning and utility runs stay float32.
     data: Corpus: a named data set (`python -m leakjax.data list`), a local
       .txt (one example per line), .json (list of strings) or .tsv file, or
       hub:NAME[@REVISION][:CONFIG[:SPLIT]]; None: the embedded quickstart corpus.
@@ -159,6 +162,7 @@ class FilmConfig:
   mode: str = 'attack'
   model: str = models.SMOLLM2_ALIAS
   init: str = 'pretrained'
+  dtype: str = 'float32'
   data: str | None = None
   data_column: str | None = None
   data_label: str | None = None
@@ -217,10 +221,9 @@ class FilmConfig:
       raise LeakjaxError(
         f'unknown --init {self.init!r}', 'use pretrained or random'
       )
+    models.parameter_dtype(self.dtype)
     if not self.batch_sizes or min(self.batch_sizes) < 1:
-      raise LeakjaxError(
-        f'batch sizes must be positive, got {self.batch_sizes}'
-      )
+      raise LeakjaxError(f'batch sizes must be positive: {self.batch_sizes}')
     if self.num_batches < 1 or self.repetitions < 1:
       raise LeakjaxError('num_batches and repetitions must be >= 1')
     if self.first_batch < 0:
@@ -255,9 +258,7 @@ class FilmConfig:
     if self.max_sentences is not None:
       check_positive(self, 'max_sentences')
     if not 0 <= self.eval_fraction < 1:
-      raise LeakjaxError(
-        f'--eval_fraction={self.eval_fraction} must be in [0, 1)'
-      )
+      raise LeakjaxError(f'--eval_fraction={self.eval_fraction} not in [0, 1)')
     if self.mode == 'utility' and not (self.eval_fraction and self.train_steps):
       raise LeakjaxError(
         '--mode=utility measures the held-out perplexity after training',
@@ -354,6 +355,7 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
     )
     extra.update(trained)
     runtime.return_freed_memory()
+  model, params = models.cast(model, params, cfg.dtype)
   if len(train_texts) < max(cfg.batch_sizes):
     raise LeakjaxError(
       f'{len(train_texts)} training sentences, fewer than'

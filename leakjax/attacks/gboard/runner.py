@@ -72,6 +72,11 @@ class GboardConfig:
     vocab_size: V incl. <UNK>, <S> (Sec. 2.3).
     embed_dim: D (Sec. 2.3).
     units: CIFG units (Sec. 2.3).
+    dtype: float32 or bfloat16: the clients' local training and the attack
+      run on θ0 cast to it (:func:`leakjax.models.cast`). Decision: the
+      pre-training of θ0 stays float32 (how the model was trained before
+      the round is the setup, not the attack). bfloat16 is for
+      accelerators (`reports/dtype/`).
     pretrain_steps: Adam steps for θ0.
     pretrain_batch_size: Sentences per step.
     pretrain_lr: Peak Adam learning rate.
@@ -118,6 +123,7 @@ class GboardConfig:
   public_limit: int = 12000
   vocab_size: int = 9502
   embed_dim: int = 96
+  dtype: str = 'float32'
   units: int = 670
   pretrain_steps: int = 1500
   pretrain_batch_size: int = 64
@@ -148,6 +154,7 @@ class GboardConfig:
   preset: str | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
+    models.parameter_dtype(self.dtype)
     for name, allowed in (
       ('loss', LOSSES),
       ('threshold_rule', NO_ORACLE_RULES),
@@ -219,6 +226,7 @@ def run(
     config, corpora, writer.workdir
   )
   datasets = clients.make_datasets(config, corpora.pool, model.tokenizer)
+  model, params0 = models.cast(model, params0, config.dtype)
   key = jax.random.key(config.seed)
   start = time.time()
   plans = [(ds, clients.plan_trajectories(config, ds)) for ds in datasets]

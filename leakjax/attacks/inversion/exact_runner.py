@@ -96,6 +96,11 @@ class ExactRunConfig:
 
   Attributes:
     model: Target: checkpoint dir, .gguf, or smollm2-135m.
+    dtype: float32 or bfloat16: the attack runs on the target's parameters
+      cast to it (:func:`leakjax.models.cast`): the artefact is computed and
+      attacked in it. Decision: loading, preprocessing and any fine-tuning
+      of the target stay float32 (how the victim was trained is the setup,
+      not the attack). bfloat16 is for accelerators (`reports/dtype/`).
     corpora: name=path,... of the corpora whose texts are attacked
       (.txt/.json/.tsv or a named data set). Ignored when --data is given.
     sentence_split: Corpora whose lines are paragraphs: drop "= heading ="
@@ -125,6 +130,7 @@ class ExactRunConfig:
   """
 
   model: str = models.SMOLLM2_ALIAS
+  dtype: str = 'float32'
   corpora: tuple[str, ...] = DEFAULT_CORPORA
   sentence_split: tuple[str, ...] = ('wikitext',)
   max_length: int = 32
@@ -144,6 +150,7 @@ class ExactRunConfig:
   seed: int = 0
 
   def __post_init__(self):
+    models.parameter_dtype(self.dtype)
     check_positive(self, 'max_length', 'num_attacker', 'ep_steps')
     check_positive(self, 'num_dev', 'num_test', 'seed', minimum=0)
     names = [name for name, _ in self.corpus_paths()]
@@ -600,6 +607,7 @@ def run(
   corpora = load_corpora(cfg) if corpora is None else corpora
   if model is None:
     model, params = models.load_model(cfg.model, seed=cfg.seed)
+  model, params = models.cast(model, params, cfg.dtype)
   check_model(cfg, model)
   drawn = draw_texts(cfg, model.tokenizer, corpora)
   sharding.check_data_axis(mesh)

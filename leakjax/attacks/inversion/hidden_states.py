@@ -69,6 +69,7 @@ def load_target(cfg: InversionConfig, model=None, params=None) -> Target:
   source = models.source_path(cfg.model) if model is None else None
   if model is None:
     model, params = models.load(cfg.model)
+  model, params = models.cast(model, params, cfg.dtype)
   if model.tokenizer is None:
     raise LeakjaxError('the target model has no tokenizer')
   layers = [bei_hei.parse_layer(model, x) for x in cfg.layers]
@@ -83,6 +84,8 @@ def load_target(cfg: InversionConfig, model=None, params=None) -> Target:
     if source is not None
     else provenance.pytree_sha256(params)
   )
+  if source is not None and cfg.dtype != 'float32':
+    weights += f':{cfg.dtype}'  # the file's weights, cast
   return Target(
     model=model,
     params=params,

@@ -71,6 +71,11 @@ class InversionConfig:
 
   Attributes:
     model: Target: checkpoint dir, .gguf, or smollm2-135m.
+    dtype: float32 or bfloat16: the attack runs on the target's parameters
+      cast to it (:func:`leakjax.models.cast`): the artefact is computed and
+      attacked in it. Decision: loading, preprocessing and any fine-tuning
+      of the target stay float32 (how the victim was trained is the setup,
+      not the attack). bfloat16 is for accelerators (`reports/dtype/`).
     corpora: name=path,... of the test corpora (.txt/.json/.tsv). Ignored
       when --data is given.
     train_corpus: Corpus whose training split trains Embed Parrot.
@@ -132,6 +137,7 @@ class InversionConfig:
   """
 
   model: str = models.SMOLLM2_ALIAS
+  dtype: str = 'float32'
   corpora: tuple[str, ...] = DEFAULT_CORPORA
   train_corpus: str = 'enron'
   sentence_split: tuple[str, ...] = ('wikitext',)
@@ -169,6 +175,7 @@ class InversionConfig:
   preset: str | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
+    models.parameter_dtype(self.dtype)
     if self.split not in presets_lib.SPLITS:
       raise LeakjaxError(
         f'unknown --split {self.split!r}',

@@ -1,0 +1,88 @@
+"""`--dtype`: every experiment's config takes float32 or bfloat16 and
+refuses anything else before any work; an attack runs end to end in
+bfloat16 on the cast model."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import film as film_exp
+from leakjax import models
+from leakjax.attacks.dager.runner import DagerConfig
+from leakjax.attacks.differential.runner import DifferentialConfig
+from leakjax.attacks.film import runner as film_runner
+from leakjax.attacks.film.runner import FilmConfig
+from leakjax.attacks.gboard.runner import GboardConfig
+from leakjax.attacks.inversion.exact_runner import ExactRunConfig
+from leakjax.attacks.inversion.runner import InversionConfig
+from leakjax.audit.config import AuditConfig
+from leakjax.errors import LeakjaxError
+
+# Each config with the arguments it requires.
+CONFIGS = (
+  (FilmConfig, {}),
+  (DagerConfig, {}),
+  (DifferentialConfig, {'data': 'wikitext-2-valid'}),
+  (GboardConfig, {}),
+  (InversionConfig, {}),
+  (ExactRunConfig, {}),
+  (AuditConfig, {}),
+)
+
+
+@pytest.mark.parametrize(
+  'cls, required', CONFIGS, ids=[c.__name__ for c, _ in CONFIGS]
+)
+def test_every_config_takes_the_dtypes_and_refuses_others(cls, required):
+  assert cls(**required).dtype == 'float32'  # every committed number's
+  assert cls(**required, dtype='bfloat16').dtype == 'bfloat16'
+  with pytest.raises(LeakjaxError, match="unknown --dtype 'float16'"):
+    cls(**required, dtype='float16')
+
+
+def test_casting_keeps_integer_leaves_and_refuses_an_unknown_family():
+  model, params = models.load_model(models.GPT2_TINY, seed=0)
+  tree = {'w': params, 'steps': np.int32(3)}
+  _, cast = models.cast(model, tree, 'bfloat16')
+  assert cast['steps'].dtype == np.int32
+  strange = model.replace(family='mystery')
+  with pytest.raises(LeakjaxError, match='cannot cast a model of family'):
+    models.cast(strange, params, 'bfloat16')
+
+
+@pytest.mark.slow
+def test_film_runs_in_bfloat16(tmp_path, monkeypatch):
+  # A tiny FILM run attacks the bfloat16 cast of the fine-tuned model: its
+  # rows and summary are written, config.json records the dtype.
+  attacked = []
+  attack_batch = film_runner.attack_batch
+
+  def recorded(model, params, *args, **kwargs):
+    attacked.append({x.dtype.name for x in jax.tree.leaves(params)})
+    return attack_batch(model, params, *args, **kwargs)
+
+  monkeypatch.setattr(film_runner, 'attack_batch', recorded)
+  cfg = FilmConfig(
+    model=models.GPT2_TINY,
+    dtype='bfloat16',
+    batch_sizes=(2,),
+    num_batches=1,
+    max_sentences=16,
+    train_steps=1,
+    train_batch_size=4,
+    eval_fraction=0.0,
+    num_beams=(2,),
+    length=6,
+    max_prompts=2,
+    phrase_steps=1,
+    token_steps=1,
+    reorder_candidates=2,
+  )
+  summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
+  assert json.loads((tmp_path / 'config.json').read_text())['dtype'] == (
+    'bfloat16'
+  )
+  assert 0.0 <= summary['rougeL@b=2'] <= 1.0
+  assert attacked == [{'bfloat16'}]
