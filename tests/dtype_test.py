@@ -86,3 +86,15 @@ def test_film_runs_in_bfloat16(tmp_path, monkeypatch):
   )
   assert 0.0 <= summary['rougeL@b=2'] <= 1.0
   assert attacked == [{'bfloat16'}]
+
+
+def test_the_exact_search_reads_a_bfloat16_models_states_with_the_gap_rule():
+  from leakjax.attacks.inversion import exact_perturb  # pylint: disable=g-import-not-at-top
+
+  none = exact_perturb.parse('none')
+  assert ExactRunConfig().exact_config(none).rule == 'tolerance'
+  assert ExactRunConfig(dtype='bfloat16').exact_config(none).rule == 'nearest'
+  noisy = exact_perturb.parse('noise:0.1')
+  assert ExactRunConfig(dtype='bfloat16').exact_config(noisy).rule == (
+    'calibrated'
+  )

@@ -22,7 +22,8 @@ the model. Attacks, cheapest first:
   proposed by the softmax inverse trained from the ridge one
   (:mod:`leakjax.attacks.inversion.softmax_inverse`) and checked one
   position at a time against the sent states. On the model's own states
-  it accepts a candidate within the tolerance; under `noise:S` (Gaussian)
+  it accepts a candidate within the tolerance (the gap rule on a bfloat16
+  model's, rounded past it); under `noise:S` (Gaussian)
   the calibrated rule, which reads the noise's size off the residuals of
   the BOS and of the positions accepted before (the gap rule for a model
   without a BOS), taking the nearest of the
@@ -140,6 +141,10 @@ def invert_exactly(
   if noisy:
     rule = 'nearest' if model.tokenizer.bos_id is None else 'calibrated'
     config = exact.ExactConfig(rule=rule, max_candidates=EXACT_BUDGET)
+  elif model.word_embeddings(params).dtype != jnp.float32:
+    # A bfloat16 model's states are its own rounding away from what the
+    # search recomputes, far past rel_tol: the gap rule, as for rounding.
+    config = exact.ExactConfig(rule='nearest', max_candidates=EXACT_BUDGET)
   first = None
   if config.rule == 'calibrated':  # one table for every row
     first = exact.first_states(model, params, _layer(layer))
