@@ -31,10 +31,9 @@ Read top-down from :func:`run`:
 
 The runner contract (shared with the other papers' runners):
 `run(config, writer)`. The rows go to the caller's
-:class:`leakjax.io.ExperimentWriter` (opened with :func:`writer_inputs`;
-results.jsonl, so a re-run resumes); the tables and plots are the caller's
-(`experiments/film_report.py`). The kernels are plain functions jitted
-here with the model static, so the whole sweep compiles each once.
+:class:`leakjax.io.ExperimentWriter` (:func:`writer_inputs`; results.jsonl,
+so a re-run resumes); tables and plots are `experiments/film_report.py`'s.
+The kernels are jitted here with the model static: each compiles once.
 """
 
 from __future__ import annotations
@@ -258,7 +257,9 @@ class FilmConfig:
     if self.max_sentences is not None:
       check_positive(self, 'max_sentences')
     if not 0 <= self.eval_fraction < 1:
-      raise LeakjaxError(f'--eval_fraction={self.eval_fraction} not in [0, 1)')
+      raise LeakjaxError(
+        f'--eval_fraction={self.eval_fraction} must be in [0, 1)'
+      )
     if self.mode == 'utility' and not (self.eval_fraction and self.train_steps):
       raise LeakjaxError(
         '--mode=utility measures the held-out perplexity after training',
