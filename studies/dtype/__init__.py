@@ -1,0 +1,1 @@
+"""Studies of the experiments' `--dtype`: reports/dtype/."""
