@@ -1947,3 +1947,20 @@ def test_audit_attacker_text_table():
     ]
     for value, cell in zip(values, row[1:]):
       assert _shown(value, cell), (name, value, cell)
+
+
+def test_test_loop_times():
+  """The test loop's counts and minutes are the last run of
+  `benchmarks/results/suite.json` (`python -m benchmarks.suite`)."""
+  doc = json.loads((ROOT / 'benchmarks/results/suite.json').read_text())
+  run = doc['runs'][-1]
+  full, fast = run['full'], run['fast']
+  assert full['exit_code'] == 0 and fast['exit_code'] == 0
+  assert run['cpu']['model'] in PROSE
+  assert (
+    f'full suite ran {full["counts"]["passed"]:,} tests '
+    f'({full["counts"]["skipped"]} skipped) in {full["wall_s"] / 60:.1f} min'
+  ) in PROSE
+  assert (
+    f'the fast tier {fast["counts"]["passed"]:,} in {fast["wall_s"] / 60:.1f} min'
+  ) in PROSE

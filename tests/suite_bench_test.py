@@ -1,0 +1,85 @@
+"""benchmarks/suite.py: pytest's counts and slowest tests, read from a
+real pytest run of a stand-in test file."""
+
+import json
+
+import pytest
+
+from benchmarks import suite
+
+STAND_IN = """
+import time
+import pytest
+
+def test_quick():
+  assert True
+
+@pytest.mark.skip(reason='stand-in')
+def test_skipped():
+  pass
+
+def test_slow():
+  time.sleep(0.3)
+"""
+
+
+def test_parse_reads_the_final_line_and_durations():
+  out = suite.parse(
+    '....\n'
+    '============ slowest 2 durations ============\n'
+    '74.11s call     tests/readme_test.py::test_readme_examples_run\n'
+    '12.50s setup    tests/audit_test.py::test_audit\n'
+    '1 failed, 1599 passed, 1 skipped, 1 warning in 909.35s (0:15:09)\n'
+  )
+  assert out['counts'] == {'failed': 1, 'passed': 1599, 'skipped': 1}
+  assert out['slowest'][0] == {
+    'seconds': 74.11,
+    'phase': 'call',
+    'test': 'tests/readme_test.py::test_readme_examples_run',
+  }
+  assert out['slowest'][1]['phase'] == 'setup'
+
+
+@pytest.mark.slow
+def test_main_times_each_tier_and_judges_its_bar(tmp_path, monkeypatch):
+  tests = tmp_path / 'stand_in_test.py'
+  tests.write_text(STAND_IN)
+  args = ['-q', '-p', 'no:cacheprovider', str(tests)]
+  monkeypatch.setattr(suite, 'TIERS', {'full': args, 'fast': args})
+  out = tmp_path / 'loop.json'
+  suite.main(['--label=here', f'--out={out}', '--durations=1'])
+  doc = json.loads(out.read_text())
+  (run,) = doc['runs']
+  assert run['run'] == 'here' and doc['bars'] == suite.BARS
+  assert 'model' in run['cpu']
+  for tier in ('full', 'fast'):
+    got = run[tier]
+    assert got['exit_code'] == 0
+    assert got['counts'] == {'passed': 2, 'skipped': 1}
+    assert got['slowest'][0]['test'].endswith('test_slow')
+    assert 0.3 < got['wall_s'] < 60 and got['status'] == 'met'
+  # The same label replaces its run; an unknown tier is refused.
+  suite.main(['--label=here', f'--out={out}', '--tiers=fast'])
+  (run,) = json.loads(out.read_text())['runs']
+  assert set(run) == {'run', 'note', 'cpu', 'fast'}
+  with pytest.raises(SystemExit, match='unknown tiers'):
+    suite.main(['--label=x', f'--out={out}', '--tiers=all'])
+
+
+def test_committed_run_and_its_readme_paragraph():
+  root = suite.ROOT
+  doc = json.loads((root / 'benchmarks/results/suite.json').read_text())
+  r = doc['runs'][-1]
+  text = ' '.join((root / 'benchmarks/README.md').read_text('utf-8').split())
+  full, fast = r['full'], r['fast']
+  assert f'run `{r["run"]}`)' in text
+  for name, got in (('the full suite', full), ('the fast tier', fast)):
+    assert got['exit_code'] == 0
+    c = got['counts']
+    assert (
+      f'{name} {got["wall_s"]} s ({c["passed"]:,} passed, {c["skipped"]}'
+      f' skipped; {got["status"]})' in text
+    )
+  assert f'peak {full["peak_rss_mib"]:,} MiB' in text
+  for s in full['slowest'][:5]:
+    assert f'({s["seconds"]:.1f} s)' in text
