@@ -19,6 +19,7 @@ from leakjax.attacks.inversion.exact_runner import ExactRunConfig
 from leakjax.attacks.inversion.runner import InversionConfig
 from leakjax.audit.config import AuditConfig
 from leakjax.errors import LeakjaxError
+from tests.film_test import SMOKE
 
 # Each config with the arguments it requires.
 CONFIGS = (
@@ -64,22 +65,7 @@ def test_film_runs_in_bfloat16(tmp_path, monkeypatch):
     return attack_batch(model, params, *args, **kwargs)
 
   monkeypatch.setattr(film_runner, 'attack_batch', recorded)
-  cfg = FilmConfig(
-    model=models.GPT2_TINY,
-    dtype='bfloat16',
-    batch_sizes=(2,),
-    num_batches=1,
-    max_sentences=16,
-    train_steps=1,
-    train_batch_size=4,
-    eval_fraction=0.0,
-    num_beams=(2,),
-    length=6,
-    max_prompts=2,
-    phrase_steps=1,
-    token_steps=1,
-    reorder_candidates=2,
-  )
+  cfg = FilmConfig(**{**SMOKE, 'dtype': 'bfloat16'})
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
   assert json.loads((tmp_path / 'config.json').read_text())['dtype'] == (
     'bfloat16'

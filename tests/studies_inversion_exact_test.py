@@ -4,13 +4,23 @@ and SipIt's gradient policy descends to the true token."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from leakjax.attacks.inversion import exact_runner
-from studies.inversion_exact import gradient_policy, noise_levels, noise_rule
+from studies.inversion_exact import (
+  gradient_policy,
+  noise_levels,
+  noise_rule,
+  proposals,
+)
 from tests.inversion_exact_runner_test import config, sentences, tiny_llama
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
@@ -103,3 +113,23 @@ def test_gradient_policy_ranks_the_dev_tokens():
       assert 0 <= got[f'top1@{at}'] <= got[f'top128@{at}'] <= 1
       assert 0 <= got[f'mean_rank@{at}'] <= got[f'max_rank@{at}']
       assert got[f'max_rank@{at}'] < model.vocab_size
+
+
+def test_rank_keys_of_the_proposal_studies():
+  out = {}
+  got = proposals.add_rank_keys(
+    out, [0, 3, 200], data='enron', layer=10, ranking='order'
+  )
+  assert got.tolist() == [0, 3, 200]
+  assert out == {
+    'top1@data=enron,layer=10,ranking=order': 1 / 3,
+    'top128@data=enron,layer=10,ranking=order': 2 / 3,
+    'mean_rank@data=enron,layer=10,ranking=order': 203 / 3,
+    'max_rank@data=enron,layer=10,ranking=order': 200,
+  }
+  # The keys the committed studies wrote (gradient_policy and proposals).
+  for study in ('gradient_policy', 'proposals'):
+    summary = json.loads(
+      (ROOT / f'reports/inversion_exact/{study}/summary.json').read_text()
+    )
+    assert set(out) <= set(summary), study

@@ -167,12 +167,9 @@ def measure(cfg, model, params, corpora, num_texts, steps, step_size) -> dict:
           ranks['order'].append(int(np.flatnonzero(order == token)[0]))
           ranks['order_gradient'].append(int(np.flatnonzero(both == token)[0]))
       for ranking, got in ranks.items():
-        got = np.asarray(got)
-        at = dict(data=name, layer=layer, ranking=ranking)
-        out[io.summary_key('top1', **at)] = float(np.mean(got == 0))
-        out[io.summary_key('top128', **at)] = float(np.mean(got < 128))
-        out[io.summary_key('mean_rank', **at)] = float(got.mean())
-        out[io.summary_key('max_rank', **at)] = int(got.max())
+        proposals.add_rank_keys(
+          out, got, data=name, layer=layer, ranking=ranking
+        )
       n = len(ranks['gradient'])
       out[io.summary_key('num_tokens', data=name, layer=layer)] = n
       out[io.summary_key('seconds_per_token', data=name, layer=layer)] = (

@@ -109,6 +109,17 @@ def rank_of(scores: np.ndarray, token: int) -> int:
   return int(np.sum(scores > scores[token]))
 
 
+def add_rank_keys(out: dict, ranks, **at) -> np.ndarray:
+  """Adds top1, top128, mean_rank and max_rank of the true tokens' `ranks`
+  (0 = first) to `out` under the summary parameters `at`; returns them."""
+  got = np.asarray(ranks)
+  out[io.summary_key('top1', **at)] = float(np.mean(got == 0))
+  out[io.summary_key('top128', **at)] = float(np.mean(got < 128))
+  out[io.summary_key('mean_rank', **at)] = float(got.mean())
+  out[io.summary_key('max_rank', **at)] = int(got.max())
+  return got
+
+
 def main(argv):
   del argv
   f = flags.FLAGS
@@ -158,12 +169,7 @@ def main(argv):
             order = exact.proposal_order(cos[inverse], prior, order_config)
             ranks[ranking].append(int(np.flatnonzero(order == token)[0]))
       for ranking, got in ranks.items():
-        got = np.asarray(got)
-        at = dict(data=name, layer=layer, ranking=ranking)
-        out[io.summary_key('top1', **at)] = float(np.mean(got == 0))
-        out[io.summary_key('top128', **at)] = float(np.mean(got < 128))
-        out[io.summary_key('mean_rank', **at)] = float(got.mean())
-        out[io.summary_key('max_rank', **at)] = int(got.max())
+        got = add_rank_keys(out, got, data=name, layer=layer, ranking=ranking)
       out[io.summary_key('num_tokens', data=name, layer=layer)] = len(got)
       print(
         name, layer, {k: round(float(np.mean(v)), 1) for k, v in ranks.items()}
