@@ -111,3 +111,18 @@ def test_committed_baseline_and_its_readme_paragraph():
   assert (
     unmet == ['wall_s', 'peak_rss_mib'] and 'Time and memory: not met' in text
   )
+
+
+def test_committed_before_and_after_pair_and_its_readme_paragraph():
+  root = pathlib.Path(__file__).resolve().parents[1]
+  doc = json.loads((root / 'benchmarks/results/main_job_amd.json').read_text())
+  before, after = doc['runs']
+  assert (before['run'], after['run']) == ('before', 'after')
+  text = ' '.join((root / 'benchmarks/README.md').read_text('utf-8').split())
+  for r in (before, after):
+    assert r['summary_equal'] and r['status'] == main_job.judge(r)
+    peaks = r['stages']['sampled_rss_peak_mib']
+    assert (
+      f'{r["run"]}: {r["wall_s"]} s wall, peak {r["peak_rss_mib"]:,} MiB'
+      f' ({peaks["fine-tuning"]:,} while fine-tuning)' in text
+    )

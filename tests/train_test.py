@@ -407,6 +407,25 @@ def test_donated_params_train_the_same_and_are_deleted():
   assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(params))
 
 
+def test_the_compilers_freed_memory_goes_back_once_per_run(monkeypatch):
+  # fit returns the heap's freed pages right after the step's compile (the
+  # compiler's memory would stay resident while the step's buffers peak),
+  # once, and training is the same.
+  from leakjax import runtime
+  from leakjax.train import loop
+
+  model, params = tiny_model()
+  config = train_lib.TrainConfig(learning_rate=1e-2, batch_size=5, num_steps=3)
+  kept = train_lib.train(model, params, CORPUS, None, config, progress=False)
+  calls = []
+  monkeypatch.setattr(
+    loop.runtime, 'return_freed_memory', lambda: calls.append(1)
+  )
+  got = train_lib.train(model, params, CORPUS, None, config, progress=False)
+  assert calls == [1] and loop.runtime is runtime
+  assert_trees_equal(got.params, kept.params)
+
+
 def test_checkpoint_readers_and_an_old_layout(tmp_path):
   # Workdirs of the safetensors checkpoint layout (train_state.json in
   # checkpoint/) are refused with one clear error, not misread by orbax.

@@ -16,6 +16,7 @@ import numpy as np
 
 from leakjax import data as data_lib
 from leakjax import io as io_lib
+from leakjax import runtime
 from leakjax._jit import jitted
 from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import PyTree
@@ -243,6 +244,8 @@ def fit(
         log.info(
           '%s: step compiled in %.1f s', desc, time.perf_counter() - compiling
         )
+        # The compiler's freed memory, before the steps' own buffers peak.
+        runtime.return_freed_memory()
       # Reading the previous step's metrics only now keeps the device busy.
       if pending is not None:
         window.add(*pending)
