@@ -5,7 +5,7 @@ tier (`-m "not slow"`) one after the other in child processes and records,
 per tier, the wall seconds, the peak resident memory of the largest process
 (`ru_maxrss` of the children), the counts pytest reports and its slowest
 tests. Each run is appended to the `runs` of `--out` under `--label`, with
-the bars of the speed issue judged: the full suite in at most 8 minutes
+the test loop's bars judged: the full suite in at most 8 minutes
 and the fast tier in at most 3 (`met` / `not met`).
 
 Usage (repository root; about 18 minutes on the idle 2-core CPU):
