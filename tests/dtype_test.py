@@ -84,3 +84,8 @@ def test_the_exact_search_reads_a_bfloat16_models_states_with_the_gap_rule():
   assert ExactRunConfig(dtype='bfloat16').exact_config(noisy).rule == (
     'calibrated'
   )
+  # The one rule both the runner and the audit read for a model's own states.
+  from leakjax.attacks.inversion import exact  # pylint: disable=g-import-not-at-top
+
+  assert exact.own_states_rule('float32') == 'tolerance'
+  assert exact.own_states_rule(jax.numpy.bfloat16) == 'nearest'

@@ -141,10 +141,10 @@ def invert_exactly(
   if noisy:
     rule = 'nearest' if model.tokenizer.bos_id is None else 'calibrated'
     config = exact.ExactConfig(rule=rule, max_candidates=EXACT_BUDGET)
-  elif model.word_embeddings(params).dtype != jnp.float32:
-    # A bfloat16 model's states are its own rounding away from what the
-    # search recomputes, far past rel_tol: the gap rule, as for rounding.
-    config = exact.ExactConfig(rule='nearest', max_candidates=EXACT_BUDGET)
+  else:
+    rule = exact.own_states_rule(model.word_embeddings(params).dtype)
+    if rule != 'tolerance':  # a bfloat16 model's: with the audit's budget
+      config = exact.ExactConfig(rule=rule, max_candidates=EXACT_BUDGET)
   first = None
   if config.rule == 'calibrated':  # one table for every row
     first = exact.first_states(model, params, _layer(layer))

@@ -102,6 +102,14 @@ from leakjax.errors import LeakjaxError
 RULES = ('tolerance', 'nearest', 'calibrated')
 
 
+def own_states_rule(dtype) -> str:
+  """The acceptance rule for a model's own, unperturbed states computed in
+  `dtype`: 'tolerance' in float32; in a lower precision (bfloat16) the
+  states are the model's own rounding away from what the search recomputes,
+  far past `rel_tol`, so the gap rule ('nearest'), as for rounded states."""
+  return 'tolerance' if jnp.dtype(dtype) == jnp.float32 else 'nearest'
+
+
 @dataclasses.dataclass(frozen=True)
 class ExactConfig:
   """How candidates are proposed, checked and accepted.
@@ -658,6 +666,7 @@ __all__ = [
   'invert_sentence',
   'layer_of',
   'noise_tolerance_of',
+  'own_states_rule',
   'proposal_head',
   'proposal_order',
   'proposal_scores',

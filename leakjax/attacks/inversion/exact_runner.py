@@ -198,8 +198,8 @@ class ExactRunConfig:
   def exact_config(self, p: perturb.Perturbation) -> exact.ExactConfig:
     """The search's settings on states perturbed by `p`."""
     rule = self.noise_rule if p.kind == 'noise' else p.rule
-    if rule == 'tolerance' and self.dtype != 'float32':
-      rule = 'nearest'  # the model's own rounding is far past rel_tol
+    if rule == 'tolerance':
+      rule = exact.own_states_rule(self.dtype)
     return exact.ExactConfig(rule=rule, max_candidates=self.max_candidates)
 
 
