@@ -42,6 +42,7 @@ import numpy as np
 from absl import app, flags
 
 import studies
+import studies.inversion_exact as study
 from experiments import inversion_exact
 from leakjax import io, models
 from leakjax.attacks.inversion import exact, exact_runner
@@ -188,13 +189,12 @@ def measure(cfg, model, params, corpora, num_texts, steps, step_size) -> dict:
 def main(argv):
   del argv
   f = flags.FLAGS
-  cfg = inversion_exact.config_from_flags()
-  model, params = models.load_model(cfg.model, seed=cfg.seed)
+  cfg, model, params, corpora = study.target_from_flags()
   out = measure(
     cfg,
     model,
     params,
-    exact_runner.load_corpora(cfg),
+    corpora,
     f.num_texts,
     f.steps,
     f.step_size,

@@ -25,8 +25,9 @@ from pathlib import Path
 from absl import app, flags
 
 import studies
+import studies.inversion_exact as study
 from experiments import inversion_exact
-from leakjax import io, models
+from leakjax import io
 from leakjax.attacks.inversion import exact_perturb as perturb
 from leakjax.attacks.inversion import exact_runner
 
@@ -68,13 +69,12 @@ def measure(cfg, model, params, corpora, levels) -> dict[str, float]:
 def main(argv):
   del argv
   f = flags.FLAGS
-  cfg = inversion_exact.config_from_flags()
-  model, params = models.load_model(cfg.model, seed=cfg.seed)
+  cfg, model, params, corpora = study.target_from_flags()
   out = measure(
     cfg,
     model,
     params,
-    exact_runner.load_corpora(cfg),
+    corpora,
     [float(x) for x in f.levels],
   )
   studies.write_summary(f.out, out)

@@ -33,8 +33,9 @@ import numpy as np
 from absl import app, flags
 
 import studies
+import studies.inversion_exact as study
 from experiments import inversion_exact
-from leakjax import io, models
+from leakjax import io
 from leakjax.attacks.inversion import exact, exact_runner
 from leakjax.attacks.inversion import exact_perturb as perturb
 
@@ -103,15 +104,14 @@ def measure(cfg, model, params, corpora, rules, num_texts, zs=(6.0,)) -> dict:
 def main(argv):
   del argv
   f = flags.FLAGS
-  cfg = inversion_exact.config_from_flags()
   for rule in f.rules:
     exact.ExactConfig(rule=rule)  # a bad rule fails before any work
-  model, params = models.load_model(cfg.model, seed=cfg.seed)
+  cfg, model, params, corpora = study.target_from_flags()
   out = measure(
     cfg,
     model,
     params,
-    exact_runner.load_corpora(cfg),
+    corpora,
     tuple(f.rules),
     f.num_texts,
     tuple(float(z) for z in f.noise_z),

@@ -35,8 +35,9 @@ import numpy as np
 from absl import app, flags
 
 import studies
+import studies.inversion_exact as study
 from experiments import inversion_exact
-from leakjax import io, models
+from leakjax import io
 from leakjax.attacks.inversion import (
   bei_hei,
   embed_parrot,
@@ -123,11 +124,8 @@ def add_rank_keys(out: dict, ranks, **at) -> np.ndarray:
 def main(argv):
   del argv
   f = flags.FLAGS
-  cfg = inversion_exact.config_from_flags()
-  model, params = models.load_model(cfg.model, seed=cfg.seed)
-  drawn = exact_runner.draw_texts(
-    cfg, model.tokenizer, exact_runner.load_corpora(cfg)
-  )
+  cfg, model, params, corpora = study.target_from_flags()
+  drawn = exact_runner.draw_texts(cfg, model.tokenizer, corpora)
   embeddings = np.asarray(model.word_embeddings(params), np.float32)
   unit = embeddings / np.linalg.norm(embeddings, axis=-1, keepdims=True)
   order_config = exact.ExactConfig()
