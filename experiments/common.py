@@ -30,10 +30,13 @@ DISTRIBUTED_FLAGS = (
   'num_processes',
   'process_id',
 )
+# What define_run_flags defines: how the run executes, never what it finds.
+RUN_FLAGS = (*DISTRIBUTED_FLAGS, 'compilation_cache')
 
 
 def define_common_flags(default_workdir: str) -> None:
-  """--workdir, --data, --seed and --mesh (used by every experiment)."""
+  """--workdir, --data, --seed, --mesh and the run flags (used by every
+  experiment)."""
   flags.DEFINE_string(
     'workdir',
     default_workdir,
@@ -66,7 +69,21 @@ def define_common_flags(default_workdir: str) -> None:
     ' (candidates split over 8 devices, parameters'
     ' replicated); absent: no sharding, one device.',
   )
+  define_run_flags()
+
+
+def define_run_flags() -> None:
+  """:func:`define_distributed_flags` and --compilation_cache."""
   define_distributed_flags()
+  flags.DEFINE_string(
+    'compilation_cache',
+    None,
+    'Folder where compiled programs are kept for later runs, which read'
+    ' them instead of compiling again (the same programs: results do not'
+    ' change; 2 GiB at most). Default: ~/.cache/leakjax/xla'
+    ' ($XDG_CACHE_HOME); "none": no cache. JAX_COMPILATION_CACHE_DIR, when'
+    ' set, is used instead.',
+  )
 
 
 def define_distributed_flags() -> None:
@@ -210,8 +227,24 @@ def quiet_backend_probe() -> None:
     probe.setLevel(std_logging.WARNING)
 
 
+def use_compilation_cache() -> str | None:
+  """Applies --compilation_cache (:func:`leakjax.runtime.use_compilation_cache`);
+  returns the folder in use, or None."""
+  from leakjax import runtime  # pylint: disable=g-import-not-at-top
+
+  value = (
+    FLAGS['compilation_cache'].value if 'compilation_cache' in FLAGS else None
+  )
+  if value is None:
+    value = runtime.default_compilation_cache()
+  if value.strip().lower() in ('', 'none'):
+    value = None
+  return runtime.use_compilation_cache(value)
+
+
 def run(main) -> None:
-  """`app.run(main)` with LeakjaxError -> one stderr line, exit code 2."""
+  """`app.run(main)` with LeakjaxError -> one stderr line, exit code 2, and
+  the compilation cache of --compilation_cache."""
   try:
     check_flagfiles(sys.argv[1:])
   except LeakjaxError as e:
@@ -222,6 +255,7 @@ def run(main) -> None:
     # Orbax logs a dozen INFO lines per checkpoint; warnings still show.
     logging.get_absl_handler().addFilter(_quiet_orbax)
     quiet_backend_probe()
+    use_compilation_cache()
     if 'distributed' in FLAGS and FLAGS.distributed:
       import jax  # pylint: disable=g-import-not-at-top
 

@@ -77,7 +77,7 @@ def define_flags() -> None:
     'Device mesh for the sentence candidates, e.g. "data:8"; absent: one'
     ' device.',
   )
-  common.define_distributed_flags()
+  common.define_run_flags()
   flags.DEFINE_string(
     'public',
     ','.join(f'{n}={p}' for n, p in runner.PUBLIC_DEFAULT),

@@ -1,14 +1,17 @@
 """What a runner does between and around its stages: a heartbeat line
-during long silent stages, and the heap given back after each.
+during long silent stages, the heap given back after each, and a
+compilation cache on disk that later runs read.
 
-Neither changes a result; both make a long CPU run observable and its
-memory smaller (reports/film_quickstart/README.md, reports/audit/README.md).
-Runners (FILM's, the audit's) use them; kernels never do.
+None changes a result; they make a long CPU run observable, its memory
+smaller (reports/film_quickstart/README.md, reports/audit/README.md) and a
+repeated run quicker (benchmarks/results/main_job_cache.json). Runners and
+entry points use them; kernels never do.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 
@@ -80,4 +83,70 @@ def return_freed_memory() -> None:
     pass
 
 
-__all__ = ['Heartbeat', 'return_freed_memory']
+# The cache's size cap: least recently used programs go first past it.
+COMPILATION_CACHE_MAX_BYTES = 2 * 1024**3
+
+
+def default_compilation_cache() -> str:
+  """`$XDG_CACHE_HOME/leakjax/xla` (default `~/.cache/leakjax/xla`)."""
+  base = os.environ.get('XDG_CACHE_HOME') or os.path.join(
+    os.path.expanduser('~'), '.cache'
+  )
+  return os.path.join(base, 'leakjax', 'xla')
+
+
+def use_compilation_cache(
+  path: str | os.PathLike | None,
+  *,
+  max_bytes: int = COMPILATION_CACHE_MAX_BYTES,
+) -> str | None:
+  """Keeps the compiled programs of this run on disk for the next one.
+
+  JAX's persistent compilation cache: a program compiled once (FILM's
+  beam search, the training step) is read back by any later run with the
+  same program, shapes, flags and JAX version instead of compiled again,
+  which on the 2-core CPU saves most of a run's compile time (tracing
+  still happens). The compiled program is the same either way, so results
+  do not change. Only programs that took JAX's
+  `jax_persistent_cache_min_compile_time_secs` (1 s) or more are kept;
+  past `max_bytes` the least recently used are removed.
+
+  A cache already chosen (`JAX_COMPILATION_CACHE_DIR`, or
+  `jax.config.jax_compilation_cache_dir` set by the caller) is kept as it
+  is. A folder that cannot be created leaves the run uncached, with a
+  warning.
+
+  Args:
+    path: the folder (or a `gs://` URL, which JAX reads through
+      etils.epath); None or '' turns the cache off for this run.
+    max_bytes: the cache's size cap.
+
+  Returns:
+    the folder in use, or None.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  chosen = jax.config.jax_compilation_cache_dir
+  if chosen:
+    return chosen
+  if not path:
+    return None
+  path = os.fspath(path)
+  try:
+    if '://' not in path:  # JAX creates a bucket's (gs://...) itself
+      os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    logging.warning('no compilation cache: cannot create %s (%s)', path, e)
+    return None
+  jax.config.update('jax_compilation_cache_dir', path)
+  jax.config.update('jax_compilation_cache_max_size', int(max_bytes))
+  return path
+
+
+__all__ = [
+  'COMPILATION_CACHE_MAX_BYTES',
+  'Heartbeat',
+  'default_compilation_cache',
+  'return_freed_memory',
+  'use_compilation_cache',
+]

@@ -73,7 +73,7 @@ def test_flags_are_the_config_fields(fresh_flags):
     'data_label',
     'seed',
     'mesh',
-    *common.DISTRIBUTED_FLAGS,
+    *common.RUN_FLAGS,
   }
   assert set(fresh_flags) - common_flags == fields - {
     'data',

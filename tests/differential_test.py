@@ -717,7 +717,7 @@ def test_experiment_dr_bounds_count_higher_found_sequences():
 
 
 # Flags of every experiment that are not config fields.
-NOT_CONFIG = {'workdir', 'mesh', *common.DISTRIBUTED_FLAGS}
+NOT_CONFIG = {'workdir', 'mesh', *common.RUN_FLAGS}
 
 
 def test_flags_are_exactly_the_config_fields(fresh_flags):

@@ -611,7 +611,7 @@ def test_every_config_field_is_a_flag_and_back(ep_flags):
     'data_column',
     'data_label',
     'cache_dir',
-    *common.DISTRIBUTED_FLAGS,
+    *common.RUN_FLAGS,
   }
   assert set(ep_flags) == fields | hand_written
   assert not fields & hand_written

@@ -527,7 +527,7 @@ def test_frozen_embedding_table_and_one_panel_per_defense():
 
 
 # Flags that are not config fields (they do not change the results).
-HAND_WRITTEN_FLAGS = {'workdir', 'mesh', 'distributed', 'grad_microbatch'}
+HAND_WRITTEN_FLAGS = {'workdir', 'mesh', 'grad_microbatch', *common.RUN_FLAGS}
 
 
 def test_flags_are_the_config_fields():

@@ -913,7 +913,7 @@ def test_sentence_words():
 # ------------------------------------------------------------------- flags
 
 
-NOT_CONFIG = {'workdir', 'mesh', 'data', *common.DISTRIBUTED_FLAGS}
+NOT_CONFIG = {'workdir', 'mesh', 'data', *common.RUN_FLAGS}
 
 
 def test_flags_are_exactly_the_config_fields(fresh_flags):
