@@ -29,7 +29,8 @@ the 2-core CPU):
        --flagfile=experiments/configs/film_quickstart.flags
 
 The command after `--` gets `--workdir=` a fresh temporary folder,
-removed afterwards.
+removed afterwards (`--keep_summary=PATH` keeps its summary.json, to compare
+two runs with each other).
 """
 
 from __future__ import annotations
@@ -196,6 +197,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument('--reference', help='summary.json to compare with')
   parser.add_argument('--atol', type=float, default=1e-6)
   parser.add_argument('--log', help='keep the output here (default: none)')
+  parser.add_argument(
+    '--keep_summary', help="copy the run's summary.json here (default: none)"
+  )
   args = parser.parse_args(argv[:cut])
   command = argv[cut + 1 :]
   tmp = Path(tempfile.mkdtemp(prefix='leakjax_main_job_'))
@@ -203,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     workdir = tmp / 'work'
     log = Path(args.log) if args.log else tmp / 'log.txt'
     run = run_once(command, workdir, log)
+    if args.keep_summary:
+      shutil.copyfile(workdir / 'summary.json', args.keep_summary)
     if args.reference:
       got = json.loads((workdir / 'summary.json').read_text())
       want = json.loads(Path(args.reference).read_text())
@@ -218,7 +224,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     else {'command': ' '.join(['python', *command[1:]]), 'runs': []}
   )
   doc.setdefault('bars', BARS)
-  record = {'run': args.label, 'note': args.note, **run, 'status': judge(run)}
+  record = {
+    'run': args.label,
+    'note': args.note,
+    'command': ' '.join(['python', *command[1:]]),
+    **run,
+    'status': judge(run),
+  }
   doc['runs'] = [r for r in doc['runs'] if r['run'] != args.label] + [record]
   out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + '\n')
   print(json.dumps(record, indent=1, ensure_ascii=False))

@@ -32,11 +32,19 @@ def test_measures_a_command_and_judges_its_bars(tmp_path):
   ref = tmp_path / 'ref.json'
   ref.write_text(json.dumps({'rougeL@b=1': 0.5, 'attack_seconds@b=1': 1.0}))
   out = tmp_path / 'profile.json'
-  args = ['--label=before', f'--out={out}', f'--reference={ref}']
+  kept = tmp_path / 'kept.json'
+  args = [
+    '--label=before',
+    f'--out={out}',
+    f'--reference={ref}',
+    f'--keep_summary={kept}',
+  ]
   main_job.main([*args, '--', sys.executable, '-c', FAKE])
   doc = json.loads(out.read_text())
   (run,) = doc['runs']
   assert run['run'] == 'before' and doc['bars'] == main_job.BARS
+  assert run['command'].startswith('python -c ')
+  assert json.loads(kept.read_text())['rougeL@b=1'] == 0.5
   assert run['summary_equal'] and run['max_summary_diff'] == 0.0
   assert run['workdir_bytes'] >= 1000
   assert 0.5 < run['longest_silence_s'] < 5
@@ -126,3 +134,65 @@ def test_committed_before_and_after_pair_and_its_readme_paragraph():
       f'{r["run"]}: {r["wall_s"]} s wall, peak {r["peak_rss_mib"]:,} MiB'
       f' ({peaks["fine-tuning"]:,} while fine-tuning)' in text
     )
+
+
+def test_compilation_cache_runs_and_their_readme_paragraph():
+  root = pathlib.Path(__file__).resolve().parents[1]
+  doc = json.loads(
+    (root / 'benchmarks/results/main_job_cache.json').read_text()
+  )
+  runs = {r['run']: r for r in doc['runs']}
+  assert list(runs) == ['no-cache', 'cold-cache', 'warm-cache']
+  assert '--compilation_cache=none' in runs['no-cache']['command']
+  assert runs['cold-cache']['command'] == runs['warm-cache']['command']
+  text = ' '.join((root / 'benchmarks/README.md').read_text('utf-8').split())
+  for name, r in runs.items():
+    assert r['summary_equal'] and r['max_summary_diff'] == 0.0
+    st = r['stages']
+    attacks = ' / '.join(f'{x:.1f}' for x in st['attack_s'])
+    assert (
+      f'{name}: {r["wall_s"]} s wall (train step compiled at'
+      f' {st["train_step_compiled_s"]} s, attacks {attacks} s), peak'
+      f' {r["peak_rss_mib"]:,} MiB' in text
+    )
+  # The warm run is the quicker, and the paragraph's memory figures.
+  assert runs['warm-cache']['wall_s'] < runs['cold-cache']['wall_s']
+  cold, warm = (
+    runs[n]['stages']['sampled_rss_peak_mib']
+    for n in ('cold-cache', 'warm-cache')
+  )
+  assert (
+    f'({warm["attacks"]:,} MiB against {cold["attacks"]:,} MiB sampled)' in text
+  )
+
+
+def test_audit_cache_runs_and_the_readme_sentence():
+  root = pathlib.Path(__file__).resolve().parents[1]
+  load = lambda name: {  # noqa: E731
+    r['run']: r
+    for r in json.loads((root / 'benchmarks/results' / name).read_text())[
+      'runs'
+    ]
+  }
+  audit, film = load('audit_cache.json'), load('main_job_cache.json')
+  cold, warm = audit['cold-cache'], audit['warm-cache']
+  assert cold['command'] == warm['command']
+  assert cold['max_summary_diff'] == warm['max_summary_diff']
+  bench = ' '.join((root / 'benchmarks/README.md').read_text('utf-8').split())
+  assert (
+    f'cold-cache {cold["wall_s"]:,} s wall, peak {cold["peak_rss_mib"]:,} MiB;'
+    f' warm-cache {warm["wall_s"]:,} s wall, peak {warm["peak_rss_mib"]:,} MiB'
+    in bench
+  )
+  assert f'difference, {cold["max_summary_diff"]!r};' in bench
+  assert (
+    f'was {warm["peak_rss_mib"] - cold["peak_rss_mib"]:,} MiB higher' in bench
+  )
+  readme = ' '.join((root / 'README.md').read_text('utf-8').split())
+  assert (
+    f'a second FILM quickstart took {film["warm-cache"]["wall_s"]} s after'
+    f' {film["cold-cache"]["wall_s"]} s on an empty cache, and a second quick'
+    f' audit {warm["wall_s"]:,} s after {cold["wall_s"]:,} s, with a higher'
+    f' memory peak ({warm["peak_rss_mib"]:,} MiB after'
+    f' {cold["peak_rss_mib"]:,} MiB;' in readme
+  )
