@@ -30,15 +30,17 @@ import tempfile
 # workers (they inherit the controller's environment) and by the experiments
 # the tests start as subprocesses, which compile the same kernels run after
 # run. A fresh folder each session, so the suite's time is what a clean
-# machine sees; a cache the caller names is used and kept.
+# machine sees; a cache the caller names (JAX_COMPILATION_CACHE_DIR) is used
+# and kept, so a developer's next run reads its programs back
+# (benchmarks/README.md, "The test loop").
 _OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ
 if _OWN_CACHE:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(
     prefix='leakjax-tests-xla-cache-'
   )
-  # Every compilation: the suite's many small ones add up, and the
-  # experiments the tests start compile the same ones run after run.
-  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+# Every compilation: the suite's many small ones add up, and the experiments
+# the tests start compile the same ones run after run.
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
 import jax  # noqa: E402  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # noqa: E402  # pylint: disable=g-import-not-at-top,wrong-import-position
