@@ -88,26 +88,18 @@ def test_committed_run_and_its_readme_paragraph():
 def test_kept_cache_runs_and_their_readme_sentence():
   root = suite.ROOT
   doc = json.loads((root / 'benchmarks/results/suite.json').read_text())
-  runs = {
-    r['run']: r['fast'] for r in doc['runs'] if r['run'].startswith('fast-')
-  }
-  empty, filled = (
-    runs['fast-kept-cache-all-empty'],
-    runs['fast-kept-cache-all-filled'],
-  )
-  assert empty['counts'] == filled['counts'] and filled['exit_code'] == 0
-  assert filled['wall_s'] < empty['wall_s']
-  full = {
-    r['run']: r['full'] for r in doc['runs'] if r['run'].startswith('full-')
-  }
-  cold, warm = (
-    full['full-kept-cache-all-empty'],
-    full['full-kept-cache-all-filled'],
-  )
-  assert cold['counts'] == warm['counts'] and warm['exit_code'] == 0
+  pairs = {}
+  for tier in ('fast', 'full'):
+    runs = {r['run']: r[tier] for r in doc['runs'] if r['run'].startswith(tier)}
+    empty, filled = (
+      runs[f'{tier}-kept-cache-all-{k}'] for k in ('empty', 'filled')
+    )
+    assert empty['counts'] == filled['counts'] and filled['exit_code'] == 0
+    assert filled['wall_s'] < empty['wall_s']
+    pairs[tier] = (filled['wall_s'], empty['wall_s'])
   readme = ' '.join((root / 'README.md').read_text('utf-8').split())
   assert (
-    f'the fast tier took {filled["wall_s"]} s on the second run after'
-    f' {empty["wall_s"]} s on the first, the full suite {warm["wall_s"]} s'
-    f' after {cold["wall_s"]} s' in readme
+    'the fast tier took {} s on the second run after {} s on the first,'
+    ' the full suite {} s after {} s'.format(*pairs['fast'], *pairs['full'])
+    in readme
   )
