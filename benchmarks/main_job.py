@@ -202,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   args = parser.parse_args(argv[:cut])
   command = argv[cut + 1 :]
+  shown = ' '.join(['python', *command[1:]])  # the command as a user types it
   tmp = Path(tempfile.mkdtemp(prefix='leakjax_main_job_'))
   try:
     workdir = tmp / 'work'
@@ -221,13 +222,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   doc = (
     json.loads(out.read_text())
     if out.exists()
-    else {'command': ' '.join(['python', *command[1:]]), 'runs': []}
+    else {'command': shown, 'runs': []}
   )
   doc.setdefault('bars', BARS)
   record = {
     'run': args.label,
     'note': args.note,
-    'command': ' '.join(['python', *command[1:]]),
+    'command': shown,
     **run,
     'status': judge(run),
   }

@@ -31,8 +31,8 @@ import tempfile
 # the tests start as subprocesses, which compile the same kernels run after
 # run. A fresh folder each session, so the suite's time is what a clean
 # machine sees; a cache the caller names (JAX_COMPILATION_CACHE_DIR) is used
-# and kept, so a developer's next run reads its programs back
-# (benchmarks/README.md, "The test loop").
+# and kept, so a developer's next run reads its programs back (README.md,
+# the paragraph on the test workers).
 _OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ
 if _OWN_CACHE:
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(
