@@ -681,6 +681,92 @@ def test_pool_gram_is_the_weighted_features_gram(chunk, transformed):
     )
 
 
+def test_pool_gram_computes_each_chunk_on_its_shortest_buffer(monkeypatch):
+  # Rows sorted shortest first, chunks of 2: the two short rows (6 and 7
+  # tokens) on an 8-token buffer, the long one (9) and its padding copy on
+  # the pool's 12, two sentences a map step; the Gram comes back in the
+  # caller's order, equal to the rows' on the full buffer.
+  from leakjax.attacks.dager.hybrid import selection
+
+  model, params = tiny('gpt2')
+  rows = [ROWS[0], ROWS[0][:5] + [END], ROWS[1]]
+  width = CONFIG.max_length
+  tokens = np.zeros((3, width), np.int32)
+  for i, row in enumerate(rows):
+    tokens[i, : len(row)] = row
+  lengths = np.asarray([len(r) for r in rows], np.int32)
+  cands = jnp.arange(V, dtype=jnp.int32)
+  seen = []
+
+  def recording(model, params, tokens, lengths, candidates, *, batch_size=1):
+    seen.append((tokens.shape, batch_size))
+    return hybrid.pool_head_gradients(
+      model, params, tokens, lengths, candidates, batch_size=batch_size
+    )
+
+  monkeypatch.setattr(selection, 'pool_head_gradients', recording)
+  ones = np.ones((1, V), np.float32)
+  gram, _ = hybrid.pool_gram(
+    model,
+    params,
+    tokens,
+    lengths,
+    cands,
+    jnp.zeros((V, D)),
+    ones,
+    chunk=2,
+  )
+  assert sorted(seen) == [((2, 8), 2), ((2, 12), 2)]
+  feats = np.asarray(
+    pool_head_gradients(
+      model, params, jnp.asarray(tokens), jnp.asarray(lengths), cands
+    ),
+    np.float64,
+  ).reshape(3, -1)
+  want = feats @ feats.T
+  np.testing.assert_allclose(gram[0], want, rtol=1e-4, atol=1e-6 * want.max())
+
+
+def test_pool_head_gradients_batched_map_equals_one_at_a_time():
+  model, params = tiny('llama')
+  rows = [ROWS[0], ROWS[1], ROWS[0][:5] + [END], ROWS[1][:4] + [END]]
+  tokens = np.zeros((4, CONFIG.max_length), np.int32)
+  for i, row in enumerate(rows):
+    tokens[i, : len(row)] = row
+  lengths = jnp.asarray([len(r) for r in rows], jnp.int32)
+  cands = jnp.arange(V, dtype=jnp.int32)
+  one = pool_head_gradients(model, params, jnp.asarray(tokens), lengths, cands)
+  for batch in (2, 4):
+    got = jitted(
+      hybrid.pool_head_gradients, static_argnames=('model', 'batch_size')
+    )(model, params, jnp.asarray(tokens), lengths, cands, batch_size=batch)
+    np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-7)
+  with pytest.raises(LeakjaxError, match='batch_size'):
+    hybrid.pool_head_gradients(
+      model, params, jnp.asarray(tokens), lengths, cands, batch_size=0
+    )
+
+
+@pytest.mark.parametrize(
+  'width,row_bytes,chunk,want',
+  (
+    (8, 1 << 20, 64, 8),  # 96 tokens a step, at most 8 sentences
+    (16, 1 << 20, 64, 4),
+    (24, 1 << 20, 64, 4),
+    (32, 1 << 20, 64, 2),
+    (41, 1 << 20, 64, 2),
+    (64, 1 << 20, 64, 1),
+    (8, 1 << 28, 64, 4),  # 1 GiB of [V, d] gradients at most
+    (8, 1 << 31, 64, 1),
+    (8, 1 << 20, 6, 2),  # a power of two that divides the chunk
+  ),
+)
+def test_map_batch(width, row_bytes, chunk, want):
+  from leakjax.attacks.dager.hybrid.selection import _map_batch
+
+  assert _map_batch(width, row_bytes, chunk) == want
+
+
 def test_head_transform_centres_and_whitens_like_the_head_term():
   rng = np.random.default_rng(4)
   rows = rng.normal(size=(6, D))

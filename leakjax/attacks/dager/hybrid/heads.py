@@ -14,6 +14,7 @@ from leakjax._jit import jitted
 from leakjax.attacks.dager.hybrid._common import PyTree
 from leakjax.attacks.dager.hybrid.config import HybridConfig
 from leakjax.attacks.dager.pipeline import head_path
+from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model, get_path, set_path
 
 
@@ -293,6 +294,8 @@ def pool_head_gradients(
   tokens: Int[Array, 'P L'],
   lengths: Int[Array, ' P'],
   candidates: Int[Array, ' C'],
+  *,
+  batch_size: int = 1,
 ) -> Float[Array, 'P C d']:
   """Each sentence's own head-matrix gradient at the candidates' rows.
 
@@ -302,9 +305,10 @@ def pool_head_gradients(
   embeddings' part is in it too), negated and oriented like
   :func:`raw_head_rows`. Under the mean loss the batch's gradient is the
   sum of its sentences' rows over the batch's targets, exactly: a causal
-  model's sentences do not interact. One sentence at a time
-  (`lax.map`): only one `[V, d]` gradient is alive. Pure; the selection
-  jits it: `jax.jit(pool_head_gradients, static_argnames=('model',))`.
+  model's sentences do not interact. `batch_size` sentences at a time
+  (`lax.map`): that many `[V, d]` gradients are alive. Pure; the
+  selection jits it: `jax.jit(pool_head_gradients,
+  static_argnames=('model', 'batch_size'))`.
   """
   path = head_path(model)
   weight = get_path(params, path)
@@ -322,4 +326,8 @@ def pool_head_gradients(
       g = g.T
     return -g[candidates]
 
-  return jax.lax.map(one, (tokens, lengths))
+  if batch_size < 1:
+    raise LeakjaxError(f'batch_size must be >= 1, got {batch_size}')
+  return jax.lax.map(
+    one, (tokens, lengths), batch_size=batch_size if batch_size > 1 else None
+  )

@@ -20,7 +20,8 @@ from leakjax.attacks.dager.hybrid.heads import (
   pool_head_gradients,
   raw_head_rows,
 )
-from leakjax.models.protocol import Model
+from leakjax.attacks.dager.pipeline import head_path
+from leakjax.models.protocol import Model, get_path
 from leakjax.tokenization import sentence_end_mask
 
 
@@ -206,6 +207,17 @@ def cut_variants(
   return unique
 
 
+# The pool's rows are computed on the shortest buffer that holds them: a
+# multiple of this many tokens (or the pool's width). Cut variants run from
+# `min_length` to the whole sentence, so on FILM's Enron sentences at
+# b = 64 this halves the tokens the rows pass through.
+_WIDTH_BUCKET = 8
+# Sentences per `lax.map` step: about this many tokens, at most 8, and at
+# most _ROWS_BYTES of `[V, d]` gradients alive at once.
+_TOKENS_PER_STEP = 96
+_ROWS_BYTES = 1 << 30
+
+
 def pool_gram(
   model: Model,
   params: PyTree,
@@ -224,36 +236,43 @@ def pool_gram(
   `transform` when given: `rows @ transform`) with each candidate's row
   scaled by one row of `weights`, flattened; `t` the target rows, which
   the caller passes already transformed, scaled alike; one Gram per
-  weighting. The rows are computed
-  `chunk` sentences at a time (one compile: the last chunk is padded; a
-  pool smaller than `chunk` is padded only to the next power of two, so
-  a small pool computes no rows it drops) and kept on the device once,
-  the Grams in blocks of two chunks.
+  weighting. The rows are computed `chunk` sentences at a time, shortest
+  first, each chunk on the shortest buffer that holds it (a multiple of
+  _WIDTH_BUCKET tokens, one compile per buffer; the last chunk is padded;
+  a pool smaller than `chunk` is padded only to the next power of two, so
+  a small pool computes no rows it drops), and kept on the device once,
+  the Grams in blocks of two chunks. A row does not depend on its buffer
+  but through float rounding: the model is causal and the padding masked.
 
   Returns:
-    float32 numpy `gram [W, P, P]` and `along [W, P]`.
+    float32 numpy `gram [W, P, P]` and `along [W, P]`, in the order of
+    `tokens`.
   """
   num = len(tokens)
+  lengths = np.asarray(lengths)
   chunk = min(chunk, max(8, 1 << (num - 1).bit_length()))
-  pad = -num % chunk
-  tokens = np.concatenate([tokens, np.repeat(tokens[:1], pad, 0)])
-  lengths = np.concatenate([lengths, np.repeat(lengths[:1], pad)])
   w = jnp.asarray(weights, jnp.float32)
   target = jnp.asarray(target, jnp.float32)
-  pool_rows = jitted(pool_head_gradients, static_argnames=('model',))
+  pool_rows = jitted(
+    pool_head_gradients, static_argnames=('model', 'batch_size')
+  )
   weighted_block = jitted(_weighted_block)
   weighted_along = jitted(_weighted_along)
+  row_bytes = 4 * get_path(params, head_path(model)).size  # one [V, d]
+  plan = chunk_plan(lengths, tokens.shape[1], chunk, row_bytes)
   blocks = []
-  for s in range(0, len(tokens), chunk):
+  for rows, cols, batch in plan:
     block = pool_rows(
       model,
       params,
-      jnp.asarray(tokens[s : s + chunk]),
-      jnp.asarray(lengths[s : s + chunk]),
+      jnp.asarray(tokens[rows, :cols]),
+      jnp.asarray(lengths[rows]),
       candidates,
+      batch_size=batch,
     )
     blocks.append(block if transform is None else block @ transform)
-  size = len(tokens)
+  order = np.concatenate([rows for rows, _, _ in plan])
+  size = len(order)
   gram = np.zeros((len(w), size, size), np.float32)
   along = np.zeros((len(w), size), np.float32)
   for i, a in enumerate(blocks):
@@ -264,7 +283,41 @@ def pool_gram(
       block = np.asarray(weighted_block(a, blocks[j], w))
       gram[:, rows, cols] = block
       gram[:, cols, rows] = block.transpose(0, 2, 1)
-  return gram[:, :num, :num], along[:, :num]
+  # Sorted position of each input row (its first, for the padding copies).
+  place = np.empty(num, np.int64)
+  place[order[:num]] = np.arange(num)
+  return gram[:, place][:, :, place], along[:, place]
+
+
+def chunk_plan(
+  lengths: Int[np.ndarray, ' P'], width: int, chunk: int, row_bytes: int
+) -> list[tuple[np.ndarray, int, int]]:
+  """How :func:`pool_gram` computes the rows: `(rows, buffer, batch)` per
+  chunk of `chunk` pool rows, shortest first (the last chunk padded with
+  copies of the shortest row), each on a buffer of a multiple of
+  _WIDTH_BUCKET tokens (at most `width`) that holds its longest row,
+  `batch` sentences a `lax.map` step (:func:`_map_batch`; `row_bytes`: one
+  `[V, d]` gradient)."""
+  lengths = np.asarray(lengths)
+  order = np.argsort(lengths, kind='stable')
+  order = np.concatenate([order, np.repeat(order[:1], -len(order) % chunk)])
+  plan = []
+  for s in range(0, len(order), chunk):
+    rows = order[s : s + chunk]
+    need = int(lengths[rows].max())
+    cols = min(width, -(-need // _WIDTH_BUCKET) * _WIDTH_BUCKET)
+    plan.append((rows, cols, _map_batch(cols, row_bytes, chunk)))
+  return plan
+
+
+def _map_batch(width: int, row_bytes: int, chunk: int) -> int:
+  """Sentences per `lax.map` step of a chunk on a `width`-token buffer: a
+  power of two that divides `chunk` (_TOKENS_PER_STEP, _ROWS_BYTES)."""
+  most = min(8, _TOKENS_PER_STEP // width, _ROWS_BYTES // row_bytes, chunk)
+  batch = 1
+  while batch * 2 <= most and chunk % (batch * 2) == 0:
+    batch *= 2
+  return batch
 
 
 def _weighted_block(a, b, w):
