@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks import hybrid_select
 from experiments import dager as dager_exp
 from leakjax import models
 from leakjax.attacks.dager import hybrid, runner
@@ -58,6 +59,17 @@ def test_selection_searched_and_refine_studies_of_an_oversampled_run(
   assert max(cells) <= out['ceiling_variants_rougeL'] + 1e-9
   assert out['ceiling_searched_rougeL'] <= out['ceiling_variants_rougeL']
   assert out['searched'] == 4 and out['variants'] >= 4
+  # The selection benchmark rebuilds the same pool: the bucketed rows and
+  # the full-width ones make the same Gram to float rounding, both pick
+  # the run's sentences.
+  bench = hybrid_select.run(str(tmp_path / 'results.jsonl'), [0])
+  (cell,) = bench['rows']
+  assert cell['variants'] == out['variants']
+  assert cell['gram_max_relative_difference'] < 1e-4
+  assert cell['same_picks'] and cell['full_width_picks_equal_run']
+  assert cell['rouge']['bucketed']['rougeL'] == pytest.approx(row['rougeL'])
+  assert min(cell['seconds'].values()) > 0
+  assert 0 < cell['buffer_tokens_ratio'] <= 1
   # Each kept sentence is traced to one search, the variant of it.
   owners = searched.kept_searches(model, runner.hybrid_config(cfg), row)
   assert len(set(owners)) == 2 and all(0 <= o < 4 for o in owners)
