@@ -79,25 +79,6 @@ def full_width_rows(model, params, tokens, lengths, candidates):
   return blocks, chunk
 
 
-def _gram(blocks, chunk, target, w, transform):
-  if transform is not None:
-    blocks = [b @ transform for b in blocks]
-  size = len(blocks) * chunk
-  gram = np.zeros((len(w), size, size), np.float32)
-  along = np.zeros((len(w), size), np.float32)
-  block_fn = jitted(selection._weighted_block)  # pylint: disable=protected-access
-  along_fn = jitted(selection._weighted_along)  # pylint: disable=protected-access
-  for i, a in enumerate(blocks):
-    r = slice(i * chunk, (i + 1) * chunk)
-    along[:, r] = np.asarray(along_fn(a, target, w))
-    for j in range(i, len(blocks)):
-      c = slice(j * chunk, (j + 1) * chunk)
-      block = np.asarray(block_fn(a, blocks[j], w))
-      gram[:, r, c] = block
-      gram[:, c, r] = block.transpose(0, 2, 1)
-  return gram, along
-
-
 def row_flops(shape: peak.TransformerShape, width: int) -> float:
   """Matmul FLOPs of one pool row on a `width`-token buffer: the forward,
   the input gradients back through every block and the head (as much
@@ -173,8 +154,13 @@ def bench_batch(model, params, cfg, config, row, transform) -> dict:
   )
   seconds['bucketed'] = time.perf_counter() - t0
   t0 = time.perf_counter()
-  blocks, chunk = full_width_rows(model, params, tokens, lengths, candidates)
-  gram_f, along_f = _gram(blocks, chunk, target, w, transform)
+  blocks, _ = full_width_rows(model, params, tokens, lengths, candidates)
+  if transform is not None:
+    blocks = [block @ transform for block in blocks]
+  feats = jnp.concatenate(blocks)
+  del blocks
+  gram_f, along_f = selection.features_gram(feats, target, w)
+  del feats
   num = len(tokens)
   gram_f, along_f = gram_f[:, :num, :num], along_f[:, :num]
   seconds['full_width'] = time.perf_counter() - t0

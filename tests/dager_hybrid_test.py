@@ -747,6 +747,31 @@ def test_pool_head_gradients_batched_map_equals_one_at_a_time():
     )
 
 
+@pytest.mark.parametrize('panel', (3, 4, 8, 256))
+def test_features_gram_by_panels(monkeypatch, panel):
+  # Panels of 3 rows over 8 (the last one overlapping the one before), of 4,
+  # of all 8: the weighted Gram and projections of NumPy, per weighting.
+  from leakjax.attacks.dager.hybrid import selection
+
+  monkeypatch.setattr(selection, '_GRAM_PANEL', panel)
+  rng = np.random.default_rng(7)
+  feats = rng.normal(size=(8, 5, 3)).astype(np.float32)
+  target = rng.normal(size=(5, 3)).astype(np.float32)
+  weights = rng.uniform(0.5, 2.0, size=(2, 5)).astype(np.float32)
+  gram, along = selection.features_gram(
+    jnp.asarray(feats), jnp.asarray(target), jnp.asarray(weights)
+  )
+  for w in range(2):
+    flat = (feats * weights[w][None, :, None]).reshape(8, -1)
+    np.testing.assert_allclose(gram[w], flat @ flat.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+      along[w],
+      flat @ (target * weights[w][:, None]).ravel(),
+      rtol=1e-5,
+      atol=1e-5,
+    )
+
+
 @pytest.mark.parametrize(
   'width,row_bytes,chunk,want',
   (

@@ -240,9 +240,10 @@ def pool_gram(
   first, each chunk on the shortest buffer that holds it (a multiple of
   _WIDTH_BUCKET tokens, one compile per buffer; the last chunk is padded;
   a pool smaller than `chunk` is padded only to the next power of two, so
-  a small pool computes no rows it drops), and kept on the device once,
-  the Grams in blocks of two chunks. A row does not depend on its buffer
-  but through float rounding: the model is causal and the padding masked.
+  a small pool computes no rows it drops), and kept on the device once
+  (:func:`features_gram` makes the Grams). A row does not depend on its
+  buffer but through float rounding: the model is causal and the padding
+  masked.
 
   Returns:
     float32 numpy `gram [W, P, P]` and `along [W, P]`, in the order of
@@ -256,12 +257,11 @@ def pool_gram(
   pool_rows = jitted(
     pool_head_gradients, static_argnames=('model', 'batch_size')
   )
-  weighted_block = jitted(_weighted_block)
-  weighted_along = jitted(_weighted_along)
   row_bytes = 4 * get_path(params, head_path(model)).size  # one [V, d]
   plan = chunk_plan(lengths, tokens.shape[1], chunk, row_bytes)
-  blocks = []
-  for rows, cols, batch in plan:
+  put = jitted(_put_rows, donate_argnames=('feats',))
+  feats = None
+  for i, (rows, cols, batch) in enumerate(plan):
     block = pool_rows(
       model,
       params,
@@ -270,23 +270,56 @@ def pool_gram(
       candidates,
       batch_size=batch,
     )
-    blocks.append(block if transform is None else block @ transform)
-  order = np.concatenate([rows for rows, _, _ in plan])
-  size = len(order)
-  gram = np.zeros((len(w), size, size), np.float32)
-  along = np.zeros((len(w), size), np.float32)
-  for i, a in enumerate(blocks):
-    rows = slice(i * chunk, (i + 1) * chunk)
-    along[:, rows] = np.asarray(weighted_along(a, target, w))
-    for j in range(i, len(blocks)):
-      cols = slice(j * chunk, (j + 1) * chunk)
-      block = np.asarray(weighted_block(a, blocks[j], w))
-      gram[:, rows, cols] = block
-      gram[:, cols, rows] = block.transpose(0, 2, 1)
+    if transform is not None:
+      block = block @ transform
+    if feats is None:
+      feats = jnp.zeros((len(plan) * chunk, *block.shape[1:]), jnp.float32)
+    feats = put(feats, block, i * chunk)
+  gram, along = features_gram(feats, target, w)
   # Sorted position of each input row (its first, for the padding copies).
+  order = np.concatenate([rows for rows, _, _ in plan])
   place = np.empty(num, np.int64)
   place[order[:num]] = np.arange(num)
   return gram[:, place][:, :, place], along[:, place]
+
+
+def _put_rows(feats, block, start):
+  return jax.lax.dynamic_update_slice_in_dim(feats, block, start, 0)
+
+
+# Rows of the Gram per product (`[panel, C d] @ [C d, P]`): few passes over
+# the pool's rows, a few hundred MB of scaled rows at once.
+_GRAM_PANEL = 256
+
+
+def features_gram(
+  feats: Float[Array, 'P C d'],
+  target: Float[Array, 'C d'],
+  weights: Float[Array, 'W C'],
+) -> tuple[np.ndarray, np.ndarray]:
+  """`gram [W, P, P]` and `along [W, P]` (float32 numpy) of the rows
+  `feats` with each candidate's row scaled by one row of `weights`:
+  `Σ_c,e w[c]² F[n, c, e] F[m, c, e]` and the same with `target`; the Gram
+  _GRAM_PANEL rows at a time."""
+  size = feats.shape[0]
+  panel = min(size, _GRAM_PANEL)
+  gram_rows = jitted(_weighted_gram_rows, static_argnames=('panel',))
+  gram = np.zeros((weights.shape[0], size, size), np.float32)
+  for start in range(0, size, panel):
+    first = min(start, size - panel)  # the last panel may overlap
+    gram[:, first : first + panel] = np.asarray(
+      gram_rows(feats, first, weights, panel=panel)
+    )
+  along = np.asarray(jitted(_weighted_along)(feats, target, weights))
+  return gram, along
+
+
+def _weighted_gram_rows(feats, start, w, *, panel: int):
+  """`[W, panel, P]`: rows `start:start + panel` of the weighted Gram."""
+  rows = jax.lax.dynamic_slice_in_dim(feats, start, panel)
+  scaled = rows[None] * (w**2)[:, None, :, None]  # [W, panel, C, d]
+  flat = feats.reshape(feats.shape[0], -1)
+  return jnp.einsum('wnk,mk->wnm', scaled.reshape(w.shape[0], panel, -1), flat)
 
 
 def chunk_plan(
@@ -318,11 +351,6 @@ def _map_batch(width: int, row_bytes: int, chunk: int) -> int:
   while batch * 2 <= most and chunk % (batch * 2) == 0:
     batch *= 2
   return batch
-
-
-def _weighted_block(a, b, w):
-  """`[W, n, m]`: `Σ_c,e w[c]² a[n, c, e] b[m, c, e]` per weighting."""
-  return jnp.einsum('nce,mce,wc->wnm', a, b, w**2)
 
 
 def _weighted_along(a, target, w):
