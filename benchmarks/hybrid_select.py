@@ -11,9 +11,10 @@ one process:
   sorted by length, each chunk of 64 on a buffer of a multiple of 8 tokens,
   several sentences a `lax.map` step where the buffer is short;
 * `full_width` -- every row on the pool's width (`max_length`, 41), one
-  sentence a step, in the pool's order: the selection as it ran before.
+  sentence a step, in the pool's order, and the Gram from every pair of
+  64-row blocks: the selection as it ran before.
 
-Both build the same weighted Gram (the run's weighting and whitening), and
+Both build the weighted Gram (the run's weighting and whitening), and
 both selections are made from it (:func:`hybrid.select_from_gram`); the
 JSON gives each side's seconds (compiles timed apart, before), the Grams'
 largest relative difference, both picks' ROUGE against the batch's
@@ -77,6 +78,25 @@ def full_width_rows(model, params, tokens, lengths, candidates):
     for s in range(0, len(order), chunk)
   ]
   return blocks, chunk
+
+
+def block_gram(blocks, chunk, target, w):
+  """The weighted Gram as the selection built it before: every pair of
+  `chunk`-row blocks, one einsum each (`Σ_c,e w[c]² a[n,c,e] b[m,c,e]`)."""
+  block_fn = jax.jit(lambda a, b, w: jnp.einsum('nce,mce,wc->wnm', a, b, w**2))
+  along_fn = jax.jit(lambda a, t, w: jnp.einsum('nce,ce,wc->wn', a, t, w**2))
+  size = len(blocks) * chunk
+  gram = np.zeros((len(w), size, size), np.float32)
+  along = np.zeros((len(w), size), np.float32)
+  for i, a in enumerate(blocks):
+    r = slice(i * chunk, (i + 1) * chunk)
+    along[:, r] = np.asarray(along_fn(a, target, w))
+    for j in range(i, len(blocks)):
+      c = slice(j * chunk, (j + 1) * chunk)
+      block = np.asarray(block_fn(a, blocks[j], w))
+      gram[:, r, c] = block
+      gram[:, c, r] = block.transpose(0, 2, 1)
+  return gram, along
 
 
 def row_flops(shape: peak.TransformerShape, width: int) -> float:
@@ -154,16 +174,16 @@ def bench_batch(model, params, cfg, config, row, transform) -> dict:
   )
   seconds['bucketed'] = time.perf_counter() - t0
   t0 = time.perf_counter()
-  blocks, _ = full_width_rows(model, params, tokens, lengths, candidates)
+  blocks, chunk = full_width_rows(model, params, tokens, lengths, candidates)
   if transform is not None:
     blocks = [block @ transform for block in blocks]
-  feats = jnp.concatenate(blocks)
-  del blocks
-  gram_f, along_f = selection.features_gram(feats, target, w)
-  del feats
+  jax.block_until_ready(blocks)
+  rows_s = time.perf_counter() - t0
+  gram_f, along_f = block_gram(blocks, chunk, target, w)
   num = len(tokens)
   gram_f, along_f = gram_f[:, :num, :num], along_f[:, :num]
   seconds['full_width'] = time.perf_counter() - t0
+  seconds['full_width_gram'] = seconds['full_width'] - rows_s
   select = jitted(hybrid.select_from_gram, static_argnames=('k', 'max_swaps'))
   groups = jnp.asarray(owner, jnp.int32)
   tok = model.tokenizer
