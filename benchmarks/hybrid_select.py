@@ -135,24 +135,14 @@ def bench_batch(model, params, cfg, config, row, transform) -> dict:
   # Warm-up: each side's programs compiled and run once on one chunk of
   # every shape it uses, so that the timed runs below are warm.
   row_bytes = 4 * get_path(params, head_path(model)).size  # one [V, d]
-  rows_fn = jitted(
-    hybrid.pool_head_gradients, static_argnames=('model', 'batch_size')
-  )
   warmup_s = {}
   t0 = time.perf_counter()
   shapes = {}
   for rows, cols, batch in selection.chunk_plan(lengths, width, 64, row_bytes):
     shapes.setdefault((cols, batch), rows)
-  for (cols, batch), rows in sorted(shapes.items()):
-    jax.block_until_ready(
-      rows_fn(
-        model,
-        params,
-        jnp.asarray(tokens[rows, :cols]),
-        jnp.asarray(lengths[rows]),
-        candidates,
-        batch_size=batch,
-      )
+  for rows in shapes.values():  # one chunk of each shape, as pool_gram plans
+    selection.pool_gram(
+      model, params, tokens[rows], lengths[rows], candidates, target, w
     )
   warmup_s['bucketed'] = time.perf_counter() - t0
   t0 = time.perf_counter()

@@ -628,6 +628,14 @@ def test_cut_variants_cut_at_word_boundaries_and_close_with_an_end():
   assert got == [[0, 10, 11, 12, 15], [0, 10, 11, 12, 13]]
 
 
+def _pool_tokens(rows):
+  """`(tokens [P, max_length], lengths [P])` of `rows`, zero padded."""
+  tokens = np.zeros((len(rows), CONFIG.max_length), np.int32)
+  for i, row in enumerate(rows):
+    tokens[i, : len(row)] = row
+  return tokens, np.asarray([len(r) for r in rows], np.int32)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
   'chunk,transformed', ((2, False), (4, False), (2, True), (64, False))
@@ -638,12 +646,7 @@ def test_pool_gram_is_the_weighted_features_gram(chunk, transformed):
   # weighted, flattened head rows (times a random transform when given),
   # from NumPy.
   model, params = tiny('gpt2')
-  rows = [ROWS[0], ROWS[1], ROWS[0][:5] + [END]]
-  width = CONFIG.max_length
-  tokens = np.zeros((3, width), np.int32)
-  for i, row in enumerate(rows):
-    tokens[i, : len(row)] = row
-  lengths = np.asarray([len(r) for r in rows], np.int32)
+  tokens, lengths = _pool_tokens([ROWS[0], ROWS[1], ROWS[0][:5] + [END]])
   cands = jnp.arange(V, dtype=jnp.int32)
   rng = np.random.default_rng(0)
   weights = rng.uniform(0.5, 2.0, size=(2, V)).astype(np.float32)
@@ -689,12 +692,7 @@ def test_pool_gram_computes_each_chunk_on_its_shortest_buffer(monkeypatch):
   from leakjax.attacks.dager.hybrid import selection
 
   model, params = tiny('gpt2')
-  rows = [ROWS[0], ROWS[0][:5] + [END], ROWS[1]]
-  width = CONFIG.max_length
-  tokens = np.zeros((3, width), np.int32)
-  for i, row in enumerate(rows):
-    tokens[i, : len(row)] = row
-  lengths = np.asarray([len(r) for r in rows], np.int32)
+  tokens, lengths = _pool_tokens([ROWS[0], ROWS[0][:5] + [END], ROWS[1]])
   cands = jnp.arange(V, dtype=jnp.int32)
   seen = []
 
@@ -729,11 +727,10 @@ def test_pool_gram_computes_each_chunk_on_its_shortest_buffer(monkeypatch):
 
 def test_pool_head_gradients_batched_map_equals_one_at_a_time():
   model, params = tiny('llama')
-  rows = [ROWS[0], ROWS[1], ROWS[0][:5] + [END], ROWS[1][:4] + [END]]
-  tokens = np.zeros((4, CONFIG.max_length), np.int32)
-  for i, row in enumerate(rows):
-    tokens[i, : len(row)] = row
-  lengths = jnp.asarray([len(r) for r in rows], jnp.int32)
+  tokens, lengths = _pool_tokens(
+    [ROWS[0], ROWS[1], ROWS[0][:5] + [END], ROWS[1][:4] + [END]]
+  )
+  lengths = jnp.asarray(lengths)
   cands = jnp.arange(V, dtype=jnp.int32)
   one = pool_head_gradients(model, params, jnp.asarray(tokens), lengths, cands)
   for batch in (2, 4):
