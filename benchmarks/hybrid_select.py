@@ -117,21 +117,18 @@ def bench_batch(model, params, cfg, config, row, transform) -> dict:
   bag = bow.extract_bag(model, params, grads)
   _, padded, valid = hybrid.candidate_tokens(model, params, grads, bag, config)
   variants, owner = hybrid.pool_variants(model, pool, config)
-  width = max(config.max_length, *map(len, variants))
-  tokens = np.zeros((len(variants), width), np.int32)
-  for i, v in enumerate(variants):
-    tokens[i, : len(v)] = v
-  lengths = np.array([len(v) for v in variants], np.int32)
-  candidates = jnp.asarray(padded)
-  observed = hybrid.raw_head_rows(model, grads, candidates)
-  if transform is not None:
-    observed = observed @ transform
-  w = jnp.asarray(
-    selection.selection_weights(
-      np.asarray(observed), valid, config.select_weight
-    )[None]
+  tokens, lengths, candidates, target, w = selection.pool_inputs(
+    model,
+    grads,
+    variants,
+    padded,
+    valid,
+    (config.select_weight,),
+    config.max_length,
+    transform,
   )
-  target = jnp.asarray(observed, jnp.float32)
+  width = tokens.shape[1]
+  w = jnp.asarray(w)
   # Warm-up: each side's programs compiled and run once on one chunk of
   # every shape it uses, so that the timed runs below are warm.
   row_bytes = 4 * get_path(params, head_path(model)).size  # one [V, d]

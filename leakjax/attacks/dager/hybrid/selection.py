@@ -416,6 +416,36 @@ def pool_variants(
   return variants, owner
 
 
+def pool_inputs(
+  model: Model,
+  grads: PyTree,
+  variants: Sequence[Sequence[int]],
+  padded: np.ndarray,
+  valid: np.ndarray,
+  powers: Sequence[float],
+  width: int,
+  transform: Float[Array, 'd d'] | None = None,
+) -> tuple[np.ndarray, np.ndarray, Array, Array, np.ndarray]:
+  """What :func:`pool_grams` passes to :func:`pool_gram`: `(tokens [P, L]
+  zero padded to at least `width`, lengths [P], candidates, the observed
+  head rows (times `transform` when given), weights [W, C])`, one row of
+  weights per power, from the observed rows."""
+  tokens = np.zeros((len(variants), max(width, *map(len, variants))), np.int32)
+  for i, v in enumerate(variants):
+    tokens[i, : len(v)] = v
+  lengths = np.array([len(v) for v in variants], np.int32)
+  candidates = jnp.asarray(padded)
+  observed = jitted(raw_head_rows, static_argnames=('model',))(
+    model, grads, candidates
+  )
+  if transform is not None:
+    observed = observed @ transform
+  weights = np.stack(
+    [selection_weights(np.asarray(observed), valid, q) for q in powers]
+  )
+  return tokens, lengths, candidates, observed, weights
+
+
 def pool_grams(
   model: Model,
   params: PyTree,
@@ -431,29 +461,10 @@ def pool_grams(
   Gram per weighting power: `[W, P, P]` and `[W, P]`. With `transform`
   every row, observed or a variant's, is matched as `row @ transform`
   (the weights come from the transformed observed rows)."""
-  tokens = np.zeros((len(variants), max(width, *map(len, variants))), np.int32)
-  for i, v in enumerate(variants):
-    tokens[i, : len(v)] = v
-  lengths = np.array([len(v) for v in variants], np.int32)
-  candidates = jnp.asarray(padded)
-  observed = jitted(raw_head_rows, static_argnames=('model',))(
-    model, grads, candidates
+  inputs = pool_inputs(
+    model, grads, variants, padded, valid, powers, width, transform
   )
-  if transform is not None:
-    observed = observed @ transform
-  weights = np.stack(
-    [selection_weights(np.asarray(observed), valid, q) for q in powers]
-  )
-  return pool_gram(
-    model,
-    params,
-    tokens,
-    lengths,
-    candidates,
-    observed,
-    weights,
-    transform=transform,
-  )
+  return pool_gram(model, params, *inputs, transform=transform)
 
 
 def select_pool(
