@@ -623,3 +623,63 @@ def test_frozen_embeddings_do_not_move_under_weight_decay():
   frozen = {p for p in moved if 'wte' in jax.tree_util.keystr(p)}
   assert frozen and not any(moved[p] for p in frozen)
   assert all(moved[p] for p in moved if p not in frozen)
+
+
+def test_clip_scales_like_optax_and_passes_small_gradients_unchanged():
+  tx = train_lib.make_optimizer(
+    train_lib.TrainConfig(
+      optimizer='sgd', learning_rate=1.0, schedule='constant'
+    ),
+    total_steps=1,
+  )
+  clip = optax.clip_by_global_norm(1.0)
+  keys = jax.random.split(jax.random.key(0), 2)
+  params = {'a': jnp.zeros((5, 7)), 'b': jnp.zeros((3,))}
+  for scale in (0.01, 30.0):  # under and over the bound
+    grads = {
+      'a': scale * jax.random.normal(keys[0], (5, 7)),
+      'b': scale * jax.random.normal(keys[1], (3,)),
+    }
+    got, _ = tx.update(grads, tx.init(params), params)
+    want, _ = clip.update(grads, clip.init(params))
+    for k in grads:
+      if scale < 1:  # under the bound: the gradient itself, bit for bit
+        np.testing.assert_array_equal(got[k], -grads[k])
+      else:
+        np.testing.assert_allclose(got[k], -want[k], rtol=1e-6)
+  assert float(optax.global_norm(got)) == pytest.approx(1.0, rel=1e-6)
+
+
+def _wide_loss(params, frozen, batch, key):
+  del frozen, key
+  h = jnp.tanh(batch[0] @ params['w1'])
+  return jnp.mean((h @ params['w2']) ** 2), {}
+
+
+@pytest.mark.parametrize('optimizer', ['adamw', 'adam', 'sgd'])
+def test_the_step_holds_one_copy_of_the_gradients(optimizer):
+  # The clipped step's temporaries: one gradient per parameter and little
+  # else (the activations of a 2-row batch are small). optax's select form
+  # of the clip kept the divided gradients beside the raw ones: twice this.
+  params = {
+    'w1': jnp.zeros((512, 1024), jnp.float32),
+    'w2': jnp.zeros((1024, 512), jnp.float32),
+  }
+  settings = train_lib.TrainConfig(optimizer=optimizer, weight_decay=0.1)
+  opt_state = train_lib.make_optimizer(settings, 10).init(params)
+  batch = (jnp.ones((2, 512)), jnp.ones((2, 512)))
+  step = jax.jit(train_steps._settings_fit_step, **train_steps._FIT_STEP_JIT)
+  compiled = step.lower(
+    _wide_loss,
+    settings,
+    10,
+    params,
+    None,
+    opt_state,
+    batch,
+    jax.random.key(0),
+    np.int32(0),
+  ).compile()
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  assert temp < 1.25 * param_bytes, (temp, param_bytes)
