@@ -250,13 +250,20 @@ SMOKE = dict(
 
 
 @pytest.mark.slow
-def test_experiment_frozen_embeddings_past_the_span_rank(tmp_path):
+def test_experiment_frozen_embeddings_past_the_span_rank(tmp_path, monkeypatch):
   """At b = 8 the tiny model's 64-wide first layer sees more inputs than
   the span test can separate: an empty bag, a zero row, not a crash."""
   cfg = runner.FilmConfig(
     **{**SMOKE, 'batch_sizes': (1, 8), 'defenses': ('freeze',)}
   )
+  released = []
+  release = stages.release_programs
+  monkeypatch.setattr(
+    stages, 'release_programs', lambda: released.append(1) or release()
+  )
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
+  # The programs go after the fine-tuning and when b changes.
+  assert len(released) == 2
   lines = (tmp_path / 'results.jsonl').read_text().splitlines()
   rows = {r['b']: r for r in map(json.loads, lines)}
   assert rows[1]['bag_size'] > 0 and rows[1]['span_rank'] < 0.9 * 64

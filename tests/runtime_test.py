@@ -100,3 +100,12 @@ def test_a_cache_already_chosen_is_kept(tmp_path):
   assert runtime.use_compilation_cache(None) == chosen
   assert jax.config.jax_compilation_cache_dir == chosen
   assert not any(tmp_path.iterdir())
+
+
+def test_release_programs_drops_compiled_programs():
+  f = jax.jit(lambda x: x * 2)
+  f(jax.numpy.ones(3))
+  assert f._cache_size() == 1
+  runtime.release_programs()
+  assert f._cache_size() == 0
+  assert float(f(jax.numpy.ones(3))[0]) == 2.0  # compiles again

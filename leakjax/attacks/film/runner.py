@@ -355,7 +355,8 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
       progress=progress,
     )
     extra.update(trained)
-    runtime.return_freed_memory()
+    # The fine-tuning's programs do not run again.
+    runtime.release_programs()
   model, params = models.cast(model, params, cfg.dtype)
   if len(train_texts) < max(cfg.batch_sizes):
     raise LeakjaxError(
@@ -369,7 +370,11 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
     else [{'b': b, 'key': {'b': b}} for b in cfg.batch_sizes]
   )
   counter = io.Progress(len(points) * cfg.num_batches)
-  for point in points:
+  for i, point in enumerate(points):
+    if i and point['b'] != points[i - 1]['b']:
+      # The last batch size's programs (its gradient, searches of its
+      # bag sizes) do not run again.
+      runtime.release_programs()
     for index in range(cfg.first_batch, cfg.first_batch + cfg.num_batches):
       match = {**point['key'], 'batch': index}
       if cfg.mode == 'bag':
