@@ -123,6 +123,14 @@ def test_quickstart_rouge_l():
   s = summary('film_quickstart')
   text = 'ROUGE-L ' + joined(s[f'rougeL@b={b}'] for b in (1, 4, 16))
   assert f'{text} at b = 1 / 4 / 16 (2 batches each' in PROSE
+  profile = json.loads(
+    (ROOT / 'reports' / 'film_quickstart' / 'profile.json').read_text()
+  )
+  run = profile['runs'][-1]  # the code as it is
+  assert (
+    f'Measured: {run["wall_s"]:.0f} s wall and {run["peak_rss_mib"]:,} MiB'
+    ' peak memory' in PROSE
+  )
 
 
 def test_film_enron_row():
