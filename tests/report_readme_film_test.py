@@ -1001,6 +1001,13 @@ def test_film_quickstart_report():
     )
     assert line in t, line
   assert by['before, optax clip']['summary_equal']
+  was, now = by['before, optax clip']['stages'], by[CLIPPED]['stages']
+  assert (
+    f"b = 4's first batch took {now['attack_s'][2]} s against"
+    f' {was["attack_s"][2]} s, while the fine-tuning, with one copy of the'
+    f' gradients, ended at {now["training_done_s"]} s against'
+    f' {was["training_done_s"]} s' in t
+  )
   old = {'bag_recall@b=16': 0.927710843373494}  # the summary before the clip
   assert abs(s['bag_recall@b=16'] - old['bag_recall@b=16']) == pytest.approx(
     by[CLIPPED]['max_summary_diff']
