@@ -10,6 +10,7 @@ the norm-threshold baseline at its best threshold
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -73,10 +74,7 @@ def bag_batch(
         'grad_seconds': grad_s,
         'bag_seconds': time.perf_counter() - start,
       }
-      if bag.evidence is not None:
-        row['span_rank'] = int(bag.evidence.span_rank)
-        row['span_valid'] = bool(bag.evidence.span_valid)
-      rows.append(row)
+      rows.append({**row, **span_fields(bag)})
     if kind == 'none' and tied:
       # The baseline at its best threshold (an oracle: it knows the truth).
       p, r = oracle_norm_threshold(np.asarray(rows_grad), truth)
@@ -94,6 +92,17 @@ def bag_batch(
   return rows
 
 
+def span_fields(bag) -> dict[str, Any]:
+  """The span test's rank and validity for a results row (all the bag has
+  to go on when the embeddings are frozen); none without evidence."""
+  if bag.evidence is None:
+    return {}
+  return {
+    'span_rank': int(bag.evidence.span_rank),
+    'span_valid': bool(bag.evidence.span_valid),
+  }
+
+
 def oracle_norm_threshold(
   grad_rows: np.ndarray, truth: set[int]
 ) -> tuple[float, float]:
@@ -105,4 +114,4 @@ def oracle_norm_threshold(
   return cut.precision, cut.recall
 
 
-__all__ = ['bag_batch', 'oracle_norm_threshold']
+__all__ = ['bag_batch', 'oracle_norm_threshold', 'span_fields']

@@ -540,17 +540,6 @@ def sweep_points(cfg: FilmConfig) -> list[dict[str, Any]]:
   return points
 
 
-def _span_fields(bag) -> dict[str, Any]:
-  """The span test's rank and validity (all the bag has to go on when the
-  embeddings are frozen)."""
-  if bag.evidence is None:
-    return {}
-  return {
-    'span_rank': int(bag.evidence.span_rank),
-    'span_valid': bool(bag.evidence.span_valid),
-  }
-
-
 def _empty_bag_row(point, index, texts, bag, truth, grad_s, start):
   """The row of a batch whose gradient gave an empty bag: all scores 0."""
   ents = metrics.named_entities(texts)
@@ -574,7 +563,7 @@ def _empty_bag_row(point, index, texts, bag, truth, grad_s, start):
     'grad_seconds': grad_s,
     'attack_seconds': time.perf_counter() - start,
     'empty_bag': True,
-    **_span_fields(bag),
+    **bag_only.span_fields(bag),
   }
 
 
@@ -655,7 +644,7 @@ def attack_batch(
   }
   if result.sentence_ends:  # searched beside a bag from a silent head
     row['sentence_ends_added'] = len(result.sentence_ends)
-  row.update(_span_fields(result.bag))
+  row.update(bag_only.span_fields(result.bag))
   if cfg.repetitions > 1:
     # Table 3: recall/precision after the first k repetitions, and all.
     reps = len(result.sentences)
