@@ -151,6 +151,21 @@ def test_span_of_and_residuals_match_numpy_svd():
   np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+@pytest.mark.parametrize('k, used', [(48, 10), (48, 0), (48, 48), (130, 65)])
+def test_project_reads_the_basis_up_to_its_last_nonzero_column(k, used):
+  # Blocks of 64 columns up to the last non-zero one; past it the columns
+  # are zero, so the product equals the whole one (and costs the rank's).
+  rng = np.random.default_rng(3)
+  d = 48
+  basis = np.zeros((d, k), np.float32)
+  basis[:, :used] = rng.standard_normal((d, used))
+  x = rng.standard_normal((5, 7, d)).astype(np.float32)
+  got = np.asarray(span_lib.project(jnp.asarray(x), jnp.asarray(basis)))
+  want = (x.astype(np.float64) @ basis) @ basis.T
+  assert got.shape == x.shape
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize(
   'n, max_rank_fraction, valid',
   [
@@ -277,6 +292,7 @@ def test_extension_residuals_match_brute_force(family, length):
       cache=cache,
       step=jnp.asarray(length, jnp.int32),
     )
+  state = state.replace(live_ok=jnp.ones(2, bool))
   candidates = np.concatenate([np.arange(V), np.zeros(3)]).astype(np.int32)
   got = extension_residuals(
     model, params, span2, state, jnp.asarray(candidates), chunk=8
@@ -296,6 +312,22 @@ def test_extension_residuals_match_brute_force(family, length):
     true = np.isin(candidates, list(nexts))
     assert np.asarray(got)[row, true].max() < TOLERANCE
     assert np.asarray(got)[row, ~true].min() > 20 * TOLERANCE
+  # Only live rows and valid candidates are decoded, the rest is inf.
+  valid = np.arange(len(candidates)) % 3 != 1
+  one_live = state.replace(live_ok=jnp.array([False, True]))
+  part = np.asarray(
+    extension_residuals(
+      model,
+      params,
+      span2,
+      one_live,
+      jnp.asarray(candidates),
+      jnp.asarray(valid),
+      chunk=8,
+    )
+  )
+  assert np.isinf(part[0]).all() and np.isinf(part[1, ~valid]).all()
+  np.testing.assert_allclose(part[1, valid], want[1, valid], atol=1e-4)
 
 
 def assert_recovered(family, rows, result):
@@ -324,8 +356,8 @@ def test_recover_finds_the_batch_exactly(family, batch):
 
 
 def test_search_split_over_a_mesh_decides_the_same():
-  # conftest fakes 8 CPU devices: the decode batches (8 live rows x chunk
-  # 8) are split over 4 of them; the recovered sentences, their residuals
+  # conftest fakes 8 CPU devices: the decode passes (chunk 8 extensions)
+  # are split over 4 of them; the recovered sentences, their residuals
   # and what was dropped equal the one-device search's.
   model, params = tiny('llama')
   grads = gradient('llama', 'equal')
@@ -340,7 +372,7 @@ def test_search_split_over_a_mesh_decides_the_same():
   )
   assert max(one.residuals) < CONFIG.span.layer2_tolerance
   assert_recovered('llama', BATCHES['equal'], split)
-  with pytest.raises(LeakjaxError, match='do not split over 3 devices'):
+  with pytest.raises(LeakjaxError, match='does not split over 3 devices'):
     dager.recover(
       model, params, grads, config=CONFIG, mesh=sharding.make_mesh('data:3')
     )

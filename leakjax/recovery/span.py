@@ -122,8 +122,16 @@ def span_of(
 
 def residuals(span: Span, x: Float[Array, '... d']) -> Float[Array, '...']:
   """Relative distance `‖x − QQᵀx‖ / ‖x‖` of each row `x` to the span."""
+  return _relative_residuals(span.basis, x)
+
+
+# Rows of the vocabulary tested per tile (`input_span_residuals`).
+ROW_TILE = 2048
+
+
+def _relative_residuals(q, x):
   x = x.astype(jnp.float32)
-  res = x - (x @ span.basis) @ span.basis.T
+  res = x - project(x, q)
   return jnp.linalg.norm(res, axis=-1) / (jnp.linalg.norm(x, axis=-1) + 1e-30)
 
 
@@ -181,10 +189,36 @@ def input_span_residuals(
   q, rank, valid = _basis(
     first_layer_grad, min_gap_decades, max_rank_fraction, span
   )
-  x = inputs.astype(jnp.float32)
-  res = x - (x @ q) @ q.T
-  rel = jnp.linalg.norm(res, axis=-1) / (jnp.linalg.norm(x, axis=-1) + 1e-30)
+  # Row tiles: each tile's projection stays in cache (one read of `inputs`).
+  rel = jax.lax.map(
+    lambda x: _relative_residuals(q, x), inputs, batch_size=ROW_TILE
+  )
   return rel, rank, valid
+
+
+def project(
+  x: Float[Array, '... d'], basis: Float[Array, 'd k'], block: int = 64
+) -> Float[Array, '... d']:
+  """`x Q Qᵀ`, reading only `basis`'s columns up to its last non-zero one.
+
+  A span's basis keeps `k = min(d, out)` columns, those past the rank zero
+  (:class:`Span`); the product runs over blocks of `block` columns up to
+  the last non-zero one (a `lax.while_loop`), so testing the whole
+  vocabulary costs what the rank needs, not what `k` does.
+  """
+  d, k = basis.shape
+  num_blocks = -(-k // block)
+  blocks = jnp.pad(basis, ((0, 0), (0, num_blocks * block - k)))
+  blocks = blocks.reshape(d, num_blocks, block).transpose(1, 0, 2)
+  used = jnp.max(jnp.where(jnp.any(basis != 0, 0), jnp.arange(1, k + 1), 0))
+
+  def body(j, acc):
+    q = blocks[j]
+    return acc + (x @ q) @ q.T
+
+  return jax.lax.fori_loop(
+    0, (used + block - 1) // block, body, jnp.zeros_like(x)
+  )
 
 
 def layer_norm_span_residuals(
@@ -218,7 +252,7 @@ def layer_norm_span_residuals(
   d = embeddings.shape[-1]
 
   def proj(x):  # R x
-    return x - (x @ q) @ q.T
+    return x - project(x, q)
 
   cv = embeddings.astype(jnp.float32)
   cv = cv - cv.mean(-1, keepdims=True)
@@ -346,6 +380,7 @@ __all__ = [
   'first_layer_input_grad',
   'input_span_residuals',
   'layer_norm_span_residuals',
+  'project',
   'residuals',
   'span_of',
   'span_residuals',

@@ -60,8 +60,9 @@ class DagerAttackConfig:
       sentences needs at least b (distinct prefixes of one length).
     max_done: finished sequences kept (at least b).
     max_length: the longest sequence searched (tokens, incl. BOS).
-    chunk: candidates per decode batch of the search (memory:
-      `max_sequences · chunk` copies of a one-block cache).
+    chunk: extensions (a live prefix and a candidate) decoded per pass of
+      the search (memory: `chunk` copies of a one-block cache); the
+      candidates are padded to `chunk · 2^k`.
     complete_last_token: complete each sequence with its last token read
       off the head gradient (:func:`last_token_scores`; False: DAGER's
       output, one token short).
@@ -286,7 +287,7 @@ def recover(
     config: settings.
     mesh: a `jax.sharding.Mesh` with a `'data'` axis
       (:func:`leakjax.sharding.make_mesh`): the sequence search splits its
-      decode batches (`max_live · chunk` extensions) over it; the result
+      decode passes (`chunk` extensions each) over it; the result
       is the same as on one device.
 
   Returns:

@@ -108,7 +108,7 @@ class DagerConfig:
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
-    chunk: candidates per decode batch of the search.
+    chunk: extensions decoded per pass of the search.
     extra_live: live prefixes kept per step beyond b.
     complete_last_token: complete each sequence's last token from the head
       gradient (False: DAGER's own output, one token short).

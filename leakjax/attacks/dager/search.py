@@ -222,37 +222,55 @@ def extension_residuals(
   span2: Span,
   state: SearchState,
   candidates: Int[Array, ' C'],
+  valid: Bool[Array, ' C'] | None = None,
   *,
   chunk: int,
   mesh: sharding.Mesh | None = None,
 ) -> Float[Array, 'A C']:
-  """Layer-2 residual of every live prefix extended by every candidate.
+  """Layer-2 residual of every live prefix extended by every valid candidate.
 
-  The live rows' block-1 caches are replicated `chunk` times per pass, so
-  the work runs as `C / chunk` batches of `A · chunk` one-token decodes;
-  with a `mesh`, each batch is split over its `'data'` axis (`A · chunk`
-  must divide evenly).
+  Only the pairs (live row, valid candidate) are decoded: they are listed
+  densely and run `chunk` at a time (a `lax.while_loop` whose trip count is
+  the number of pairs, which shrinks as sentences end), each pass a batch
+  of `chunk` one-token decodes on copies of the parents' block-1 caches.
+  Pairs not decoded (rows not live, candidates not valid) get `inf`. With
+  a `mesh`, each pass is split over its `'data'` axis (`chunk` must divide
+  evenly).
   """
   a = state.live.shape[0]
   c = candidates.shape[0]
-  if c % chunk:
-    raise LeakjaxError(f'{c} candidates are not a multiple of chunk {chunk}')
-  if (a * chunk) % sharding.data_size(mesh):
+  if chunk % sharding.data_size(mesh):
     raise LeakjaxError(
-      f'{a} live rows x chunk {chunk} do not split over'
-      f' {sharding.data_size(mesh)} devices',
-      'choose max_live and chunk whose product the data axis divides',
+      f'chunk {chunk} does not split over {sharding.data_size(mesh)} devices',
+      'choose a chunk the data axis divides',
     )
+  if valid is None:
+    valid = jnp.ones((c,), bool)
+  live_ok = state.live_ok
+  rows = jnp.nonzero(live_ok, size=a, fill_value=0)[0]
+  cols = jnp.nonzero(valid, size=c, fill_value=0)[0]
+  n_cols = valid.sum()
+  total = live_ok.sum() * n_cols
+  passes = (total + chunk - 1) // chunk
 
-  def one(cands):  # [chunk] -> [A, chunk]
-    cache = jax.tree.map(lambda x: jnp.repeat(x, chunk, axis=0), state.cache)
-    ids = jnp.tile(cands, a)[:, None]  # row p * chunk + j extends prefix p
+  def body(carry):
+    j, out = carry
+    k = j * chunk + jnp.arange(chunk)
+    ok = k < total
+    kk = jnp.where(ok, k, 0)
+    row = rows[kk // jnp.maximum(n_cols, 1)]
+    col = cols[kk % jnp.maximum(n_cols, 1)]
+    cache = jax.tree.map(lambda x: x[row], state.cache)
+    ids = candidates[col][:, None]
     cache, ids = sharding.constrain_batch((cache, ids), mesh)
     x, _ = model.block_decode(params, cache, ids, layer=1)
-    return residuals(span2, x[:, 0]).reshape(a, chunk)
+    flat = jnp.where(ok, row * c + col, a * c)  # out of range: dropped
+    out = out.at[flat].set(residuals(span2, x[:, 0]), mode='drop')
+    return j + 1, out
 
-  out = jax.lax.map(one, candidates.reshape(c // chunk, chunk))
-  return out.transpose(1, 0, 2).reshape(a, c)
+  out = jnp.full((a * c,), jnp.inf, jnp.float32)
+  _, out = jax.lax.while_loop(lambda st: st[0] < passes, body, (0, out))
+  return out.reshape(a, c)
 
 
 def search_step(
@@ -279,7 +297,7 @@ def search_step(
   c = candidates.shape[0]
   i = state.step
   res = extension_residuals(
-    model, params, span2, state, candidates, chunk=chunk, mesh=mesh
+    model, params, span2, state, candidates, valid, chunk=chunk, mesh=mesh
   )
   passing = (res < tolerance) & state.live_ok[:, None] & valid[None, :]
   if model.paths.position_embeddings is None:  # a static fact
@@ -374,8 +392,8 @@ def sequence_search(
       `block_decode`), static.
     params: θ.
     span2: the span of block 2's attention-input gradient.
-    candidates: int32 `[C]` token ids from :func:`token_filter`, padded to
-      a multiple of `chunk` (padding marked invalid).
+    candidates: int32 `[C]` token ids from :func:`token_filter` (padding
+      marked invalid; the pipeline pads to `chunk · 2^k`, few compiles).
     valid: bool `[C]`.
     start: a token every sequence starts with (BOS), or None to search
       position 0 like the others.
@@ -384,10 +402,10 @@ def sequence_search(
     max_done: finished sequences kept, static (at least b).
     max_length: longest sequence grown, static.
     tolerance: the layer-2 residual threshold.
-    chunk: candidates per decode batch (memory: `max_live · chunk` copies
-      of a one-block cache).
-    mesh: a mesh with a `'data'` axis (static): each decode batch of
-      `max_live · chunk` extensions is split over it and the parameters
+    chunk: extensions decoded per pass (memory: `chunk` copies of a
+      one-block cache).
+    mesh: a mesh with a `'data'` axis (static): each pass of `chunk`
+      extensions is split over it and the parameters
       replicated; None runs on one device. The decisions are the same.
 
   Returns:
