@@ -17,6 +17,7 @@ sentence's first token excepted, which the search refuses: see
 :func:`assert_recovered`).
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -328,6 +329,44 @@ def test_extension_residuals_match_brute_force(family, length):
   )
   assert np.isinf(part[0]).all() and np.isinf(part[1, ~valid]).all()
   np.testing.assert_allclose(part[1, valid], want[1, valid], atol=1e-4)
+
+
+@pytest.mark.parametrize('batch', BATCHES)
+@pytest.mark.parametrize('family', FAMILIES)
+def test_last_token_scores_are_one_hot_on_the_last_targets(family, batch):
+  # FedSGD: given every prefix, the head gradient is linear in the last
+  # targets, so each prefix's row of scores is ~1 at its sentence's last
+  # token and ~0 elsewhere; the loss and the head inputs share one forward,
+  # whose logits equal the model's own.
+  model, params = tiny(family)
+  rows = BATCHES[batch]
+  ids, mask = pad([r[:-1] for r in rows])
+  scores = jax.jit(
+    dager.pipeline.last_token_scores, static_argnames=('model',)
+  )(model, params, gradient(family, batch), jnp.asarray(ids), mask)
+  last = [r[-1] for r in rows]
+  want = np.zeros((len(rows), V))
+  want[np.arange(len(rows)), last] = 1.0
+  # A tied head also gets input-side terms on the prefixes' tokens.
+  outside = ~np.isin(np.arange(V), ids[mask.astype(bool)])
+  np.testing.assert_allclose(scores[:, outside], want[:, outside], atol=1e-3)
+  assert np.asarray(scores).argmax(1).tolist() == last
+  hidden = model.hidden_states(params, jnp.asarray(ids), mask)[-1]
+  np.testing.assert_allclose(
+    model.lm_head(params, hidden),
+    model.logits(params, jnp.asarray(ids), mask),
+    rtol=1e-5,
+    atol=1e-5,
+  )
+
+  def no_logits(*args):
+    raise AssertionError('a second forward through model.logits')
+
+  one_pass = dataclasses.replace(model, logits_fn=no_logits)
+  again = dager.pipeline.last_token_scores(
+    one_pass, params, gradient(family, batch), jnp.asarray(ids), mask
+  )
+  np.testing.assert_allclose(again, scores, atol=1e-5)
 
 
 def assert_recovered(family, rows, result):

@@ -193,20 +193,24 @@ def last_token_scores(
   path = head_path(model)
 
   def loss0(p):
-    logits = model.logits(p, ids, mask).astype(jnp.float32)
+    # One forward serves the loss and the head's inputs: the logits are
+    # the head of the last hidden state (what `hidden_states` and
+    # `lm_head` mean), not a second pass through `model.logits`.
+    hidden = model.hidden_states(p, ids, mask)[-1]  # [n, t, d]
+    logits = model.lm_head(p, hidden).astype(jnp.float32)
     logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
     known = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
     known = (known * mask[:, 1:]).sum()
     z = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
     lse = jnp.where(row_ok, jax.nn.logsumexp(z, axis=-1), 0.0)
-    return (known + lse.sum()) / num_targets
+    return (known + lse.sum()) / num_targets, hidden
 
-  g0 = get_path(jax.grad(loss0)(params), path)
+  g0, hidden = jax.grad(loss0, has_aux=True)(params)
+  g0 = get_path(g0, path)
   gobs = get_path(grads, path)
   r = (g0 - gobs).astype(jnp.float32) * num_targets
   if model.paths.lm_head is not None:  # a Dense kernel [d, V]
     r = r.T
-  hidden = model.hidden_states(params, ids, mask)[-1]  # [n, t, d]
   h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
 
   def head_input(h):  # what multiplies the head matrix: ∂z[v]/∂W[v]
