@@ -79,9 +79,10 @@ stemmer=True).max(1).mean()`), `exact` (the original's token ids, BOS and final 
 among the predictions), `exact_prefix` (equal up to the final token, which
 the reference never recovers: it has no gradient under the next-token loss),
 seconds per batch (attack only; the client gradient apart), and for ours the
-achieved FLOP/s of the layer-2 search (`steps * max_live * padded candidates`
-one-token passes through one block, q/k/v/o + MLP matmuls) against the fp32
-matmul peak this process measures.
+achieved FLOP/s of the layer-2 search (its one-token passes through one
+block, q/k/v/o + MLP matmuls: every live prefix by every candidate, in
+passes of `chunk`, :func:`search_passes`) against the fp32 matmul peak this
+process measures.
 
   python -m benchmarks.dager_vs_reference --reference_dir=/tmp/dager_ref \\
       --reference_site=/tmp/dager_ref_site --batch_sizes=1,4,16 \\
@@ -306,30 +307,47 @@ def block_pass_flops(config) -> float:
   )
 
 
-def _bucket(n: int, unit: int) -> int:
-  """`unit * 2^k` >= n: how the pipeline pads the candidate list."""
-  size = unit
-  while size < n:
-    size *= 2
-  return size
-
-
-def search_passes(result, config) -> dict[str, int]:
+def search_passes(
+  prefixes: Sequence[Sequence[int]], num_candidates: int, config
+) -> dict[str, int]:
   """One-token block passes of our layer-2 search (what it computes).
 
-  Every step extends all `max_live` rows by all padded candidates; it runs
-  from step 1 (after BOS) until no prefix is live, i.e. `max prefix length`
-  steps, at most `max_length - 1`.
+  The search starts after BOS; at position i it decodes every live prefix
+  of length i with every candidate, `chunk` extensions a pass (a step's
+  last pass padded). The live prefixes at i are the distinct length-i
+  prefixes of the sequences it returned: every live row either grows or is
+  finished, so each is a prefix of a returned one (exact when nothing was
+  dropped). Steps run until no prefix is live, at most `max_length - 1`.
   """
-  prefix = max((len(p) for p in result.prefixes), default=0)
-  steps = min(prefix, config.max_length - 1)
-  padded = _bucket(max(len(result.candidates), 1), config.chunk)
+  steps = min(max((len(p) for p in prefixes), default=0), config.max_length - 1)
+  live = [
+    len({tuple(p[:i]) for p in prefixes if len(p) >= i})
+    for i in range(1, steps + 1)
+  ]
+  pairs = [n * num_candidates for n in live]
   return {
     'steps': steps,
-    'max_live': config.max_live,
-    'candidates': int(len(result.candidates)),
-    'padded_candidates': padded,
-    'passes': steps * config.max_live * padded,
+    'live_prefixes': sum(live),
+    'candidates': int(num_candidates),
+    'pairs': sum(pairs),
+    'chunk': config.chunk,
+    'passes': sum(-(-m // config.chunk) * config.chunk for m in pairs),
+  }
+
+
+def search_rates(passes, pass_flops, search_s, warm_s, peak_flops):
+  """The search's FLOPs, FLOP/s and fractions of the peak."""
+  flops = passes['passes'] * pass_flops
+  return {
+    'search': passes,
+    'search_seconds': search_s,
+    'search_flops': flops,
+    'search_gflops_per_s': flops / search_s / 1e9 if search_s > 0 else None,
+    'search_fraction_of_peak': (
+      flops / search_s / peak_flops if search_s > 0 else None
+    ),
+    'total_gflops_per_s': flops / warm_s / 1e9,
+    'total_fraction_of_peak': flops / warm_s / peak_flops,
   }
 
 
@@ -393,8 +411,7 @@ def run_ours(model, params, texts, b, repeats, pass_flops, peak_flops):
   no_last = [st['filter'] + st['search'] for st in stages] or [
     result.seconds['filter'] + result.seconds['search']
   ]
-  passes = search_passes(result, config)
-  flops = passes['passes'] * pass_flops
+  passes = search_passes(result.prefixes, len(result.candidates), config)
   row = {
     'seconds': warm_s,
     'seconds_cold': cold,
@@ -420,14 +437,7 @@ def run_ours(model, params, texts, b, repeats, pass_flops, peak_flops):
     'rank_limited': result.rank_limited,
     'dropped': result.dropped,
     'num_predictions': len(result.sequences),
-    'search': passes,
-    'search_flops': flops,
-    'search_gflops_per_s': flops / search_s / 1e9 if search_s > 0 else None,
-    'search_fraction_of_peak': (
-      flops / search_s / peak_flops if search_s > 0 else None
-    ),
-    'total_gflops_per_s': flops / warm_s / 1e9,
-    'total_fraction_of_peak': flops / warm_s / peak_flops,
+    **search_rates(passes, pass_flops, search_s, warm_s, peak_flops),
     'predictions': result.texts or [],
     'prediction_ids': result.sequences,
   }

@@ -24,7 +24,9 @@ from benchmarks import (  # noqa: E402
   grad_norms_vs_torch,
   peak,
 )
+from benchmarks import dager_vs_reference as dvr  # noqa: E402
 from benchmarks import run as run_lib  # noqa: E402
+from leakjax.attacks.dager import DagerAttackConfig  # noqa: E402
 
 
 @pytest.fixture
@@ -142,3 +144,18 @@ def test_measure_peak_and_interleaved_timing():
   )
   assert calls == ['a', 'b'] * 4
   assert len(times['a']) == len(times['b']) == 3
+
+
+def test_dager_search_passes_count_live_prefixes_by_candidates():
+  config = DagerAttackConfig(max_live=6, max_done=10, max_length=41, chunk=8)
+  prefixes = [[1, 5, 6, 7], [1, 5, 6, 8, 9], [1, 2]]
+  got = dvr.search_passes(prefixes, 10, config)
+  # Live prefixes of length 1..5: {1}, {15, 12}, {156}, {1567, 1568},
+  # {15689}; each step decodes live x 10 pairs in passes of 8.
+  assert got['steps'] == 5 and got['live_prefixes'] == 7
+  assert got['pairs'] == 70
+  assert got['passes'] == 16 + 24 + 16 + 24 + 16
+  rates = dvr.search_rates(got, 1e6, 0.5, 1.0, 1e9)
+  assert rates['search_flops'] == 96e6
+  assert rates['search_fraction_of_peak'] == pytest.approx(0.192)
+  assert rates['total_fraction_of_peak'] == pytest.approx(0.096)
