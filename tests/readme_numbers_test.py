@@ -1897,28 +1897,31 @@ def test_speed_client_update():
 
 def test_speed_dager():
   default = bench('dager_vs_reference_default_l1.json')
-  loose = bench('dager_vs_reference.json')
   assert default['reference']['extra_args'] == ''
-  assert loose['reference']['extra_args'] == '--l1_span_thresh=1e-4'
-  (d,) = [r for r in default['rows'] if r['b'] == 16]
-  (s,) = [r for r in loose['rows'] if r['b'] == 16]
-  assert d['batch'] == s['batch'] == 0 and d['originals'] == s['originals']
-  cells = speed_row('DAGER, SmolLM2, one b = 16 Enron batch')
+
+  def over(b):
+    rows = [r for r in default['rows'] if r['b'] == b]
+    assert [r['batch'] for r in rows] == [0, 1, 2]
+    ours = sum(r['ours']['seconds'] for r in rows)
+    last = sum(r['ours']['seconds_without_last_token'] for r in rows)
+    ref = sum(r['reference']['seconds'] for r in rows)
+    exact = sum(round(b * r['ours']['exact']) for r in rows)
+    theirs = sum(round(b * r['reference']['exact_prefix']) for r in rows)
+    assert sum(round(b * r['reference']['exact']) for r in rows) == 0
+    return ours, last, ref, exact, theirs, 3 * b
+
+  o16, _, r16, e16, x16, n16 = over(16)
+  o4, l4, r4, e4, x4, n4 = over(4)
+  cells = speed_row('DAGER, SmolLM2, three Enron batches at b = 4 and at 16')
   assert cells['ratio'] == (
-    f'{d["speed_ratio"]:.1f}x with its default flags'
-    f' ({d["ours"]["seconds"]:.1f} s vs {d["reference"]["seconds"]:.1f} s,'
-    ' `dager_vs_reference_default_l1.json`); aside:'
-    f' {s["speed_ratio"]:.1f}x with `--l1_span_thresh=1e-4`'
-    f' ({s["ours"]["seconds"]:.1f} s vs {s["reference"]["seconds"]:.1f} s,'
-    ' same batch, `dager_vs_reference.json`)'
+    f'with its default flags, {r16 / o16:.1f}x at b = 16 ({o16:.1f} s vs'
+    f' {r16:.1f} s over the three batches) and {r4 / o4:.1f}x at b = 4'
+    f' ({o4:.1f} s vs {r4:.1f} s; {r4 / l4:.1f}x without our last-token'
+    ' step), `dager_vs_reference_default_l1.json`'
   )
-  assert d['ours']['exact'] == s['ours']['exact'] == 1.0
-  assert d['reference']['exact'] == s['reference']['exact'] == 0.0
   assert cells['same'] == (
-    f'ours: {round(16 * d["ours"]["exact"])} of 16 sentences exact; theirs:'
-    f' {round(16 * d["reference"]["exact_prefix"])} of 16 up to the last token'
-    f' ({round(16 * s["reference"]["exact_prefix"])} with `1e-4`), never the'
-    ' last token'
+    f'ours: {e4} of {n4} and {e16} of {n16} sentences exact; theirs: {x4}'
+    f' of {n4} and {x16} of {n16} up to the last token, never the last token'
   )
 
 
