@@ -24,7 +24,7 @@ Steps (the kernels are in :mod:`leakjax.attacks.dager.search`):
 The kernels are plain functions; :func:`recover` jits each where it calls
 it (`leakjax._jit.jitted`, with the model and the settings static).
 Candidates are padded to `chunk · 2^k` and the recovered sequences to
-`max_length` tokens and `4 · 2^k` rows, so the kernels compile once per
+`max_length` tokens and `2^k` rows, so the kernels compile once per
 size bucket; new gradients or new params of the same shapes never
 recompile.
 """
@@ -62,7 +62,10 @@ class DagerAttackConfig:
     max_length: the longest sequence searched (tokens, incl. BOS).
     chunk: extensions (a live prefix and a candidate) decoded per pass of
       the search (memory: `chunk` copies of a one-block cache); the
-      candidates are padded to `chunk · 2^k`.
+      candidates are padded to `chunk · 2^k`. 64: each pass's matmuls are
+      wide enough to run near the CPU's matmul rate at b >= 4, while a
+      step at b = 1 (tens of extensions) still fits in one or two passes
+      (benchmarks/results/dager_vs_reference_default_l1.json).
     complete_last_token: complete each sequence with its last token read
       off the head gradient (:func:`last_token_scores`; False: DAGER's
       output, one token short).
@@ -72,7 +75,7 @@ class DagerAttackConfig:
   max_live: int = 24
   max_done: int = 64
   max_length: int = 64
-  chunk: int = 32
+  chunk: int = 64
   complete_last_token: bool = True
 
   def __post_init__(self):
@@ -139,7 +142,7 @@ def _bucket(n: int, unit: int) -> int:
 
 def _pad_rows(rows: list[list[int]], width: int | None = None):
   t = max(max(len(r) for r in rows), width or 0)
-  ids = np.zeros((_bucket(len(rows), 4), t), np.int32)
+  ids = np.zeros((_bucket(len(rows), 1), t), np.int32)
   mask = np.zeros(ids.shape, np.int32)
   for i, r in enumerate(rows):
     ids[i, : len(r)] = r
@@ -250,7 +253,7 @@ def complete_last_tokens(
     grads: the observed (FedSGD) gradient.
     prefixes: the recovered sequences, each without its last token.
     width: pad the sequences to at least this many tokens (rows are padded
-      to `4 · 2^k`), so batches of one setting compile once.
+      to `2^k`), so batches of one setting compile once.
 
   Returns:
     The completed sequences. When the head's gradient is exactly zero (a

@@ -108,7 +108,8 @@ class DagerConfig:
     layer1_tolerance: DAGER's layer-1 residual threshold.
     layer2_tolerance: DAGER's layer-2 residual threshold.
     max_length: longest sequence searched; 0: max_tokens + 1 (BOS).
-    chunk: extensions decoded per pass of the search.
+    chunk: extensions decoded per pass of the search
+      (:class:`pipeline.DagerAttackConfig`).
     extra_live: live prefixes kept per step beyond b.
     complete_last_token: complete each sequence's last token from the head
       gradient (False: DAGER's own output, one token short).
@@ -144,7 +145,7 @@ class DagerConfig:
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
-  chunk: int = 32
+  chunk: int = 64
   extra_live: int = 8
   complete_last_token: bool = True
   seed: int = 0
