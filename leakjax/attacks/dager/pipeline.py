@@ -62,10 +62,11 @@ class DagerAttackConfig:
     max_length: the longest sequence searched (tokens, incl. BOS).
     chunk: extensions (a live prefix and a candidate) decoded per pass of
       the search (memory: `chunk` copies of a one-block cache); the
-      candidates are padded to `chunk · 2^k`. 64: each pass's matmuls are
-      wide enough to run near the CPU's matmul rate at b >= 4, while a
-      step at b = 1 (tens of extensions) still fits in one or two passes
-      (benchmarks/results/dager_vs_reference_default_l1.json).
+      candidates are padded to `chunk · 2^k`. 64: wider passes are larger
+      matmuls, which ran the search faster than 32 at b = 4 and 16 on
+      SmolLM2 on the CPU (128 was no faster); a step at b = 1 (tens of
+      extensions) still takes one or two passes. The recovered sentences
+      do not depend on it.
     complete_last_token: complete each sequence with its last token read
       off the head gradient (:func:`last_token_scores`; False: DAGER's
       output, one token short).

@@ -145,7 +145,7 @@ class DagerConfig:
   layer1_tolerance: float = search.SpanConfig.layer1_tolerance
   layer2_tolerance: float = search.SpanConfig.layer2_tolerance
   max_length: int = 0
-  chunk: int = 64
+  chunk: int = pipeline.DagerAttackConfig.chunk
   extra_live: int = 8
   complete_last_token: bool = True
   seed: int = 0
