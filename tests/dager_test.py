@@ -152,6 +152,36 @@ def test_span_of_and_residuals_match_numpy_svd():
   np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+@pytest.mark.parametrize('d, out', [(48, 96), (96, 48)])
+def test_accurate_spectrum_matches_a_float64_svd_down_to_its_floor(d, out):
+  # A rank-12 float32 gradient with a spread spectrum (1 .. 1e-5): its
+  # singular values and span against NumPy's float64 SVD of the same
+  # float32 matrix; past the rank, nothing below sqrt(eps64) of the
+  # largest (no drop to a clamped zero can pass for the rank).
+  rng = np.random.default_rng(4)
+  n = 12
+  x = rng.standard_normal((d, n)) * np.logspace(0, -5, n)
+  g = (x @ rng.standard_normal((n, out))).astype(np.float32)
+  u, s = jax.jit(span_lib.accurate_spectrum)(jnp.asarray(g))
+  k = min(d, out)
+  assert u.shape == (d, k) and s.shape == (k,)
+  want = np.linalg.svd(g.astype(np.float64), compute_uv=False)
+  s = np.asarray(s, np.float64)
+  np.testing.assert_allclose(s[:n], want[:n], rtol=1e-5)
+  floor = np.sqrt(np.finfo(np.float64).eps) * want[0]
+  assert s[n:].min() >= floor * (1 - 1e-6)
+  assert s[n:].max() < 1e-6 * want[0]
+  q = numpy_basis(g, n)
+  basis = np.asarray(u[:, :n], np.float64)
+  np.testing.assert_allclose(basis @ basis.T, q @ q.T, atol=1e-5)
+  # The rank rule on it: the drop at n is the float64 spectrum's, down to
+  # the floor.
+  span = span_lib.span_of(jnp.asarray(g))
+  assert int(span.rank) == n and bool(span.valid)
+  gap = np.log10(want[n - 1] / max(want[n], floor))
+  np.testing.assert_allclose(float(span.log_gap), gap, atol=0.05)
+
+
 @pytest.mark.parametrize('k, used', [(48, 10), (48, 0), (48, 48), (130, 65)])
 def test_project_reads_the_basis_up_to_its_last_nonzero_column(k, used):
   # Blocks of 64 columns up to the last non-zero one; past it the columns

@@ -81,21 +81,19 @@ def span_of(
       which is never the rank.
     max_rank_fraction: not `valid` when the rank exceeds this fraction of
       `d` (DAGER's rank cutoff: its code stops 20 below d = 768).
-    accurate: use the QR-iteration SVD (LAPACK gesvd), whose small singular
-      values are accurate to float32 round-off; the default
-      divide-and-conquer one raises the floor of a float32 gradient's
-      spectrum, which can hide the gaps of batches near the rank limit.
+    accurate: small singular values accurate to well below float32
+      round-off (:func:`accurate_spectrum`); False: the default
+      divide-and-conquer SVD, whose raised floor of a float32 gradient's
+      spectrum can hide the gaps of batches near the rank limit.
 
   Returns:
     A :class:`Span`.
   """
   g = grad.astype(jnp.float32)
-  algorithm = (
-    jax.lax.linalg.SvdAlgorithm.QR
-    if accurate
-    else jax.lax.linalg.SvdAlgorithm.DEFAULT
-  )
-  u, s, _ = jax.lax.linalg.svd(g, full_matrices=False, algorithm=algorithm)
+  if accurate:
+    u, s = accurate_spectrum(g)
+  else:
+    u, s, _ = jax.lax.linalg.svd(g, full_matrices=False)
   d = g.shape[0]
   logs = jnp.log10(s / s[0] + 1e-30)
   gaps = logs[:-1] - logs[1:]
@@ -117,6 +115,61 @@ def span_of(
     rank=rank.astype(jnp.int32),
     valid=valid,
     log_gap=gap,
+  )
+
+
+def _x64():
+  """Float64 inside a trace (`jax.enable_x64`; older JAX: experimental)."""
+  ctx = getattr(jax, 'enable_x64', None)
+  if ctx is None:  # jax < 0.5
+    from jax.experimental import enable_x64  # pylint: disable=g-import-not-at-top
+
+    return enable_x64()
+  return ctx(True)
+
+
+def _gram_spectrum(g):
+  with _x64():
+    g64 = g.astype(jnp.float64)
+    lam, v = jnp.linalg.eigh(g64 @ g64.T)
+    lam, v = lam[::-1], v[:, ::-1]
+    # What float64 cannot tell from zero: sqrt(eps) of the largest.
+    floor = jnp.finfo(jnp.float64).eps * lam[0]
+    s = jnp.sqrt(jnp.maximum(lam, floor))
+    k = min(g.shape)
+    return v[:, :k].astype(jnp.float32), s[:k].astype(jnp.float32)
+
+
+def _qr_spectrum(g):
+  u, s, _ = jax.lax.linalg.svd(
+    g, full_matrices=False, algorithm=jax.lax.linalg.SvdAlgorithm.QR
+  )
+  return u, s
+
+
+def accurate_spectrum(
+  g: Float[Array, 'd out'],
+) -> tuple[Float[Array, 'd k'], Float[Array, ' k']]:
+  """Left singular vectors and singular values of `g` (descending,
+  `k = min(d, out)`), the small ones accurate to well below float32
+  round-off.
+
+  On CPU and GPU: the eigendecomposition of the Gram matrix `g gᵀ`
+  (`[d, d]`) in float64, where `g`'s float32 entries are exact. Its
+  eigenvalues are accurate to float64 round-off of the largest, so
+  singular values are resolved down to `sqrt(eps₆₄) ≈ 1.5e-8` of the
+  largest and clamped there (below, float64 cannot tell them from zero),
+  about where a float32 SVD's own round-off floors the spectrum. It is
+  faster than a QR-iteration SVD of `g` (DAGER's filter stage, two of
+  them, in `benchmarks/results/dager_vs_reference*.json`).
+  Elsewhere (TPUs have no float64): the float32 QR-iteration SVD.
+  """
+  return jax.lax.platform_dependent(
+    g,
+    cpu=_gram_spectrum,
+    cuda=_gram_spectrum,
+    rocm=_gram_spectrum,
+    default=_qr_spectrum,
   )
 
 
@@ -377,6 +430,7 @@ def span_residuals(
 
 __all__ = [
   'Span',
+  'accurate_spectrum',
   'first_layer_input_grad',
   'input_span_residuals',
   'layer_norm_span_residuals',
