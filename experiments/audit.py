@@ -20,7 +20,7 @@ from pathlib import Path
 
 from absl import flags
 
-from experiments import audit_report, common
+from experiments import audit_report, common, config_flags
 from leakjax import audit, io, sharding
 from leakjax.audit import runner
 
@@ -42,12 +42,13 @@ def run_experiment(
 
 def define_flags() -> None:
   common.define_common_flags('/tmp/leakjax_audit')
-  common.define_config_flags(AuditConfig)
+  config_flags.define_config_flags(AuditConfig)
   flags.adopt_module_key_flags(common)
+  flags.adopt_module_key_flags(config_flags)
 
 
 def config_from_flags() -> AuditConfig:
-  return common.config_from_flags(AuditConfig)
+  return config_flags.config_from_flags(AuditConfig)
 
 
 def main(argv):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from absl import flags
 
-from experiments import common, dager_report
+from experiments import common, config_flags, dager_report
 from leakjax import io, sharding
 from leakjax.attacks import film
 from leakjax.attacks.dager import presets, runner
@@ -78,16 +78,17 @@ SKIPPED = ('hybrid_max_length',)
 
 def define_flags() -> None:
   common.define_common_flags('/tmp/leakjax_dager')
-  common.define_preset_flag(presets.PRESETS)
-  common.define_config_flags(DagerConfig, skip=SKIPPED)
+  config_flags.define_preset_flag(presets.PRESETS)
+  config_flags.define_config_flags(DagerConfig, skip=SKIPPED)
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)
+  flags.adopt_module_key_flags(config_flags)
 
 
 def config_from_flags() -> DagerConfig:
   """The config of the parsed flags: `--preset`'s values where a flag was
   not given."""
-  return common.config_from_preset_flags(presets.PRESETS)
+  return config_flags.config_from_preset_flags(presets.PRESETS)
 
 
 def main(argv):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from absl import flags, logging
 
-from experiments import common
+from experiments import common, config_flags
 from experiments import differential_report as report_lib
 from leakjax import io, sharding
 from leakjax.attacks import differential as dlib
@@ -71,16 +71,17 @@ def define_flags() -> None:
   """`--workdir/--data/--seed/--mesh`, `--preset` and one flag per config
   field."""
   common.define_common_flags('/tmp/leakjax_differential')
-  common.define_preset_flag(presets.PRESETS)
+  config_flags.define_preset_flag(presets.PRESETS)
   flags.DEFINE_string(
     'canaries',
     '',
     'Semicolon-separated phrases, one per canary type, checked against the'
     ' profile; empty: random words per quintile.',
   )
-  common.define_config_flags(DifferentialConfig, skip=HAND_WRITTEN)
+  config_flags.define_config_flags(DifferentialConfig, skip=HAND_WRITTEN)
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)
+  flags.adopt_module_key_flags(config_flags)
 
 
 def config_from_flags() -> DifferentialConfig:
@@ -95,7 +96,7 @@ def config_from_flags() -> DifferentialConfig:
     given['canaries'] = tuple(
       p.strip() for p in f.canaries.split(';') if p.strip()
     )
-  return common.config_from_preset_flags(presets.PRESETS, **given)
+  return config_flags.config_from_preset_flags(presets.PRESETS, **given)
 
 
 def main(argv):

@@ -27,7 +27,7 @@ from pathlib import Path
 import jax
 from absl import flags
 
-from experiments import common
+from experiments import common, config_flags
 from experiments import embed_parrot_report as report
 from leakjax import io
 from leakjax.attacks.inversion import presets, runner
@@ -45,10 +45,11 @@ def define_flags() -> None:
     '/tmp/leakjax_embed_parrot_cache',
     'Hidden-state caches and the Embed Parrot checkpoint.',
   )
-  common.define_preset_flag(presets.PRESETS)
-  common.define_config_flags(Config)
+  config_flags.define_preset_flag(presets.PRESETS)
+  config_flags.define_config_flags(Config)
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)
+  flags.adopt_module_key_flags(config_flags)
 
 
 def config_from_flags() -> Config:
@@ -58,10 +59,10 @@ def config_from_flags() -> Config:
     'each corpus of --corpora is read with its default text field'
   )
   if FLAGS.data:
-    return common.config_from_preset_flags(
+    return config_flags.config_from_preset_flags(
       presets.PRESETS, corpora=(f'data={FLAGS.data}',), train_corpus='data'
     )
-  return common.config_from_preset_flags(presets.PRESETS)
+  return config_flags.config_from_preset_flags(presets.PRESETS)
 
 
 def run(

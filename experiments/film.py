@@ -28,7 +28,7 @@ from pathlib import Path
 
 from absl import flags
 
-from experiments import common, film_report
+from experiments import common, config_flags, film_report
 from leakjax import io, sharding
 from leakjax.attacks.film import presets, runner
 
@@ -62,8 +62,8 @@ def run_experiment(
 
 def define_flags() -> None:
   common.define_common_flags('/tmp/leakjax_film')
-  common.define_preset_flag(presets.PRESETS)
-  common.define_config_flags(FilmConfig)
+  config_flags.define_preset_flag(presets.PRESETS)
+  config_flags.define_config_flags(FilmConfig)
   flags.DEFINE_integer(
     'grad_microbatch',
     32,
@@ -73,12 +73,13 @@ def define_flags() -> None:
   )
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)
+  flags.adopt_module_key_flags(config_flags)
 
 
 def config_from_flags() -> FilmConfig:
   """The config of the parsed flags: `--preset`'s values where a flag was
   not given."""
-  return common.config_from_preset_flags(presets.PRESETS)
+  return config_flags.config_from_preset_flags(presets.PRESETS)
 
 
 def main(argv):

@@ -28,7 +28,7 @@ from pathlib import Path
 import jax
 from absl import flags
 
-from experiments import common
+from experiments import common, config_flags
 from experiments import gboard_report as report_lib
 from leakjax import io, sharding
 from leakjax.attacks import gboard
@@ -92,10 +92,11 @@ def define_flags() -> None:
     ],
     'n_k:B[:max E] of the DPSGD-like trajectories.',
   )
-  common.define_preset_flag(presets.PRESETS)
-  common.define_config_flags(Config, skip=HAND_WRITTEN)
+  config_flags.define_preset_flag(presets.PRESETS)
+  config_flags.define_config_flags(Config, skip=HAND_WRITTEN)
   # --help lists the common and config flags, not only this module's.
   flags.adopt_module_key_flags(common)
+  flags.adopt_module_key_flags(config_flags)
 
 
 def config_from_flags() -> gboard.GboardConfig:
@@ -111,7 +112,9 @@ def config_from_flags() -> gboard.GboardConfig:
     given = f[name].present or name not in preset
     hand[name] = parse(f[name].value) if given else preset[name]
   private = {'sms': f.data} if f.data else {}
-  return common.config_from_preset_flags(presets.PRESETS, **hand, **private)
+  return config_flags.config_from_preset_flags(
+    presets.PRESETS, **hand, **private
+  )
 
 
 def main(argv):

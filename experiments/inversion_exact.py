@@ -28,7 +28,7 @@ from pathlib import Path
 
 from absl import flags, logging
 
-from experiments import common
+from experiments import common, config_flags
 from experiments import inversion_exact_report as report
 from leakjax import io, sharding
 from leakjax.attacks.inversion import exact_runner
@@ -68,8 +68,9 @@ def run_experiment(
 def define_flags() -> None:
   """--workdir/--data/--seed/--mesh and one flag per config field."""
   common.define_common_flags('/tmp/leakjax_inversion_exact')
-  common.define_config_flags(Config)
+  config_flags.define_config_flags(Config)
   flags.adopt_module_key_flags(common)
+  flags.adopt_module_key_flags(config_flags)
 
 
 def config_from_flags() -> Config:
@@ -78,10 +79,10 @@ def config_from_flags() -> Config:
     'each corpus of --corpora is read with its default text field'
   )
   if FLAGS.data:
-    return common.config_from_flags(
+    return config_flags.config_from_flags(
       Config, corpora=(f'data={FLAGS.data}',), attacker_corpus='data'
     )
-  return common.config_from_flags(Config)
+  return config_flags.config_from_flags(Config)
 
 
 def main(argv):

@@ -1,5 +1,5 @@
 """report.html in a real browser: headless Chromium over the DevTools
-protocol (:class:`experiments.audit_html.Browser`) loads the synthetic
+protocol (:class:`experiments.browser.Browser`) loads the synthetic
 audit of tests/audit_report_test.py from disk and the page must show its
 answer, the frontier plot and the sentence table, with no console error,
 no uncaught exception and no broken image. A copy broken on purpose shows
@@ -15,7 +15,8 @@ from pathlib import Path
 import audit_report_test as synthetic
 import pytest
 
-from experiments import audit_html, audit_report
+from experiments import audit_report
+from experiments import browser as chromium
 from leakjax import io
 
 pytestmark = pytest.mark.slow
@@ -55,7 +56,7 @@ DOM = """(() => {
 })()"""
 
 
-def page_problems(browser: audit_html.Browser, path) -> list[str]:
+def page_problems(browser: chromium.Browser, path) -> list[str]:
   """Loads `path` and lists what went wrong: uncaught exceptions, console
   errors, error log entries (failed loads), and images that did not load
   (not complete or no pixels)."""
@@ -87,9 +88,9 @@ def page_problems(browser: audit_html.Browser, path) -> list[str]:
 
 @pytest.fixture(scope='module')
 def browser(request):
-  if audit_html.find_chromium() is None:
+  if chromium.find_chromium() is None:
     pytest.skip(NO_CHROMIUM)
-  b = audit_html.Browser(timeout=15)
+  b = chromium.Browser(timeout=15)
   request.addfinalizer(b.close)  # the process ends whatever the tests do
   return b
 
@@ -146,9 +147,9 @@ def test_the_check_finds_a_broken_page(browser, report, tmp_path):
 
 
 def test_screenshot(report, tmp_path):
-  if audit_html.find_chromium() is None:
+  if chromium.find_chromium() is None:
     pytest.skip(NO_CHROMIUM)
-  png = Path(audit_html.screenshot(report, tmp_path / 'report.png'))
+  png = Path(chromium.screenshot(report, tmp_path / 'report.png'))
   data = png.read_bytes()
   assert data.startswith(b'\x89PNG\r\n\x1a\n')
   width = int.from_bytes(data[16:20], 'big')
@@ -157,9 +158,9 @@ def test_screenshot(report, tmp_path):
 
 
 def test_close_ends_the_browser():
-  if audit_html.find_chromium() is None:
+  if chromium.find_chromium() is None:
     pytest.skip(NO_CHROMIUM)
-  b = audit_html.Browser(timeout=15)
+  b = chromium.Browser(timeout=15)
   profile = Path(b._dir)
   assert b._proc.poll() is None and profile.is_dir()
   b.close()
@@ -171,6 +172,6 @@ def test_close_ends_the_browser():
 def test_a_missing_chromium_is_one_clear_error(monkeypatch):
   monkeypatch.setenv('LEAKJAX_CHROMIUM', '')
   monkeypatch.setattr(shutil, 'which', lambda name: None)
-  assert audit_html.find_chromium() is None
+  assert chromium.find_chromium() is None
   with pytest.raises(Exception, match='no Chromium found'):
-    audit_html.Browser()
+    chromium.Browser()

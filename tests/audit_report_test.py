@@ -14,7 +14,7 @@ import types
 
 import pytest
 
-from experiments import audit_html, audit_report
+from experiments import audit_html, audit_plot, audit_report, audit_words
 from leakjax import io
 from leakjax.audit.config import AuditConfig
 
@@ -263,13 +263,13 @@ def test_the_answer_in_words():
 
 
 def test_defense_words():
-  words = audit_report.defense_words
+  words = audit_words.defense_words
   assert words('dp:8') == 'DP-SGD at ε = 8'
   assert words('prune:0.99') == 'pruning 99% of each gradient'
   assert words('prune:0.5', 'update') == 'pruning 50% of each update'
   assert words('freeze') == 'frozen embeddings'
   assert words('noise:1e-6') == 'Gaussian noise σ = 1e-06'
-  assert audit_report.attack_words('dager+film') == 'DAGER+FILM'
+  assert audit_words.attack_words('dager+film') == 'DAGER+FILM'
 
 
 @pytest.mark.parametrize(
@@ -410,11 +410,11 @@ def test_the_plot_falls_back_to_evenly_spaced_defenses():
     'hidden states, the last layer': hidden,
   }
   assert all(p.ratio is None for p in page.points)
-  fig = audit_html.frontier_figure(page.points, page.x_notes)
+  fig = audit_plot.frontier_figure(page.points, page.x_notes)
   assert fig.axes[0].get_xlabel() == f'defense ({short})'
   page = audit_report.build_page(CFG, synthetic_run())
   assert set(page.x_notes.values()) == {hidden}
-  fig = audit_html.frontier_figure(page.points, page.x_notes)
+  fig = audit_plot.frontier_figure(page.points, page.x_notes)
   assert [ax.get_xlabel() for ax in fig.axes[:4]] == [
     'perplexity ratio to no defense',
     'perplexity ratio to no defense',
@@ -449,7 +449,7 @@ def test_a_defense_without_a_fine_tuning_has_no_cost():
   ) in md
   page = audit_report.build_page(CFG, run)
   # One defense lacks a cost: the panel spaces them all evenly.
-  fig = audit_html.frontier_figure(page.points, page.x_notes)
+  fig = audit_plot.frontier_figure(page.points, page.x_notes)
   assert fig.axes[0].get_title() == 'client gradient'
   assert fig.axes[0].get_xlabel() == 'defense (no measured cost)'
   ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]

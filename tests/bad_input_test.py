@@ -128,7 +128,7 @@ for path in sys.argv[2:]:
   if hasattr(m, 'config_from_flags'):
     m.config_from_flags()
   else:
-    common.config_from_flags(getattr(m, sys.argv[1]))
+    config_flags.config_from_flags(getattr(m, sys.argv[1]))
 """
 
 

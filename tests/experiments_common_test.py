@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import common
+from experiments import config_flags
 from leakjax.errors import LeakjaxError
 
 
@@ -36,24 +36,24 @@ class ToyConfig:
 
 
 def test_flags_follow_the_dataclass(fresh_flags):
-  common.define_config_flags(ToyConfig)
+  config_flags.define_config_flags(ToyConfig)
   fresh_flags(['prog', '--steps=7', '--sizes=2,8,16', '--cut=0.25', '--fast'])
-  cfg = common.config_from_flags(ToyConfig)
+  cfg = config_flags.config_from_flags(ToyConfig)
   assert cfg == ToyConfig(steps=7, sizes=(2, 8, 16), cut=0.25, fast=True)
   assert (
     fresh_flags['rate'].help == 'learning rate, a float spread over two lines.'
   )
   assert fresh_flags['label'].help == 'two fields, one entry.'
-  assert common.config_from_flags(ToyConfig, steps=1).steps == 1
+  assert config_flags.config_from_flags(ToyConfig, steps=1).steps == 1
 
 
 def test_bad_list_items_are_a_clear_error(fresh_flags):
-  common.define_config_flags(ToyConfig)
+  config_flags.define_config_flags(ToyConfig)
   fresh_flags(['prog', '--sizes=2,x'])
   with pytest.raises(
     LeakjaxError, match='--sizes=2,x: each item must be a int'
   ):
-    common.config_from_flags(ToyConfig)
+    config_flags.config_from_flags(ToyConfig)
 
 
 def test_an_undocumented_field_is_refused(fresh_flags):
@@ -64,7 +64,7 @@ def test_an_undocumented_field_is_refused(fresh_flags):
     steps: int = 1
 
   with pytest.raises(TypeError, match='no docstring entry'):
-    common.define_config_flags(Undocumented)
+    config_flags.define_config_flags(Undocumented)
 
 
 @pytest.mark.slow
@@ -118,20 +118,20 @@ class Outer:
 
 
 def test_nested_config_fields_get_prefixed_flags_and_presets(fresh_flags):
-  common.define_config_flags(Outer, skip=('inner_cuts',))
+  config_flags.define_config_flags(Outer, skip=('inner_cuts',))
   assert 'inner_beams' in fresh_flags and 'inner' not in fresh_flags
   assert 'inner_cuts' not in fresh_flags and 'inner_toy' not in fresh_flags
   assert fresh_flags['inner_beams'].help == 'beams per search.'
   assert fresh_flags['inner_beams'].default == 4  # the outer default's
   fresh_flags(['prog'])
-  assert common.config_from_flags(Outer) == Outer()
+  assert config_flags.config_from_flags(Outer) == Outer()
   # A preset fills the flags not given; given flags win.
   preset = {'steps': 5, 'inner': {'beams': 2, 'cuts': True}}
-  assert common.config_from_flags(Outer, preset=preset) == Outer(
+  assert config_flags.config_from_flags(Outer, preset=preset) == Outer(
     steps=5, inner=Inner(beams=2, cuts=True)
   )
   fresh_flags.unparse_flags()
   fresh_flags(['prog', '--inner_beams=16'])
-  assert common.config_from_flags(Outer, preset=preset) == Outer(
+  assert config_flags.config_from_flags(Outer, preset=preset) == Outer(
     steps=5, inner=Inner(beams=16, cuts=True)
   )

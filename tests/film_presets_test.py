@@ -8,7 +8,7 @@ import pathlib
 import pytest
 from absl import flags
 
-from experiments import common
+from experiments import config_flags
 from experiments import film as film_exp
 from leakjax.attacks.film import presets, runner
 from leakjax.errors import LeakjaxError
@@ -137,7 +137,7 @@ def test_committed_flagfiles_parse_to_their_configs(fresh_flags, path):
   film_exp.define_flags()
   cfg = parsed(fresh_flags, ['prog', f'--flagfile={path}'])
   assert cfg.preset == 'paper', path
-  assert cfg == common.config_from_flags(runner.FilmConfig), path
+  assert cfg == config_flags.config_from_flags(runner.FilmConfig), path
 
 
 def test_the_quickstart_flagfile_keeps_its_config(fresh_flags):

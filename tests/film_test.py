@@ -13,7 +13,7 @@ import optax
 import pytest
 from absl import flags
 
-from experiments import common, film_report
+from experiments import common, config_flags, film_report, film_tables
 from experiments import film as film_exp
 from leakjax import fl, metrics, models
 from leakjax import runtime as stages
@@ -566,7 +566,7 @@ def test_flags_are_the_config_fields():
     flags.FLAGS(
       ['film', '--flagfile=experiments/configs/film_quickstart.flags']
     )
-    cfg = common.config_from_flags(runner.FilmConfig)
+    cfg = config_flags.config_from_flags(runner.FilmConfig)
   finally:
     flags.FLAGS.unparse_flags()
   assert cfg.batch_sizes == (1, 4, 16) and cfg.num_beams == (8,)
@@ -599,7 +599,7 @@ def test_preprocess_appendix_b1():
 
 @pytest.mark.slow
 def test_paper_table3_counts_match_the_runner():
-  assert tuple(film_report.PAPER_TABLE3) == runner.MULTI_SENTENCE_COUNTS
+  assert tuple(film_tables.PAPER_TABLE3) == runner.MULTI_SENTENCE_COUNTS
 
 
 def test_heartbeat_fills_silent_stages(monkeypatch):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import film_report
+from experiments import film_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / 'reports'
@@ -29,7 +29,7 @@ FLAGFILES = sorted(
   ]
 )
 # FILM Table 10, Enron Email rows (b -> ROUGE-1, ROUGE-2, ROUGE-L, NERR).
-PAPER = film_report.PAPER_TABLE10_ENRON
+PAPER = film_tables.PAPER_TABLE10_ENRON
 
 
 def path_of(name: str) -> Path:

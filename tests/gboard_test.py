@@ -970,7 +970,7 @@ def test_committed_flagfiles_parse(fresh_flags, name):
 
 
 def test_paper_claims_table_reads_the_named_settings():
-  from experiments import gboard_report
+  from experiments import gboard_claims
 
   def key(metric, **p):
     return f'{metric}@' + ','.join(f'{k}={v}' for k, v in sorted(p.items()))
@@ -988,7 +988,7 @@ def test_paper_claims_table_reads_the_named_settings():
     key('zero_f1', B='full', E=50, n_k=16, noise='dpsgd', sigma=0.1): 0.07,
     key('zero_f1', B='full', E=1, n_k=16, noise='dpsgd', sigma=0.1): math.nan,
   }
-  md = '\n'.join(gboard_report.paper_claims_markdown(summary))
+  md = '\n'.join(gboard_claims.paper_claims_markdown(summary))
   rows = md.split('\n')[4:]
   assert rows[0].endswith('noise-free: 0.90-1.00 |')
   assert rows[1].endswith('E = 50 / 100 / 1000: 40 / not run / 80 |')

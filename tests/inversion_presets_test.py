@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from absl import flags
 
-from experiments import common
+from experiments import config_flags
 from experiments import embed_parrot as experiment
 from leakjax.attacks.inversion import presets, runner
 from leakjax.errors import LeakjaxError
@@ -106,7 +106,7 @@ def test_committed_flagfiles_pin_a_preset_and_parse_as_before(ep_flags, path):
   assert cfg.preset in presets.PRESETS
   # The flagfile's own flags over the dataclass defaults: what it parsed
   # to before presets existed. Its preset adds nothing to them.
-  assert cfg == common.config_from_flags(runner.InversionConfig)
+  assert cfg == config_flags.config_from_flags(runner.InversionConfig)
 
 
 def test_the_committed_flagfiles_are_found():

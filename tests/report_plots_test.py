@@ -23,9 +23,12 @@ import pytest  # noqa: E402
 
 from experiments import (  # noqa: E402
   dager_report,
-  differential_report,
-  embed_parrot_report,
-  film_report,
+  differential_plots,
+  embed_parrot_paper,
+  embed_parrot_plots,
+  film_plots,
+  film_tables,
+  gboard_dp_plots,
   gboard_plots,
 )
 from leakjax.attacks.gboard import runner as gboard_runner  # noqa: E402
@@ -199,7 +202,7 @@ def test_gboard_dpsgd_figure_without_update_files(report, tmp_path):
   # that (b) needs the run's update files, the title names the run's data.
   cfg, summary, res, colors = _gboard(report, tmp_path)
   dp = [r for r in res if r['noise'] == 'dpsgd']
-  fig = gboard_plots._dpsgd_figure(cfg, summary, dp, colors)
+  fig = gboard_dp_plots.dpsgd_figure(cfg, summary, dp, colors)
   assert [ax.get_title() for ax in fig.axes] == [
     '(a) Algorithm 2 (cut 0)',
     '(c) no-oracle threshold',
@@ -229,7 +232,7 @@ def test_gboard_dpsgd_figure_with_magnitudes(tmp_path):
     rule='fdr',
     run='σ=0.01, B=full, n_k=16, E=50',
   )
-  fig = gboard_plots._dpsgd_figure(cfg, summary, dp, colors, magnitudes)
+  fig = gboard_dp_plots.dpsgd_figure(cfg, summary, dp, colors, magnitudes)
   titles = [ax.get_title() for ax in fig.axes]
   assert titles[1].startswith('(b) sorted bias updates') and len(titles) == 3
   caption = ' '.join(t.get_text() for t in fig.texts)
@@ -246,7 +249,7 @@ def test_gboard_dpsgd_figure_with_magnitudes(tmp_path):
 @pytest.mark.parametrize('report', DIFFERENTIAL)
 def test_differential_figure_renders(report, tmp_path):
   run = _copy_run(report, tmp_path)
-  path = pathlib.Path(differential_report.rerender_plot(run))
+  path = pathlib.Path(differential_plots.rerender_plot(run))
   assert path == run / 'ds_dr.png'
   _assert_pngs(run, ['ds_dr.png'])
 
@@ -260,7 +263,7 @@ def test_differential_one_method_per_column_legend_outside(tmp_path):
     score=stored['score'],
     data=stored['data'],
   )
-  fig = differential_report.ds_dr_figure(
+  fig = differential_plots.ds_dr_figure(
     _rows(run), cfg, list(stored['canary_types'])
   )
   assert [ax.get_title() for ax in fig.axes[: len(cfg.methods)]] == list(
@@ -379,7 +382,7 @@ def test_dager_equal_series_are_marked(tmp_path):
 @pytest.mark.parametrize('report', FILM)
 def test_film_figure_renders(report, tmp_path):
   run = _copy_run(report, tmp_path)
-  path = pathlib.Path(film_report.rerender_plot(run))
+  path = pathlib.Path(film_plots.rerender_plot(run))
   assert path == run / 'film_vs_batch_size.png'
   _assert_pngs(run, ['film_vs_batch_size.png'])
 
@@ -387,7 +390,7 @@ def test_film_figure_renders(report, tmp_path):
 def test_film_other_modes_draw_no_plot(tmp_path):
   run = _copy_run('film_bag', tmp_path)
   with pytest.raises(ValueError, match='bag run draws no plot'):
-    film_report.rerender_plot(run)
+    film_plots.rerender_plot(run)
 
 
 def _film_figure(report: str, tmp_path):
@@ -395,7 +398,7 @@ def _film_figure(report: str, tmp_path):
   stored = json.loads((run / 'config.json').read_text())
   cfg = types.SimpleNamespace(model=stored['model'], data=stored['data'])
   rows = _rows(run)
-  fig, _ = film_report._plot(rows, cfg)
+  fig, _ = film_plots.plot(rows, cfg)
   return fig, rows, stored
 
 
@@ -419,14 +422,14 @@ def test_film_paper_line_stops_at_the_runs_largest_b(tmp_path):
   # The paper's numbers themselves: Table 10 at b = 1 and 16, Table 9 at 4.
   rouge_l = paper[2].get_ydata()
   assert list(rouge_l) == [
-    film_report.PAPER_TABLE10_ENRON[1][2],
-    film_report.PAPER_TABLE9_ENRON[4][2],
-    film_report.PAPER_TABLE10_ENRON[16][2],
+    film_tables.PAPER_TABLE10_ENRON[1][2],
+    film_tables.PAPER_TABLE9_ENRON[4][2],
+    film_tables.PAPER_TABLE10_ENRON[16][2],
   ]
   plt.close(fig)
-  assert list(film_report.paper_points([1, 16])) == [1, 4, 16]
-  assert list(film_report.paper_points([16, 64])) == [16, 64]
-  assert film_report.paper_points([]) == {}
+  assert list(film_tables.paper_points([1, 16])) == [1, 4, 16]
+  assert list(film_tables.paper_points([16, 64])) == [16, 64]
+  assert film_tables.paper_points([]) == {}
 
 
 def test_film_equal_metrics_stay_distinguishable(tmp_path):
@@ -456,7 +459,7 @@ def test_film_title_and_error_bars(report, tmp_path):
         r for r in rows if r['b'] == b and r.get('defense', 'none') == defense
       ]
       for f in ('rouge1', 'rouge2', 'rougeL', 'nerr'):
-        mean, std = film_report._mean_std(rs, f)
+        mean, std = film_tables.mean_std(rs, f)
         if not math.isnan(mean):
           assert low <= mean - std and mean + std <= high, (b, f)
   # The paper is drawn on the undefended panel only.
@@ -471,7 +474,7 @@ def test_film_title_and_error_bars(report, tmp_path):
 @pytest.mark.parametrize('report', EMBED_PARROT)
 def test_embed_parrot_figures_render(report, tmp_path):
   run = _copy_run(report, tmp_path)
-  written = embed_parrot_report.rerender_plots(run)
+  written = embed_parrot_plots.rerender_plots(run)
   committed = sorted(
     p.name
     for p in (REPORTS / report).glob('*.png')
@@ -490,7 +493,7 @@ def _embed_parrot_inputs(report: str, tmp_path):
     train_corpus=stored['train_corpus'],
   )
   summary = json.loads((run / 'summary.json').read_text())
-  names = [name for name, _ in embed_parrot_report._corpus_pairs(cfg)]
+  names = [name for name, _ in embed_parrot_plots.corpus_pairs(cfg)]
   return run, stored, cfg, summary, names
 
 
@@ -507,7 +510,7 @@ def test_embed_parrot_layers_legend_outside_paper_at_the_runs_layers(
   layers = [x if x == 'last' else int(x) for x in stored['layers']]
   deep = stored['deep_layer']
   variants = list(stored['ep_variants'])
-  fig = embed_parrot_report.layers_figure(
+  fig = embed_parrot_plots.layers_figure(
     cfg, summary, names, layers, deep, variants
   )
   title = fig._suptitle.get_text()
@@ -521,7 +524,7 @@ def test_embed_parrot_layers_legend_outside_paper_at_the_runs_layers(
     assert all(low < x < high for line in paper for x in line.get_xdata())
     (ep,) = [line for line in paper if len(line.get_xdata()) == 1]
     assert round(ep.get_xdata()[0]) == 6  # layer 30, the 7th tick
-  hei_rouge1 = embed_parrot_report.PAPER_TABLE2['hei']['rouge1']
+  hei_rouge1 = embed_parrot_paper.PAPER_TABLE2['hei']['rouge1']
   assert list(
     next(
       line.get_ydata()
@@ -539,7 +542,7 @@ def test_embed_parrot_single_layer_run_draws_both_paper_points(tmp_path):
   _, stored, cfg, summary, names = _embed_parrot_inputs(
     'embed_parrot/pretrained/layer_30', tmp_path
   )
-  fig = embed_parrot_report.layers_figure(
+  fig = embed_parrot_plots.layers_figure(
     cfg, summary, names, [30], 30, ['ep_pretrained', 'ep_pretrained_ppl']
   )
   points = [
@@ -558,7 +561,7 @@ def test_embed_parrot_training_legend_outside_title_from_config(tmp_path):
     'embed_parrot/pretrained/samples_layer_25', tmp_path
   )
   history = json.loads((run / 'ep_pretrained_history.json').read_text())
-  fig = embed_parrot_report.training_figure(
+  fig = embed_parrot_plots.training_figure(
     cfg, summary, 25, {'ep_pretrained': history}
   )
   title = fig.axes[0].get_title()

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from experiments import film as film_exp
-from experiments import film_report
+from experiments import film_tables
 from leakjax import runtime as stages
 from leakjax.attacks.film import presets, runner, training
 from leakjax.models import gpt2
@@ -30,7 +30,7 @@ from leakjax.tokenization import gpt2_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / 'reports'
-PAPER = {**film_report.PAPER_TABLE10_ENRON, **film_report.PAPER_TABLE9_ENRON}
+PAPER = {**film_tables.PAPER_TABLE10_ENRON, **film_tables.PAPER_TABLE9_ENRON}
 # The paper's protocol (Sec. 6.1, Table 10), as leakjax's `paper` preset.
 PROTOCOL = presets.PAPER_FIELDS
 
@@ -355,7 +355,7 @@ def test_film_enron_ablations():
     cell = f'{r:.2f} / {p:.2f} ({"k = 1" if k == 1 else k})'
     parts.append(f'**{cell}**' if k == 20 else cell)
   assert ', '.join(parts) in t
-  paper = film_report.PAPER_TABLE3[20]
+  paper = film_tables.PAPER_TABLE3[20]
   assert f'has {paper[0]:.2f} / {paper[1]:.2f} at k = 20' in t
 
 
@@ -433,12 +433,12 @@ def test_multi_sentence_report():
     ]
     if k == 20:
       cells = [f'**{c}**' for c in cells]
-    paper = film_report.PAPER_TABLE3[k]
+    paper = film_tables.PAPER_TABLE3[k]
     line = f'| {k} | {" | ".join(cells)} | {paper[0]:.2f} / {paper[1]:.2f} |'
     assert line in t, line
   recovered = round(s['multi_recall@b=16,iter=20'] * 16)
   assert f'about {recovered} of 16 sentences are partly recovered' in t
-  p3 = film_report.PAPER_TABLE3
+  p3 = film_tables.PAPER_TABLE3
   assert (
     f'(the paper: {p3[20][0]:.2f} after 20, {p3[100][0]:.2f} after 100' in t
   )
@@ -521,7 +521,7 @@ def test_film_defenses_report():
   sigma = load(here, 'dp_sigma.json')
   bound = load(here, 'dp_bound.json')
   pooled = load(here, 'dp_pooled.json')
-  paper = film_report.PAPER_TABLE4
+  paper = film_tables.PAPER_TABLE4
   for spec in cfg['defenses']:
     if spec == 'none':
       label, cells = 'none', ['-', bag(s, 'b=16,defense=none,method=tied'), '-']
@@ -778,7 +778,7 @@ def test_film_utility_report():
   }
   wt = runs['']
   cfg = load('film_utility', 'config.json')
-  t4, t5 = film_report.PAPER_TABLE4_PERPLEXITY, film_report.PAPER_TABLE5
+  t4, t5 = film_tables.PAPER_TABLE4_PERPLEXITY, film_tables.PAPER_TABLE5
   base = wt['none']['perplexity']
   for spec, r in wt.items():
     sigma = r.get('noise_multiplier')

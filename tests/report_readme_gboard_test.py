@@ -142,9 +142,9 @@ def dpsgd_table_rows(f) -> list[str]:
 
 
 def test_gboard_paper_statements(gboard_files):
-  from experiments import gboard_report
+  from experiments import gboard_claims
 
-  lines = gboard_report.paper_claims_markdown(gboard_files['main'])
+  lines = gboard_claims.paper_claims_markdown(gboard_files['main'])
   table = [x for x in '\n'.join(lines).splitlines() if x.startswith('|')]
   assert len(table) == 8
   for line in table:

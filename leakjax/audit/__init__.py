@@ -7,7 +7,9 @@ leaks at worst, and what each defense costs.
   defense's fine-tuning, rows into an :class:`leakjax.io.ExperimentWriter`;
 * :mod:`client`, :mod:`hidden`, :mod:`snapshot`, :mod:`utility`,
   :mod:`scoring` -- what a client sends, the hidden-state and snapshot
-  attacks, the utility cost, what a person reads off a recovery.
+  attacks, the utility cost, what a person reads off a recovery;
+* :mod:`summary` -- every cell's strongest attack and every defense's
+  cost, read off the rows (what the report states).
 
 The audit runs the attack packages' own functions (DAGER's
 `attack_gradient`, FILM's pipeline, Wan et al.'s BEI/HEI, Algorithm 1 of
@@ -23,6 +25,7 @@ from leakjax.audit import (
   runner,
   scoring,
   snapshot,
+  summary,
   utility,
 )
 from leakjax.audit.config import (
@@ -46,5 +49,6 @@ __all__ = [
   'runner',
   'scoring',
   'snapshot',
+  'summary',
   'utility',
 ]
