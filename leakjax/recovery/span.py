@@ -81,8 +81,8 @@ def span_of(
       which is never the rank.
     max_rank_fraction: not `valid` when the rank exceeds this fraction of
       `d` (DAGER's rank cutoff: its code stops 20 below d = 768).
-    accurate: small singular values accurate to well below float32
-      round-off (:func:`accurate_spectrum`); False: the default
+    accurate: small singular values resolved down to ~1.5e-8 of the
+      largest (:func:`accurate_spectrum`); False: the default
       divide-and-conquer SVD, whose raised floor of a float32 gradient's
       spectrum can hide the gaps of batches near the rank limit.
 
@@ -151,8 +151,8 @@ def accurate_spectrum(
   g: Float[Array, 'd out'],
 ) -> tuple[Float[Array, 'd k'], Float[Array, ' k']]:
   """Left singular vectors and singular values of `g` (descending,
-  `k = min(d, out)`), the small ones accurate to well below float32
-  round-off.
+  `k = min(d, out)`), the small ones resolved down to ~1.5e-8 of the
+  largest.
 
   On CPU and GPU: the eigendecomposition of the Gram matrix `g gᵀ`
   (`[d, d]`) in float64, where `g`'s float32 entries are exact. Its
