@@ -251,7 +251,6 @@ def rerender_plot(workdir) -> str:
   """Re-draws dager_vs_tokens.png of a finished run from its config.json,
   results.jsonl and the hidden size summary.md states (a committed report
   folder); summary.md itself stays."""
-  import io as _io  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   import re  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
@@ -275,10 +274,8 @@ def rerender_plot(workdir) -> str:
   )
   extra = {'hidden_size': int(found.group(1))} if found else {}
   fig = plot(cfg, rows, extra)
-  buf = _io.BytesIO()
-  fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
+  io.atomic_write_bytes(workdir / 'dager_vs_tokens.png', io.figure_png(fig))
   plt.close(fig)
-  io.atomic_write_bytes(workdir / 'dager_vs_tokens.png', buf.getvalue())
   return str(workdir / 'dager_vs_tokens.png')
 
 

@@ -107,7 +107,6 @@ def rerender_plot(workdir) -> str:
   """Re-draws ds_dr.png of a finished run from its config.json and
   results.jsonl (a committed report folder); summary.md stays (it needs
   the run's canary profile and model size)."""
-  import io as _io  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   from pathlib import Path  # pylint: disable=g-import-not-at-top
 
@@ -129,8 +128,6 @@ def rerender_plot(workdir) -> str:
     key=lambda k: order.index(k) if k in order else len(order),
   )
   fig = ds_dr_figure(results, cfg, kinds)
-  buf = _io.BytesIO()
-  fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
+  io.atomic_write_bytes(workdir / 'ds_dr.png', io.figure_png(fig))
   plt.close(fig)
-  io.atomic_write_bytes(workdir / 'ds_dr.png', buf.getvalue())
   return str(workdir / 'ds_dr.png')

@@ -234,7 +234,6 @@ def rerender_plots(workdir) -> list[str]:
   """Re-draws the plots of a finished run from its config.json,
   summary.json and `<variant>_history.json` (a committed report folder);
   returns the names written. summary.md stays."""
-  import io as _io  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   from pathlib import Path  # pylint: disable=g-import-not-at-top
@@ -261,9 +260,7 @@ def rerender_plots(workdir) -> list[str]:
   }
 
   def save_figure(fig, name):
-    buf = _io.BytesIO()
-    fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
-    io.atomic_write_bytes(workdir / name, buf.getvalue())
+    io.atomic_write_bytes(workdir / name, io.figure_png(fig))
     return name
 
   folder = types.SimpleNamespace(workdir=workdir, save_figure=save_figure)

@@ -159,7 +159,6 @@ def rerender_plot(workdir) -> str:
   """Re-draws film_vs_batch_size.png of a finished attack run from its
   config.json and results.jsonl (a committed report folder); summary.md
   and summary.json stay."""
-  import io as _io  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   from pathlib import Path  # pylint: disable=g-import-not-at-top
@@ -178,8 +177,6 @@ def rerender_plot(workdir) -> str:
     if line.strip()
   ]
   fig, name = plot(rows, cfg)
-  buf = _io.BytesIO()
-  fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
+  io.atomic_write_bytes(workdir / name, io.figure_png(fig))
   plt.close(fig)
-  io.atomic_write_bytes(workdir / name, buf.getvalue())
   return str(workdir / name)

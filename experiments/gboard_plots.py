@@ -309,7 +309,6 @@ def rerender_plots(workdir: str | Path) -> list[str]:
   names written. summary.md stays (its header needs the run's model and
   corpus facts). Without the model, Fig. 5 has no panel (b) (the sorted
   bias updates of one run); its caption says so."""
-  import io as _io  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
 
@@ -326,9 +325,7 @@ def rerender_plots(workdir: str | Path) -> list[str]:
   written = []
 
   def save_figure(fig, name):
-    buf = _io.BytesIO()
-    fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
-    io.atomic_write_bytes(workdir / name, buf.getvalue())
+    io.atomic_write_bytes(workdir / name, io.figure_png(fig))
     written.append(name)
     return name
 

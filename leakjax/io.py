@@ -479,14 +479,20 @@ class ExperimentWriter:
 
   def save_figure(self, fig, name: str) -> str:
     """Saves a matplotlib figure as PNG atomically; returns the file name."""
-    import io as _io  # pylint: disable=g-import-not-at-top
-
     if not self.enabled:
       return name
-    buf = _io.BytesIO()
-    fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
-    self._write(self.workdir / name, buf.getvalue())
+    self._write(self.workdir / name, figure_png(fig))
     return name
+
+
+def figure_png(fig) -> bytes:
+  """A matplotlib figure as the PNG bytes every report writes (120 dpi,
+  cropped to what is drawn)."""
+  import io as _io  # pylint: disable=g-import-not-at-top
+
+  buf = _io.BytesIO()
+  fig.savefig(buf, format='png', dpi=120, bbox_inches='tight')
+  return buf.getvalue()
 
 
 class Progress:
