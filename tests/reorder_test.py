@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from leakjax.attacks.film import reorder as ro
+from leakjax.errors import LeakjaxError
 from leakjax.models import gpt2, lm_loss
 
 VOCAB = 100
@@ -243,3 +244,121 @@ def test_a_padded_buffer_changes_no_result():
       float(exact.initial_score), rel=2e-6
     )
     assert int(wide.accepted) == int(exact.accepted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('length,max_length', [(10, 13), (6, 30)])
+def test_reordering_in_stages_is_the_one_buffer_loop(length, max_length):
+  """Stretches in narrow buffers make the moves of one wide buffer.
+
+  At max_length 13 the insertions run into the limit; at 30 a 6-token
+  sentence runs its first stretches in 8 tokens and its token-wise ones in
+  buffers that grow with it, never in the 32 of the one-buffer loop.
+  """
+  model, params = tiny()
+  config = ro.ReorderConfig(
+    phrase_steps=4, token_steps=12, num_candidates=4, min_cuts=1, max_cuts=3
+  )
+  is_end = jnp.zeros(VOCAB, bool).at[15].set(True)
+  fn = jax.jit(functools.partial(ro.reorder, model, config=config))
+  bag = jnp.asarray([30, 31, 11, 12])
+  wide = -(-max_length // 8) * 8
+  padded = jnp.zeros((wide,), jnp.int32).at[:length].set(TOKENS[:length])
+  widths = []
+  for seed in range(6):
+    args = dict(
+      key=jax.random.key(seed), is_end=is_end, max_length=jnp.int32(max_length)
+    )
+    exact = fn(params, padded, jnp.int32(length), bag, **args)
+
+    def run(toks, n, state, stop, args=args):
+      widths.append((stop, toks.shape[0]))
+      return fn(
+        params,
+        jnp.asarray(toks),
+        jnp.int32(n),
+        bag,
+        state=state,
+        stop=jnp.int32(stop),
+        **args,
+      )
+
+    staged = ro.reorder_in_stages(
+      run,
+      TOKENS[:length].tolist(),
+      config=config,
+      max_length=max_length,
+      min_steps=4,
+    )
+    n = int(exact.length)
+    assert int(staged.length) == n
+    assert np.array_equal(
+      np.asarray(staged.tokens)[:n], np.asarray(exact.tokens)[:n]
+    )
+    assert not np.asarray(staged.tokens)[n:].any()
+    assert int(staged.step) == int(exact.step) == 1 + 4 + 12
+    assert int(staged.accepted) == int(exact.accepted)
+    assert float(staged.score) == pytest.approx(float(exact.score), rel=2e-6)
+    assert float(staged.initial_score) == pytest.approx(
+      float(exact.initial_score), rel=2e-6
+    )
+  # Step 0 in the one buffer, then narrower ones for the short sentence.
+  assert {w for stop, w in widths if stop == 1} == {wide}
+  later = {w for stop, w in widths if stop > 1}
+  if max_length == 30:
+    assert max(later) < wide and min(later) == 8
+  else:
+    assert later == {16}
+
+
+def test_stretches_cover_every_step_once():
+  config = ro.ReorderConfig(phrase_steps=5, token_steps=19)
+  assert ro.stretches(config, 8, min_steps=5) == [
+    (0, 1, 0, False),
+    (1, 6, 0, True),
+    (6, 14, 8, True),
+    (14, 22, 8, True),
+    (22, 25, 3, True),
+  ]
+  # Short stages run in the one buffer, the token-wise steps in one go.
+  assert ro.stretches(config, 8, min_steps=20) == [
+    (0, 1, 0, False),
+    (1, 6, 0, False),
+    (6, 25, 19, False),
+  ]
+  none = ro.ReorderConfig(phrase_steps=0, token_steps=0)
+  assert ro.stretches(none, 8) == [(0, 1, 0, False)]
+
+
+def test_short_stages_run_in_the_one_buffer():
+  """Below min_steps every stretch calls the one-buffer program."""
+  config = ro.ReorderConfig(phrase_steps=10, token_steps=10)
+  calls = []
+
+  def run(toks, n, state, stop):
+    calls.append((toks.shape[0], state.tokens.shape[0], stop))
+    return state.replace(step=jnp.int32(stop))
+
+  out = ro.reorder_in_stages(
+    run, TOKENS[:LENGTH].tolist(), config=config, max_length=18
+  )
+  assert calls == [(24, 24, 1), (24, 24, 11), (24, 24, 21)]
+  assert int(out.step) == 21 and int(out.length) == LENGTH
+
+
+def test_a_state_in_another_buffer_is_refused():
+  model, params = tiny()
+  config = ro.ReorderConfig(phrase_steps=1, token_steps=1, num_candidates=2)
+  buffer = jnp.zeros((16,), jnp.int32).at[:LENGTH].set(TOKENS[:LENGTH])
+  state = ro.initial_state(buffer, LENGTH)
+  with pytest.raises(LeakjaxError, match='same width'):
+    ro.reorder(
+      model,
+      params,
+      TOKENS,
+      jnp.int32(LENGTH),
+      jnp.asarray([30]),
+      key=jax.random.key(0),
+      config=config,
+      state=state,
+    )

@@ -214,6 +214,8 @@ def _reorder(
   config: ro.ReorderConfig,
   grad_paths,
   mesh: Mesh | None,
+  state: ro.ReorderState,
+  stop,
 ) -> ro.ReorderState:
   return ro.reorder(
     model,
@@ -228,6 +230,8 @@ def _reorder(
     grad_paths=grad_paths,
     mesh=mesh,
     max_length=max_length,
+    state=state,
+    stop=stop,
   )
 
 
@@ -415,27 +419,38 @@ def recover(
     is_end = jnp.asarray(sentence_end_mask(tok, model.vocab_size))
     reorder = jitted(_reorder, static_argnames=_REORDER_STATIC)
     for i, rec in enumerate(recoveries[: config.reorder_top]):
-      # Insertions may add up to 8 tokens; the buffer is padded to a
-      # multiple of _LENGTH_BUCKET so that batches of different lengths
-      # share one compilation (the result does not depend on the padding,
-      # see `ro.reorder`).
+      # Insertions may add up to 8 tokens. Each stretch of the loop runs
+      # in a buffer padded to a multiple of _LENGTH_BUCKET, as narrow as
+      # the sentence allows (`ro.reorder_in_stages`), so that sentences
+      # of different lengths share a few compilations and no step pays
+      # for a wider buffer than it needs (the result does not depend on
+      # the padding, see `ro.reorder`).
       limit = width + 8
-      toks, length = ro.pad_sequences(
-        [rec.tokens], -(-limit // _LENGTH_BUCKET) * _LENGTH_BUCKET
-      )
-      state = reorder(
-        model,
-        params,
-        jnp.asarray(toks[0]),
-        jnp.asarray(length[0]),
-        jnp.asarray(bag_arr),
-        key=jax.random.fold_in(key, i),
-        is_end=is_end,
-        bag_mask=jnp.asarray(bag_mask),
-        max_length=jnp.asarray(limit, jnp.int32),
+
+      def run(toks, length, state, stop, i=i, limit=limit):
+        return reorder(
+          model,
+          params,
+          jnp.asarray(toks),
+          jnp.asarray(length, jnp.int32),
+          jnp.asarray(bag_arr),
+          key=jax.random.fold_in(key, i),
+          is_end=is_end,
+          bag_mask=jnp.asarray(bag_mask),
+          max_length=jnp.asarray(limit, jnp.int32),
+          config=rcfg,
+          grad_paths=config.grad_paths,
+          mesh=mesh,
+          state=state,
+          stop=jnp.asarray(stop, jnp.int32),
+        )
+
+      state = ro.reorder_in_stages(
+        run,
+        rec.tokens,
         config=rcfg,
-        grad_paths=config.grad_paths,
-        mesh=mesh,
+        max_length=limit,
+        bucket=_LENGTH_BUCKET,
       )
       new = np.asarray(state.tokens)[: int(state.length)].tolist()
       rec.tokens = new

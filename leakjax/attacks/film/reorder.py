@@ -25,6 +25,14 @@ final norm (:func:`default_grad_paths`): it costs one forward pass plus a
 backward pass through one block, and the authors' implementation also
 takes the norm of a single layer's gradient.
 
+A step's cost is a forward pass over the whole buffer, padding included.
+:func:`reorder_in_stages` (a host loop) therefore runs the loop in
+stretches (step 0, the phrase-wise steps, the token-wise steps 8 at a
+time), each in the narrowest buffer the sentence can need in it: after
+step 0 cuts a beam-search sentence at its first sentence end, a long
+stage runs in a buffer of about the sentence's length instead of the beam
+buffer plus room for insertions; the moves are those of one buffer.
+
 Scale-out: with `mesh=` the C candidates of every step are split
 over the mesh's `'data'` axis and the parameters replicated, so each device
 takes the gradients of C/N candidates; C need not divide evenly (padding,
@@ -34,7 +42,7 @@ see :func:`candidate_scores`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.struct
 import jax
@@ -363,12 +371,17 @@ def reorder(
   grad_paths: Sequence[ParamPath] | None = None,
   mesh: Mesh | None = None,
   max_length: Int[Array, ''] | None = None,
+  state: ReorderState | None = None,
+  stop: Int[Array, ''] | None = None,
 ) -> ReorderState:
   """Reorders one sentence under S(x) (FILM Sec. 4.4). Jit-able.
 
   One `lax.while_loop` of 1 + phrase_steps + token_steps steps, each
   scoring C candidates: step 0 the input and its truncation, then
-  phrase-wise, then token-wise moves.
+  phrase-wise, then token-wise moves. With `state` and `stop` it runs a
+  stretch of that loop: from `state` (a result of an earlier call) up to
+  step `stop`; :func:`reorder_in_stages` strings stretches together in
+  buffers as short as the sentence allows.
 
   Args:
     model: the attacked model.
@@ -392,6 +405,10 @@ def reorder(
       a `[T]` shape agree on their common prefix (JAX's partitionable
       threefry, the default since JAX 0.5), so callers pad T to a few
       bucket sizes and compile once per bucket.
+    state: continue from this state (its tokens `[T]`) instead of the
+      input; `tokens` and `length` are then read only for step 0's
+      truncation. None: start at step 0.
+    stop: int32 `[]`, run the steps before this one (default: all of them).
 
   Returns:
     The final :class:`ReorderState` (`initial_score` is S of the input).
@@ -438,8 +455,10 @@ def reorder(
     )
     return new, new_len
 
+  last = total_steps if stop is None else jnp.minimum(stop, total_steps)
+
   def cond(s: ReorderState):
-    return s.step < total_steps
+    return s.step < last
 
   def body(s: ReorderState) -> ReorderState:
     keys = jax.random.split(jax.random.fold_in(key, s.step), c)
@@ -470,15 +489,136 @@ def reorder(
       accepted=s.accepted + (better & ~first).astype(jnp.int32),
     )
 
-  init = ReorderState(
+  if state is None:
+    state = initial_state(tokens, length)
+  elif state.tokens.shape != tokens.shape:
+    raise LeakjaxError(
+      f'state.tokens has shape {state.tokens.shape}, tokens {tokens.shape}',
+      'pass the state in a buffer of the same width',
+    )
+  return lax.while_loop(cond, body, state)
+
+
+# ------------------------------------------------------------ host loop
+def initial_state(tokens, length) -> ReorderState:
+  """The state :func:`reorder` starts from (step 0, no score yet)."""
+  return ReorderState(
     step=jnp.array(0, jnp.int32),
-    tokens=tokens,
-    length=length,
+    tokens=jnp.asarray(tokens, jnp.int32),
+    length=jnp.asarray(length, jnp.int32),
     score=jnp.array(jnp.inf, jnp.float32),
     initial_score=jnp.array(jnp.inf, jnp.float32),
     accepted=jnp.array(0, jnp.int32),
   )
-  return lax.while_loop(cond, body, init)
+
+
+# A stage (phrase- or token-wise) of fewer steps runs in the one buffer:
+# each narrower buffer is one more compilation of the whole scorer, and on
+# the FILM quickstart's 10 + 10 steps those compilations cost more than the
+# narrower steps saved (benchmarks/results/reorder_stages_quickstart.json;
+# the step times per width: reorder_stages.json). Our decision, not the
+# paper's (its code has no buffers to size).
+MIN_STAGE_STEPS = 32
+
+
+def stretches(
+  config: ReorderConfig, chunk: int, min_steps: int = MIN_STAGE_STEPS
+) -> list[tuple[int, int, int, bool]]:
+  """`(start, stop, growth, narrow)` of the loop's stretches for
+  :func:`reorder_in_stages`.
+
+  Step 0, the phrase-wise steps, then the token-wise steps `chunk` at a
+  time when they are `min_steps` or more, else in one stretch. `growth`
+  bounds how many tokens a sentence can gain within the stretch (only an
+  accepted insertion adds one, at most one per step, and only token-wise
+  steps insert); `narrow` says whether the stretch may run in a narrower
+  buffer than the one-buffer loop's (its stage has `min_steps` or more).
+  """
+  phrase_end = 1 + config.phrase_steps
+  total = phrase_end + config.token_steps
+  out = [(0, 1, 0, False)]
+  if config.phrase_steps:
+    out.append((1, phrase_end, 0, config.phrase_steps >= min_steps))
+  narrow = config.token_steps >= min_steps
+  step = chunk if narrow else max(1, config.token_steps)
+  for start in range(phrase_end, total, step):
+    stop = min(total, start + step)
+    out.append((start, stop, stop - start, narrow))
+  return out
+
+
+RunStretch = Callable[[np.ndarray, int, ReorderState, int], ReorderState]
+
+
+def reorder_in_stages(
+  run: RunStretch,
+  tokens: Sequence[int],
+  *,
+  config: ReorderConfig,
+  max_length: int,
+  bucket: int = 8,
+  min_steps: int = MIN_STAGE_STEPS,
+) -> ReorderState:
+  """:func:`reorder` in buffers as short as each stretch of the loop allows.
+
+  Host loop. A step costs a forward pass over the whole buffer `[C, T]`,
+  padding included, and the one buffer wide enough for the input and
+  every insertion is mostly padding once step 0 cuts a beam-search
+  sentence at its first sentence end. This runs :func:`stretches` one
+  after the other, reading the length back between them: step 0 in the
+  one buffer (the multiple of `bucket` that holds `max_length`), and each
+  later stretch of a stage of `min_steps` steps or more in the narrowest
+  multiple of `bucket` that holds the longest sentence it can produce
+  (its current length plus `growth`, at most `max_length`). Exact: the
+  insertion limit stays `max_length` and no sentence outgrows its buffer,
+  so every stretch makes the moves of the one-buffer loop (see the padding
+  invariance in :func:`reorder`); scores agree up to float32 rounding of
+  sums over a different number of masked positions.
+
+  Args:
+    run: `run(tokens [T], length, state, stop)` -> the state after
+      :func:`reorder` from `state` up to step `stop` in a buffer of width
+      T (the caller's jitted kernel; one compilation per width).
+    tokens: the sentence to reorder (with BOS).
+    config: the :class:`ReorderConfig` `run` uses.
+    max_length: the length insertions may reach (:func:`reorder`).
+    bucket: buffer widths are multiples of this.
+    min_steps: stages of fewer steps stay in the one buffer
+      (:data:`MIN_STAGE_STEPS`).
+
+  Returns:
+    The final :class:`ReorderState`, tokens in the last stretch's buffer.
+  """
+  tokens = [int(t) for t in tokens]
+  length = len(tokens)
+  if not 0 < length <= max_length:
+    raise LeakjaxError(
+      f'a sentence of {length} tokens with max_length={max_length}',
+      'pass max_length >= the sentence length',
+    )
+  full = -(-max_length // bucket) * bucket
+  state = None
+  for _, stop, growth, narrow in stretches(config, bucket, min_steps):
+    reach = min(max_length, length + growth)
+    width = max(bucket, -(-reach // bucket) * bucket) if narrow else full
+    buffer, _ = pad_sequences([tokens], width)
+    if state is None:
+      state = initial_state(buffer[0], length)
+    else:
+      state = state.replace(
+        tokens=jnp.asarray(_resize(np.asarray(state.tokens), width))
+      )
+    state = run(buffer[0], len(tokens), state, stop)
+    length = int(state.length)
+  return state
+
+
+def _resize(tokens: np.ndarray, width: int) -> np.ndarray:
+  """`tokens` zero-padded or cut to `width` (only padding is cut)."""
+  if tokens.shape[0] >= width:
+    assert not tokens[width:].any(), 'cut a token, not padding'
+    return tokens[:width].copy()
+  return np.pad(tokens, (0, width - tokens.shape[0]))
 
 
 __all__ = [
@@ -487,9 +627,12 @@ __all__ = [
   'candidate_scores',
   'default_grad_paths',
   'edit_tokens',
+  'initial_state',
   'pad_sequences',
   'permute_phrases',
   'reorder',
+  'reorder_in_stages',
   'split_params',
+  'stretches',
   'truncate_at_punctuation',
 ]

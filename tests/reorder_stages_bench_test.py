@@ -1,0 +1,89 @@
+"""benchmarks/reorder_stages.py: its sentences, and the committed run that
+benchmarks/README.md quotes."""
+
+import json
+import pathlib
+
+from benchmarks import reorder_stages
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+class _Tokenizer:
+  bos_id = 1
+
+  def encode(self, text):
+    return [10 + len(w) for w in text.split()]
+
+
+def test_beam_sentence_is_the_sentence_then_tokens_of_its_bag():
+  ids = reorder_stages.beam_sentence(_Tokenizer(), 'a bb ccc.', 12, seed=0)
+  assert ids[:4] == [1, 11, 12, 14] and len(ids) == 12
+  assert set(ids[4:]) <= {11, 12, 14}
+  again = reorder_stages.beam_sentence(_Tokenizer(), 'a bb ccc.', 12, seed=0)
+  assert again == ids
+
+
+def _text() -> str:
+  return ' '.join((ROOT / 'benchmarks/README.md').read_text('utf-8').split())
+
+
+def test_committed_run_and_its_readme_section():
+  d = json.loads((ROOT / 'benchmarks/results/reorder_stages.json').read_text())
+  text = _text()
+  assert d['command'].startswith(
+    f'python -m benchmarks.reorder_stages --steps={d["phrase_steps"]}'
+  )
+  assert f'`{d["command"]}`' in text
+  assert (
+    f'fp32 matmul peak {d["matmul_peak_flops_per_second"] / 1e9:.1f} GFLOP/s'
+    in text
+  )
+  rows = d['sentences']
+  for r in rows:
+    assert r['same_sentence'] and r['same_accepted']
+    assert r['score_rel_diff'] < 1e-5
+    widths = ', '.join(str(w) for w in r['stage_widths'])
+    note = ' (compiles included)' if r['includes_compilation'] else ''
+    assert (
+      f'| {r["sentence"]}{note} | {r["input_tokens"]} / {r["final_tokens"]} |'
+      f' {widths} | {r["one_buffer_s"]} s | {r["staged_s"]} s |'
+      f' {r["speedup"]}x | yes |' in text
+    )
+  warm = [r for r in rows if not r['includes_compilation']]
+  assert d['warm_one_buffer_s'] == round(
+    sum(r['one_buffer_s'] for r in warm), 2
+  )
+  assert (
+    f'Without compilations: {d["warm_one_buffer_s"]} s in one buffer,'
+    f' {d["warm_staged_s"]} s in stages.' in text
+  )
+  worst = max(r['score_rel_diff'] for r in rows)
+  assert f'(at most {worst:.1e} relative)' in text
+  for p in d['step_seconds_by_width']:
+    assert (
+      f'| {p["width"]} | {p["step_s"]} | {p["fraction_of_peak"] * 100:.0f} % |'
+      in text
+    )
+
+
+def test_quickstart_runs_and_their_readme_sentence():
+  doc = json.loads(
+    (ROOT / 'benchmarks/results/reorder_stages_quickstart.json').read_text()
+  )
+  runs = {r['run']: r for r in doc['runs']}
+  one, every, final = (
+    runs[n]
+    for n in (
+      'before-no-cache',
+      'every-stage-narrowed-no-cache',
+      'stages-of-32-steps-no-cache',
+    )
+  )
+  for r in (one, every, final):
+    assert r['summary_equal'] and r['max_summary_diff'] == 0.0
+  assert every['wall_s'] > one['wall_s']
+  assert (
+    f'took {every["wall_s"]} s against {one["wall_s"]} s in one buffer, and'
+    f' {final["wall_s"]} s with'
+  ) in _text()
