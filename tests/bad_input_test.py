@@ -426,6 +426,7 @@ def test_film_bag_refuses_a_nan_gradient():
     bow.extract_bag(model, params, jax.tree.map(jnp.zeros_like, grads))
 
 
+@pytest.mark.slow
 def test_dager_refuses_a_nan_gradient():
   model, params = tiny()
   bad = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), tiny_grads())

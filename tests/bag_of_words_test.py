@@ -77,6 +77,7 @@ def test_untied_nonzero_rows_are_exactly_the_input_tokens():
 
 
 @pytest.mark.parametrize('lengths', [[3, 2, 1], [5, 9, 2], [8, 8, 1]])
+@pytest.mark.slow
 def test_max_length_from_position_gradient(lengths):
   model, params = tiny_gpt2(tied=True)
   ids, mask = batch(lengths, seed=len(lengths))
@@ -198,6 +199,7 @@ def test_tied_bag_finds_every_input_token_and_nothing_else(family):
   assert input_tokens(ids, mask) <= found <= truth
 
 
+@pytest.mark.slow
 def test_tied_bag_is_the_same_under_jit():
   model, params = tiny_llama()
   ids, mask = batch([5, 5, 5], seed=7)
@@ -225,6 +227,7 @@ def test_norm_baseline_and_unknown_method():
 
 
 # ------------------------------------------- declared facts, no families
+@pytest.mark.slow
 def test_span_residuals_keep_the_family_arithmetic_bit_for_bit():
   """The declared-facts span test equals the per-family formulas it replaced."""
   # Llama / SmolLM2: RMSNorm(w_v) * scale, no positions.

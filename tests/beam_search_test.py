@@ -262,6 +262,7 @@ def test_ngram_followers():
   assert list(map(bool, got)) == [True, True, False, True]
 
 
+@pytest.mark.slow
 def test_one_compilation_for_bags_of_one_size():
   model, params = tiny('gpt2')
   config = bs.BeamSearchConfig(num_beams=2, length=3)

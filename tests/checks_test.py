@@ -93,6 +93,7 @@ def test_a_wrapped_gradient_is_named_as_the_flax_slip(entry):
 
 
 @pytest.mark.parametrize('entry', ENTRY_POINTS)
+@pytest.mark.slow
 def test_a_gradient_list_is_refused(entry):
   model, params = tiny()
   leaves = jax.tree.leaves(tiny_grads())
@@ -194,6 +195,7 @@ def test_an_empty_bag_is_refused_by_the_beam_search():
     )
 
 
+@pytest.mark.slow
 def test_a_bag_without_the_span_facts_says_so():
   model, params = tiny()
   grads = tiny_grads()

@@ -225,6 +225,7 @@ def test_decoding_equals_logits_under_jit(build):
   np.testing.assert_allclose(logits[1, 0], full[1, 5], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_vmap_over_parameter_sets():
   model = without_cache()
   stacked = jax.tree.map(
@@ -363,6 +364,7 @@ def test_bag_beam_search_matches_exhaustive_search(build):
   np.testing.assert_array_equal(again.tokens, result.tokens)
 
 
+@pytest.mark.slow
 def test_reorder_scores_match_one_gradient_per_candidate():
   model = with_cache()
   params = init_params()

@@ -253,6 +253,7 @@ def test_pool_variants_hold_each_searchs_alternatives_once():
   assert hybrid.pool_variants(model, seqs, config) == (seqs, [0, 1])
 
 
+@pytest.mark.slow
 def test_search_compiles_once_for_new_taken_rows():
   search('gpt2', [])
   size = hybrid_search._cache_size()
@@ -349,6 +350,7 @@ def test_config_and_recover_refuse_bad_input():
     hybrid.recover(model, params, gradient('gpt2'), 2)
 
 
+@pytest.mark.slow
 def test_span_candidates_are_the_filter_or_the_closest_tokens():
   model, params = tiny('gpt2')
   grads = gradient('gpt2')
@@ -377,6 +379,7 @@ def head_matrix(model, params):
 
 
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
+@pytest.mark.slow
 def test_head_readout_reads_the_head_input_back_from_the_logits(family):
   model, params = tiny(family)
   w = head_matrix(model, params)
@@ -548,6 +551,7 @@ def test_select_by_gradient_finds_a_planted_set_among_near_copies():
 
 
 @pytest.mark.parametrize('family', ('gpt2', 'llama'))
+@pytest.mark.slow
 def test_pool_gradients_sum_to_the_batch_gradient(family):
   # Each sentence's own head gradient, summed over the batch and divided by
   # its N = 14 targets, is the FedSGD gradient's (negated) head rows: with
@@ -684,6 +688,7 @@ def test_pool_gram_is_the_weighted_features_gram(chunk, transformed):
     )
 
 
+@pytest.mark.slow
 def test_pool_gram_computes_each_chunk_on_its_shortest_buffer(monkeypatch):
   # Rows sorted shortest first, chunks of 2: the two short rows (6 and 7
   # tokens) on an 8-token buffer, the long one (9) and its padding copy on
@@ -925,6 +930,7 @@ def test_prior_start_reads_the_lm_from_its_own_context(family):
     hybrid.HybridConfig(prior_start=-2)
 
 
+@pytest.mark.slow
 def test_evidence_matches_numpy_and_reads_a_planted_context():
   # HeadScore.evidence against its formula in NumPy, on rows built from a
   # tiny model's head readout: token 0 followed the context once (its row

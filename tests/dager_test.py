@@ -363,6 +363,7 @@ def test_extension_residuals_match_brute_force(family, length):
 
 @pytest.mark.parametrize('batch', BATCHES)
 @pytest.mark.parametrize('family', FAMILIES)
+@pytest.mark.slow
 def test_last_token_scores_are_one_hot_on_the_last_targets(family, batch):
   # FedSGD: given every prefix, the head gradient is linear in the last
   # targets, so each prefix's row of scores is ~1 at its sentence's last
@@ -424,6 +425,7 @@ def test_recover_finds_the_batch_exactly(family, batch):
   assert result.texts is None  # no tokenizer
 
 
+@pytest.mark.slow
 def test_search_split_over_a_mesh_decides_the_same():
   # conftest fakes 8 CPU devices: the decode passes (chunk 8 extensions)
   # are split over 4 of them; the recovered sentences, their residuals
@@ -457,6 +459,7 @@ def recover_wrappers():
   )
 
 
+@pytest.mark.slow
 def test_recover_compiles_the_search_once():
   model, params = tiny('gpt2')
   first = dager.recover(model, params, gradient('gpt2', 'equal'), config=CONFIG)

@@ -140,6 +140,7 @@ def test_git_blob_pin_is_git_hash_object(toy, monkeypatch):
     datasets.path('toy')
 
 
+@pytest.mark.slow
 def test_nothing_in_the_repository_points_at_a_local_mirror():
   # Flagfiles, defaults, reports and benchmarks name data sets; a path
   # into one machine's mirror folder would not exist anywhere else.

@@ -187,6 +187,7 @@ def test_two_processes_write_one_run_equal_to_one_process(tmp_path, experiment):
   assert devices['devices']['processes'] == 2
 
 
+@pytest.mark.slow
 def test_coordinator_flags_go_together(tmp_path):
   proc = _launch(
     'dager', tmp_path / 'w', '--distributed', '--coordinator_address=x:1'

@@ -213,6 +213,7 @@ def _start(config, **kwargs):
   return variables
 
 
+@pytest.mark.slow
 def test_linear_skip_starts_at_ridge_and_improves():
   ids, mask, deep, h0 = tiny_data()
   config = dataclasses.replace(CONFIG, linear_skip=True)

@@ -114,6 +114,7 @@ def _bare_model(flax_model, params, **facts):
   )
 
 
+@pytest.mark.slow
 def test_models_that_declare_too_little_get_clear_errors():
   model, params = tiny_llama()
   ids, mask = random_ids(model.vocab_size)
@@ -392,6 +393,7 @@ def test_logits_with_identity_transform_and_from_hidden(family):
   assert np.abs(np.asarray(changed - logits)).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_defended_nll_and_perplexity():
   model, params = tiny_llama()
   ids, mask = random_ids(200, (2, 8))

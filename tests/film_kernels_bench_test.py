@@ -26,6 +26,7 @@ def test_beam_search_row():
   assert row['flops'] > 0
 
 
+@pytest.mark.slow
 def test_reorder_scores_row():
   row = film_kernels.bench_reorder_scores(
     *_tiny(), candidates=4, length=8, reps=1

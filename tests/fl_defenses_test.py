@@ -122,6 +122,7 @@ def test_clip_per_example_bounds_norms_and_keeps_directions():
     np.testing.assert_allclose(clipped[k], grads[k] * factor, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_dp_sgd_gradient_is_mean_of_clipped_per_example_gradients():
   """sigma = 0: the DP-SGD gradient is (1/B) sum_i clip_C(grad loss_i)."""
   model, params = fx.model('cifg')
@@ -150,6 +151,7 @@ def test_dp_sgd_gradient_is_mean_of_clipped_per_example_gradients():
   fx.assert_trees_close(grad, expected, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_dp_sgd_noise_std_is_sigma_times_clip():
   """Two keys: B * (g1 − g2) / sqrt(2) is N(0, σ²C²) noise, ~15k draws."""
   model, params = fx.model('gpt2')

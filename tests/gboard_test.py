@@ -295,6 +295,7 @@ def test_convexity_finds_typed_word_whose_bias_fell():
     gboard.recover_words_auto(delta, rows, cand, rows0=rows0)
 
 
+@pytest.mark.slow
 def test_convexity_flags_nothing_untyped():
   # The same data without that word: every fallen bias is an untyped
   # word's, all on one convex function, so nothing is flagged.
@@ -517,6 +518,7 @@ def test_reconstruction_on_a_mesh_matches_one_device(spec):
     sharding.data_mesh('model:2')
 
 
+@pytest.mark.slow
 def test_reconstruction_recovers_memorised_sentences():
   # θ1 trained hard on 3 sentences with distinct words: greedy decoding from
   # each first word gives back the sentence, and those rank first.

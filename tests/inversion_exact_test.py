@@ -104,6 +104,7 @@ def test_the_checks_are_the_distances_of_each_rows_states(family, layer):
 
 
 @pytest.mark.parametrize('family', sorted(MODELS))
+@pytest.mark.slow
 def test_the_check_vmaps_over_sentences(family):
   # Three sentences, each its own cached prefix and observed state, checked
   # in one vmapped, jitted call: the same distances as one call each.
@@ -213,6 +214,7 @@ def test_the_proposal_head_is_the_orders_first_entries(prior_top, ties):
         np.testing.assert_array_equal(head, full[: len(head)])
 
 
+@pytest.mark.slow
 def test_a_planted_near_tie_is_undecided_not_guessed():
   # Tokens 40 and 41 share one embedding: their states are identical, so
   # nothing tells them apart and the position is reported undecided.
@@ -285,6 +287,7 @@ def _noisy_llama_sentence(rel: float):
   return model, params, ids[0], states[0] + std * noise[0]
 
 
+@pytest.mark.slow
 def test_the_calibrated_rule_reads_the_noise_off_the_bos():
   model, params, ids, noisy = _noisy_llama_sentence(0.2)
   scores = hei_scores(model, params, noisy)
@@ -368,6 +371,7 @@ def test_the_calibrated_rule_never_accepts_a_proposal_unseen():
 
 @pytest.mark.parametrize('layer', [2, 'last'])
 @pytest.mark.parametrize('family', sorted(MODELS))
+@pytest.mark.slow
 def test_the_first_position_table_is_every_tokens_state_after_the_bos(
   family, layer
 ):

@@ -28,6 +28,7 @@ print('I0 runner.py:2] [2/2, 0.2 s each] b=1 batch 1: ROUGE-L 1.00', flush=True)
 """
 
 
+@pytest.mark.slow
 def test_measures_a_command_and_judges_its_bars(tmp_path):
   ref = tmp_path / 'ref.json'
   ref.write_text(json.dumps({'rougeL@b=1': 0.5, 'attack_seconds@b=1': 1.0}))

@@ -245,6 +245,7 @@ def test_block_inputs_and_first_layer_by_method_name():
   )
 
 
+@pytest.mark.slow
 def test_a_wrong_kernel_is_refused_at_build_naming_path_and_shape():
   params = init_params('stock')
   out = ('blocks_0/attn/out/kernel',)  # [heads, head_dim, dim]: an output
