@@ -207,6 +207,18 @@ def test_reorder_only_improves_and_reports_the_final_score():
   assert np.array_equal(np.asarray(again.tokens), toks)
 
 
+def _padding_case():
+  """`(params, config, is_end, jitted reorder, bag)` of the padding tests:
+  4 + 12 steps of 4 candidates, token 15 ends a sentence."""
+  model, params = tiny()
+  config = ro.ReorderConfig(
+    phrase_steps=4, token_steps=12, num_candidates=4, min_cuts=1, max_cuts=3
+  )
+  is_end = jnp.zeros(VOCAB, bool).at[15].set(True)
+  fn = jax.jit(functools.partial(ro.reorder, model, config=config))
+  return params, config, is_end, fn, jnp.asarray([30, 31, 11, 12])
+
+
 @pytest.mark.slow
 def test_a_padded_buffer_changes_no_result():
   """A buffer padded past `max_length` reorders exactly as the unpadded one.
@@ -214,13 +226,7 @@ def test_a_padded_buffer_changes_no_result():
   The FILM pipeline pads every sentence to a multiple of 8 tokens to compile
   the reordering once per bucket; the insertion limit stays `max_length`.
   """
-  model, params = tiny()
-  config = ro.ReorderConfig(
-    phrase_steps=4, token_steps=12, num_candidates=4, min_cuts=1, max_cuts=3
-  )
-  is_end = jnp.zeros(VOCAB, bool).at[15].set(True)
-  fn = jax.jit(functools.partial(ro.reorder, model, config=config))
-  bag = jnp.asarray([30, 31, 11, 12])
+  params, _, is_end, fn, bag = _padding_case()
   width = TOKENS.shape[0]  # 13: room for 3 insertions
   padded = jnp.zeros((32,), jnp.int32).at[:width].set(TOKENS)
   for seed in range(6):
@@ -255,13 +261,7 @@ def test_reordering_in_stages_is_the_one_buffer_loop(length, max_length):
   sentence runs its first stretches in 8 tokens and its token-wise ones in
   buffers that grow with it, never in the 32 of the one-buffer loop.
   """
-  model, params = tiny()
-  config = ro.ReorderConfig(
-    phrase_steps=4, token_steps=12, num_candidates=4, min_cuts=1, max_cuts=3
-  )
-  is_end = jnp.zeros(VOCAB, bool).at[15].set(True)
-  fn = jax.jit(functools.partial(ro.reorder, model, config=config))
-  bag = jnp.asarray([30, 31, 11, 12])
+  params, config, is_end, fn, bag = _padding_case()
   wide = -(-max_length // 8) * 8
   padded = jnp.zeros((wide,), jnp.int32).at[:length].set(TOKENS[:length])
   widths = []
