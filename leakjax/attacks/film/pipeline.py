@@ -419,12 +419,12 @@ def recover(
     is_end = jnp.asarray(sentence_end_mask(tok, model.vocab_size))
     reorder = jitted(_reorder, static_argnames=_REORDER_STATIC)
     for i, rec in enumerate(recoveries[: config.reorder_top]):
-      # Insertions may add up to 8 tokens. Each stretch of the loop runs
-      # in a buffer padded to a multiple of _LENGTH_BUCKET, as narrow as
-      # the sentence allows (`ro.reorder_in_stages`), so that sentences
-      # of different lengths share a few compilations and no step pays
-      # for a wider buffer than it needs (the result does not depend on
-      # the padding, see `ro.reorder`).
+      # Insertions may add up to 8 tokens. The loop runs in buffers
+      # padded to a multiple of _LENGTH_BUCKET, so that sentences of
+      # different lengths share a few compilations, and its long stages
+      # in buffers as narrow as the sentence allows
+      # (`ro.reorder_in_stages`); the result does not depend on the
+      # padding (see `ro.reorder`).
       limit = width + 8
 
       def run(toks, length, state, stop, i=i, limit=limit):
