@@ -301,7 +301,6 @@ def test_hidden_and_snapshot_numbers_are_the_papers(tiny_audit):
   assert math.isfinite(mine['rougeL'])
 
 
-@pytest.mark.slow
 def test_dp_noise_is_calibrated_for_the_fine_tuning_run():
   cfg = tiny(finetune_steps=100, finetune_batch_size=8)
   sigma = audit.client.noise_multiplier(cfg, 8.0, num_train=400)

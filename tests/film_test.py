@@ -437,7 +437,6 @@ def test_bad_defense_and_config_errors():
   assert dataclasses.replace(cfg, seed=1) != cfg
 
 
-@pytest.mark.slow
 def test_first_batch_attacks_later_draws_and_split_is_a_record(tmp_path):
   """--first_batch=1 attacks the batch index 1 draws (not index 0's), and
   --split only labels config.json: the same config otherwise."""
