@@ -31,11 +31,13 @@ class HybridState:
     logp: float32 `[K, V]`, the LM's next-token log-probabilities.
     head: float32 `[K, d]`, the head input at the last position (`[K, 1]`
       zeros without a :class:`HeadScore`).
-    cache: the LM's decode cache.
+    cache: the LM's decode cache, `[K]` rows; with
+      `SearchConfig.prior_start`, `[2K]`: the beams on BOS's context (rows
+      `< K`) then the same beams on the LM prior's own context (rows
+      `>= K`), decoded together, so that each step reads the weights once
+      for both.
     block_cache: the block-1 cache (:meth:`Model.block_decode`).
     step: int32 `[]`, the position the next step fills.
-    prior_cache: with `SearchConfig.prior_start`, the decode cache of the
-      LM prior's own context (else None).
   """
 
   tokens: Int[Array, 'K L']
@@ -48,7 +50,6 @@ class HybridState:
   cache: PyTree
   block_cache: PyTree
   step: Int[Array, '']
-  prior_cache: PyTree = None
 
 
 def bigram_counts(
@@ -94,6 +95,15 @@ def _own_bigrams(
   return hit.any(1)
 
 
+def _split_contexts(logits, beams: int):
+  """`(logits on BOS's context, the LM prior's logits)`: the first
+  `beams` rows and the rest, or the same rows twice when the decode held
+  one context only (no `prior_start`)."""
+  if logits.shape[0] == beams:
+    return logits, logits
+  return logits[:beams], logits[beams:]
+
+
 def _head_input(head: HeadScore | None, logits) -> jax.Array:
   z = logits[:, -1].astype(jnp.float32)
   if head is None:
@@ -115,15 +125,13 @@ def init_state(
   up to block `layer`'s input; with `prior_start` the LM prior's
   log-probabilities come from a second context that starts with that
   token instead (`SearchConfig.prior_start`)."""
-  cache = model.init_cache(params, beams, max_length + 1)
   first = jnp.full((beams, 1), start, jnp.int32)
-  logits, cache = model.decode(params, cache, first)
-  prior_logits, prior_cache = logits, None
+  ids = first
   if prior_start is not None:
-    prior_cache = model.init_cache(params, beams, max_length + 1)
-    prior_logits, prior_cache = model.decode(
-      params, prior_cache, jnp.full((beams, 1), prior_start, jnp.int32)
-    )
+    ids = jnp.concatenate([first, jnp.full_like(first, prior_start)])
+  cache = model.init_cache(params, ids.shape[0], max_length + 1)
+  logits, cache = model.decode(params, cache, ids)
+  logits, prior_logits = _split_contexts(logits, beams)
   block_cache = model.init_block_cache(
     params, beams, max_length + 1, layer=layer
   )
@@ -140,7 +148,6 @@ def init_state(
     cache=cache,
     block_cache=block_cache,
     step=jnp.ones((), jnp.int32),
-    prior_cache=prior_cache,
   )
 
 
@@ -168,9 +175,17 @@ def hybrid_step(
   the batch's sentences, the span says much); `allowed` further restricts
   the candidates of this step (the first: sentence starts); `head` adds
   `config.weight_head` times its scores to the LM's prior (None: no head
-  term).
+  term). The returned state holds `config.beams` beams, whatever `state`
+  holds (the search's first step grows one beam to `config.beams`).
   """
   k, max_len = state.tokens.shape
+  contexts = 1 if config.prior_start is None else 2
+  if jax.tree.leaves(state.cache)[0].shape[0] != contexts * k:
+    raise LeakjaxError(
+      f'the state holds a decode cache for another prior_start: expected'
+      f' {contexts * k} rows (config.prior_start = {config.prior_start})',
+      'build the state with init_state(..., prior_start=config.prior_start)',
+    )
   s = shortlist or config.shortlist
   i = state.step
   last = state.tokens[:, i - 1]
@@ -230,7 +245,7 @@ def hybrid_step(
   new_len = jnp.where(stay, state.length, state.length + 1)[:, None]
   norm = new_len.astype(jnp.float32) ** config.length_penalty
   key = jnp.where(jnp.isfinite(ext), ext / norm, -jnp.inf).reshape(-1)
-  best, pick = jax.lax.top_k(key, k)
+  best, pick = jax.lax.top_k(key, config.beams)
   alive = jnp.isfinite(best)
   parent = pick // s
   col = pick % s
@@ -242,16 +257,18 @@ def hybrid_step(
     tok[:, None],
     tokens,
   )
-  gather = lambda t: jax.tree.map(lambda x: x[parent], t)  # noqa: E731
-  logits, lm_cache = model.decode(params, gather(state.cache), tok[:, None])
+  gather = lambda t, rows: jax.tree.map(lambda x: x[rows], t)  # noqa: E731
+  rows, ids = parent, tok[:, None]
+  if config.prior_start is not None:  # both contexts in one decode
+    rows, ids = jnp.concatenate([parent, parent + k]), jnp.tile(ids, (2, 1))
+  logits, lm_cache = model.decode(params, gather(state.cache, rows), ids)
+  logits, prior_logits = _split_contexts(logits, config.beams)
   _, block_cache = model.block_decode(
-    params, gather(state.block_cache), tok[:, None], layer=config.span_block
+    params,
+    gather(state.block_cache, parent),
+    tok[:, None],
+    layer=config.span_block,
   )
-  prior_logits, prior_cache = logits, None
-  if state.prior_cache is not None:
-    prior_logits, prior_cache = model.decode(
-      params, gather(state.prior_cache), tok[:, None]
-    )
   return HybridState(
     tokens=tokens,
     length=jnp.where(kept, state.length[parent], i + 1),
@@ -263,7 +280,6 @@ def hybrid_step(
     cache=lm_cache,
     block_cache=block_cache,
     step=i + 1,
-    prior_cache=prior_cache,
   )
 
 
@@ -351,11 +367,18 @@ def hybrid_beams(
   """
   if taken.shape[1] != config.max_length:
     raise LeakjaxError('taken must have max_length columns')
+  # Before the first step every beam is BOS and only one is alive: the
+  # first step (every candidate shortlisted) runs on that one beam and
+  # returns `config.beams`, as it would from `config.beams` copies of
+  # which all but one are dead (it picks the same entries), at a
+  # `config.beams`-th of the block passes. It needs as many candidates as
+  # beams to pick from.
+  first_beams = 1 if candidates.shape[0] >= config.beams else config.beams
   state = init_state(
     model,
     params,
     start,
-    config.beams,
+    first_beams,
     config.max_length,
     config.span_block,
     head,
