@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 import pathlib
 
 import jax
@@ -173,7 +174,7 @@ def test_run_on_small_gpt2_recovers_batches_and_survives_frozen_embeddings(
 
 
 @pytest.mark.slow
-def test_hybrid_attack_runs_through_the_experiment(tmp_path):
+def test_hybrid_attack_runs_through_the_experiment(tmp_path, caplog):
   # Below the rank limit the span term picks each sentence's first word
   # (scored over every candidate); the small GPT-2's LM is random, so where
   # a sentence ends is its call and is not checked here
@@ -182,7 +183,10 @@ def test_hybrid_attack_runs_through_the_experiment(tmp_path):
     batch_sizes=(1,),
     num_batches=2,
   )
-  summary = dager_exp.run_experiment(cfg, tmp_path, progress=False)
+  with caplog.at_level(logging.INFO):
+    summary = dager_exp.run_experiment(cfg, tmp_path, progress=False)
+  # The searches say where they are (the last one always).
+  assert caplog.text.count('hybrid: search 1/1 done') == 2
   rows = [json.loads(x) for x in (tmp_path / 'results.jsonl').open()]
   assert [r['attack'] for r in rows] == ['hybrid', 'hybrid']
   for r in rows:

@@ -11,6 +11,7 @@ token and the second, which penalises the first one's bigrams, the other.
 
 import dataclasses
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -689,12 +690,18 @@ def test_pool_gram_is_the_weighted_features_gram(chunk, transformed):
 
 
 @pytest.mark.slow
-def test_pool_gram_computes_each_chunk_on_its_shortest_buffer(monkeypatch):
+def test_pool_gram_computes_each_chunk_on_its_shortest_buffer(
+  monkeypatch, caplog
+):
   # Rows sorted shortest first, chunks of 2: the two short rows (6 and 7
   # tokens) on an 8-token buffer, the long one (9) and its padding copy on
   # the pool's 12, two sentences a map step; the Gram comes back in the
-  # caller's order, equal to the rows' on the full buffer.
+  # caller's order, equal to the rows' on the full buffer. Each chunk's
+  # progress is logged (here every chunk: no wait between lines).
   from leakjax.attacks.dager.hybrid import selection
+
+  monkeypatch.setattr(selection, '_LOG_EVERY_S', 0.0)
+  caplog.set_level(logging.INFO)
 
   model, params = tiny('gpt2')
   tokens, lengths = _pool_tokens([ROWS[0], ROWS[0][:5] + [END], ROWS[1]])
@@ -720,6 +727,8 @@ def test_pool_gram_computes_each_chunk_on_its_shortest_buffer(monkeypatch):
     chunk=2,
   )
   assert sorted(seen) == [((2, 8), 2), ((2, 12), 2)]
+  assert 'rows of 2/3 sentences' in caplog.text
+  assert 'rows of 3/3 sentences' in caplog.text
   feats = np.asarray(
     pool_head_gradients(
       model, params, jnp.asarray(tokens), jnp.asarray(lengths), cands

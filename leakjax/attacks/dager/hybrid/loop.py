@@ -14,6 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from leakjax._jit import jitted
 from leakjax.attacks.dager.hybrid._common import PyTree
@@ -32,6 +33,9 @@ from leakjax.errors import LeakjaxError
 from leakjax.models.protocol import Model
 from leakjax.recovery import bag as bow
 from leakjax.tokenization import sentence_end_mask
+
+# The searches log their progress at most this often (seconds).
+_LOG_EVERY_S = 10.0
 
 
 @dataclasses.dataclass
@@ -174,7 +178,13 @@ def search_sentences(
       targets=targets if config.weight_evidence else None,
     )
   seconds['span'] = time.perf_counter() - t0
-  t0 = time.perf_counter()
+  logging.info(
+    'hybrid: %d candidates, span and head term in %.1f s; %d searches',
+    int(np.asarray(valid).sum()),
+    seconds['span'],
+    searches,
+  )
+  t0 = last_log = time.perf_counter()
   taken = np.zeros((searches, config.max_length), np.int32)
   taken_len = np.zeros((searches,), np.int32)
   taken_skip = np.ones((searches,), np.int32)
@@ -227,6 +237,11 @@ def search_sentences(
       taken_skip[j] = (later[0] if later else n) - 1
     sequences.append(seq)
     scores.append(float(score))
+    if time.perf_counter() - last_log >= _LOG_EVERY_S or j + 1 == searches:
+      last_log = time.perf_counter()
+      logging.info(
+        'hybrid: search %d/%d done, %.1f s', j + 1, searches, last_log - t0
+      )
   seconds['search'] = time.perf_counter() - t0
   return Searched(
     sequences=sequences,
@@ -309,6 +324,12 @@ def recover(
     )
     scores = [scores[j] for j in owner]
     seconds['select'] = time.perf_counter() - t0
+    logging.info(
+      'hybrid: %d of %d searched sentences selected in %.1f s',
+      len(sequences),
+      searches,
+      seconds['select'],
+    )
   texts = [tok.decode(s, skip_special=True).strip() for s in sequences]
   return HybridResult(
     sequences=sequences,

@@ -6,11 +6,13 @@ NeurIPS 2022)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from jaxtyping import Array, Float, Int
 
 from leakjax._jit import jitted
@@ -212,6 +214,8 @@ def cut_variants(
 # `min_length` to the whole sentence, so on FILM's Enron sentences at
 # b = 64 this halves the tokens the rows pass through.
 _WIDTH_BUCKET = 8
+# The Gram's rows log their progress at most this often (seconds).
+_LOG_EVERY_S = 10.0
 # Sentences per `lax.map` step: about this many tokens, at most 8, and at
 # most _ROWS_BYTES of `[V, d]` gradients alive at once.
 _TOKENS_PER_STEP = 96
@@ -261,6 +265,7 @@ def pool_gram(
   plan = chunk_plan(lengths, tokens.shape[1], chunk, row_bytes)
   put = jitted(_put_rows, donate_argnames=('feats',))
   feats = None
+  start = last_log = time.perf_counter()
   for i, (rows, cols, batch) in enumerate(plan):
     block = pool_rows(
       model,
@@ -275,6 +280,17 @@ def pool_gram(
     if feats is None:
       feats = jnp.zeros((len(plan) * chunk, *block.shape[1:]), jnp.float32)
     feats = put(feats, block, i * chunk)
+    # Progress, at most every _LOG_EVERY_S (a chunk's rows take seconds,
+    # so waiting for each before the next is dispatched costs nothing).
+    jax.block_until_ready(feats)
+    if time.perf_counter() - last_log >= _LOG_EVERY_S:
+      last_log = time.perf_counter()
+      logging.info(
+        'hybrid selection: rows of %d/%d sentences, %.1f s',
+        min(num, (i + 1) * chunk),
+        num,
+        last_log - start,
+      )
   gram, along = features_gram(feats, target, w)
   # Sorted position of each input row (its first, for the padding copies).
   order = np.concatenate([rows for rows, _, _ in plan])
