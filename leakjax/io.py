@@ -192,14 +192,24 @@ def forget_unstarted_runs() -> None:
   """Deletes the config.json of every run of this process that wrote nothing
   else: called when a run fails on its inputs (a bad --data, a missing
   model), so that the corrected re-run in the same workdir is not refused
-  as "a different config". Runs that wrote results keep their config."""
+  as "a different config". Runs that wrote results keep their config.
+
+  Best effort: it runs while the caller reports another error, so a file
+  it cannot delete (a store whose file system is gone, e.g. a `gs://`
+  workdir without gcsfs) is logged and left, never raised over that error.
+  """
   while _FRESH:
     writer = _FRESH.pop()
     for name in ('config.json', 'provenance.json'):
+      path = writer.workdir / name
       try:
-        (writer.workdir / name).unlink()
-      except OSError:
+        path.unlink()
+      except FileNotFoundError:
         pass
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        from absl import logging  # pylint: disable=g-import-not-at-top
+
+        logging.warning('could not delete %s of a failed run: %r', path, e)
 
 
 def _read_workdir_json(path: epath.Path) -> Any:

@@ -105,6 +105,31 @@ def test_writer_rows_resume_and_forget_on_a_bucket(bucket):
   io.ExperimentWriter('gs://bkt/other', {'a': 2}, enabled=True)
 
 
+def test_forgetting_a_run_whose_store_is_gone_raises_nothing(
+  monkeypatch, tmp_path
+):
+  # The bucket's file system is registered for this block only: afterwards
+  # `gs://` names a store whose package is missing (gcsfs is not installed
+  # here), as when a cleanup runs after such a store failed. The cleanup
+  # runs while another error is reported: it logs and goes on, and still
+  # forgets the local run.
+  with pytest.MonkeyPatch.context() as patch:
+    for name in ('gs', 'gcs'):
+      patch.setitem(fsspec_registry, name, _bucket_class())
+    backend._FileSystemSpecBackend._get_filesystem.cache_clear()
+    io.ExperimentWriter('gs://bkt/gone', {'a': 1}, enabled=True)
+  backend._FileSystemSpecBackend._get_filesystem.cache_clear()
+  io.ExperimentWriter(tmp_path / 'w', {'a': 1}, enabled=True)
+  warnings = []
+  monkeypatch.setattr(
+    'absl.logging.warning', lambda msg, *a: warnings.append(msg % a)
+  )
+  io.forget_unstarted_runs()
+  assert not (tmp_path / 'w' / 'config.json').exists()
+  assert any('gs://bkt/gone/config.json' in w for w in warnings), warnings
+  io.forget_unstarted_runs()  # nothing left to forget
+
+
 def test_workdir_naming_an_object_is_refused(bucket):
   epath.Path('gs://bkt/file').write_text('x')
   with pytest.raises(LeakjaxError, match='is a file'):
