@@ -71,6 +71,29 @@ def test_sigma_for_epsilon_inverts_epsilon(target):
   assert fl.epsilon(sigma * (1 - 1e-3), q, steps, delta) > target
 
 
+def test_sigma_for_epsilon_is_computed_once_per_setting(monkeypatch):
+  # The audit and the FILM runner ask for the same σ in every cell and
+  # batch of a DP defense; the second ask evaluates no ε.
+  calls = []
+  real = accounting.epsilon
+
+  def counted(*args, **kwargs):
+    calls.append(args)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(accounting, 'epsilon', counted)
+  setting = (3.0, 0.2, 7, 1e-5)  # no other test asks for this one
+  first = fl.sigma_for_epsilon(*setting)
+  evaluated = len(calls)
+  assert evaluated > 5  # a bisection
+  assert fl.sigma_for_epsilon(*setting) == first
+  assert fl.sigma_for_epsilon(3, 0.2, 7, 1e-5) == first  # ints, same σ
+  assert len(calls) == evaluated
+  # Another setting is its own bisection (one step more: more noise).
+  assert fl.sigma_for_epsilon(3.0, 0.2, 8, 1e-5) > first
+  assert len(calls) > evaluated
+
+
 def test_sigma_for_infinite_epsilon_is_zero():
   assert fl.sigma_for_epsilon(math.inf, 0.01, 100, 1e-5) == 0.0
   with pytest.raises(LeakjaxError, match='target epsilon'):

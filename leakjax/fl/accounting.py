@@ -29,6 +29,7 @@ epochs, δ=1e-5: ε = 2.92; σ=1.2, 10 epochs: ε = 1.20).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from typing import TYPE_CHECKING
@@ -159,7 +160,8 @@ def sigma_for_epsilon(
   ε is decreasing in σ; the bracket [0, hi] doubles hi until ε(hi) <= target,
   then bisects until (hi − lo) <= rtol * hi and returns hi, so the result
   always satisfies the target. FILM Table 4b uses ε in {1, 5, 10, 15, inf};
-  inf gives σ = 0 (no noise).
+  inf gives σ = 0 (no noise). Answers are kept for the process: a runner
+  asks for the same σ in every cell or batch of a DP defense.
 
   >>> s = sigma_for_epsilon(1.0, 0.01, 10_000, 1e-5)
   >>> epsilon(s, 0.01, 10_000, 1e-5) <= 1.0
@@ -173,6 +175,28 @@ def sigma_for_epsilon(
   _check(0.0, sampling_probability, steps, delta)
   if math.isinf(target_epsilon) or steps == 0:
     return 0.0
+  return _sigma_for_epsilon(
+    float(target_epsilon),
+    float(sampling_probability),
+    int(steps),
+    float(delta),
+    accountant,
+    float(rtol),
+  )
+
+
+# A bisection evaluates ε a few dozen times (seconds: each an RDP curve over
+# RDP_ORDERS), and a runner asks for the same σ in every cell or batch of a
+# DP defense; the answer is a function of these scalars alone.
+@functools.lru_cache(maxsize=256)
+def _sigma_for_epsilon(
+  target_epsilon: float,
+  sampling_probability: float,
+  steps: int,
+  delta: float,
+  accountant: str,
+  rtol: float,
+) -> float:
   eps = lambda s: epsilon(
     s, sampling_probability, steps, delta, accountant=accountant
   )
