@@ -183,7 +183,9 @@ def test_hybrid_attack_runs_through_the_experiment(tmp_path, caplog):
     batch_sizes=(1,),
     num_batches=2,
   )
-  with caplog.at_level(logging.INFO):
+  # absl's own logger too: a test before this one in the same process may
+  # have left it above INFO.
+  with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, 'absl'):
     summary = dager_exp.run_experiment(cfg, tmp_path, progress=False)
   # The searches say where they are (the last one always).
   assert caplog.text.count('hybrid: search 1/1 done') == 2
