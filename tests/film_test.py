@@ -19,7 +19,7 @@ from leakjax import fl, metrics, models
 from leakjax import runtime as stages
 from leakjax import train as train_lib
 from leakjax.attacks import film
-from leakjax.attacks.film import bag_only, client, runner, training
+from leakjax.attacks.film import bag_only, client, pipeline, runner, training
 from leakjax.attacks.film import beam_search as bs
 from leakjax.attacks.film import reorder as ro
 from leakjax.models import get_path, gpt2
@@ -173,6 +173,15 @@ def test_the_client_gradient_compiles_once_per_model_and_defense(monkeypatch):
     model, params, SECRETS[:2], fl.gradient_pruning(0.5), jax.random.key(0)
   )
   assert len(traces) == 2
+  # Released, the gradient traces again; another kernel keeps its program.
+  other = jax.jit(lambda x: x + 1)
+  other(jnp.ones(2))
+  client.release_gradient_programs()
+  assert other._cache_size() == 1
+  client.client_gradient(
+    model, params, SECRETS[:2], fl.Defense(), jax.random.key(0)
+  )
+  assert len(traces) == 3
 
 
 @pytest.mark.slow
@@ -257,13 +266,23 @@ def test_experiment_frozen_embeddings_past_the_span_rank(tmp_path, monkeypatch):
     **{**SMOKE, 'batch_sizes': (1, 8), 'defenses': ('freeze',)}
   )
   released = []
-  release = stages.release_programs
-  monkeypatch.setattr(
-    stages, 'release_programs', lambda: released.append(1) or release()
-  )
+
+  def counted(module, name):
+    release = getattr(module, name)
+    monkeypatch.setattr(
+      module, name, lambda: released.append(name) or release()
+    )
+
+  counted(stages, 'release_programs')
+  counted(client, 'release_gradient_programs')
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
-  # The programs go after the fine-tuning and when b changes.
-  assert len(released) == 2
+  # Every program goes after the fine-tuning, the gradient's when b
+  # changes: b = 1's beam search (b = 8 has no bag to search) is kept.
+  assert released == ['release_programs', 'release_gradient_programs']
+  search = pipeline.jitted(
+    pipeline._beam_search, static_argnames=pipeline._BEAM_SEARCH_STATIC
+  )
+  assert search._cache_size() >= 1
   lines = (tmp_path / 'results.jsonl').read_text().splitlines()
   rows = {r['b']: r for r in map(json.loads, lines)}
   assert rows[1]['bag_size'] > 0 and rows[1]['span_rank'] < 0.9 * 64

@@ -902,8 +902,13 @@ def test_film_utility_report():
   assert f'δ = {cfg["dp_delta"]:.0e}'.replace('e-0', 'e-') in t
 
 
-# The quickstart's profile run with the one-factor clip (its last).
+# The quickstart's profile run with the one-factor clip, and the two runs
+# of the programs kept across batch sizes (the last).
 CLIPPED = 'after, one-factor clip'
+KEPT = (
+  'before, all programs released when b changes',
+  'after, the gradient released when b changes',
+)
 
 
 def test_film_quickstart_report():
@@ -951,11 +956,15 @@ def test_film_quickstart_report():
   )
   profile = load('film_quickstart', 'profile.json')
   by = {r['run']: r for r in profile['runs']}
-  *same, last = profile['runs']
-  assert all(r['summary_equal'] for r in same)
-  assert not last['summary_equal'] and last['run'] == CLIPPED
-  words = {6: 'six'}
+  names = [r['run'] for r in profile['runs']]
+  cut = names.index(CLIPPED)
+  same, later = profile['runs'][:cut], profile['runs'][cut + 1 :]
+  last = profile['runs'][-1]
+  assert all(r['summary_equal'] for r in same + later)
+  assert not by[CLIPPED]['summary_equal'] and names[cut + 1 :] == list(KEPT)
+  words = {2: 'two', 6: 'six'}
   assert f'the first {words[len(same)]} runs of `profile.json`, on one' in t
+  assert f'and the {words[len(later)]} after it gave this summary' in t
   assert f'with {cfg["num_batches"]} batches per b, one batch' in t
   assert (
     f'(`profile.json`, its last run): {last["wall_s"]} s wall and'
@@ -1022,6 +1031,17 @@ def test_film_quickstart_report():
     if json.loads(x)['b'] == 16 and json.loads(x)['batch'] == 0
   )
   assert row['span_valid'] and row['bag_recall'] == 1.0
+  # The programs kept across batch sizes: before and after.
+  for name in KEPT:
+    r = by[name]
+    cpu = r['user_cpu_s'] + r['system_cpu_s']
+    peaks = r['stages']['sampled_rss_peak_mib']
+    line = (
+      f'| {name} | {r["wall_s"]} s | {cpu:.1f} s | {r["peak_rss_mib"]} MiB |'
+      f' {peaks["attacks"]} MiB | {r["stages"]["attack_s"][2]} s |'
+      f' {r["stages"]["attack_s"][4]} s |'
+    )
+    assert line in t, line
   warm, cold = by['after, warm XLA cache'], by['after, cold XLA cache']
   assert f'takes {warm["wall_s"]} s once warm, against {cold["wall_s"]} s' in t
   assert profile['command'] in ' '.join(

@@ -8,7 +8,8 @@ the gradient it sends.
   at a given noise multiplier, for curves against σ; σ = 0 is the
   per-example clipping alone);
 * :func:`client_gradient` -- the FedSGD gradient the eavesdropper sees
-  (:func:`leakjax.fl.client_gradient`, jitted here with the model static).
+  (:func:`leakjax.fl.client_gradient`, jitted here with the model static);
+  :func:`release_gradient_programs` drops its compiled programs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from leakjax import fl
+from leakjax import fl, runtime
 from leakjax._jit import jitted
 from leakjax.errors import LeakjaxError
 
@@ -103,13 +104,8 @@ def client_gradient(
     extra = ((0, 0), (0, width - ids.shape[1]))
     ids = np.pad(ids, extra, constant_values=model.tokenizer.pad_id)
     mask = np.pad(mask, extra)
-  # The runner jits the client's step once per process: each model and
-  # defense compiles once.
-  gradient = jitted(
-    fl.client_gradient, static_argnames=fl.CLIENT_GRADIENT_STATIC
-  )
   return (
-    gradient(
+    _gradient()(
       model,
       params,
       jnp.asarray(ids),
@@ -123,6 +119,28 @@ def client_gradient(
   )
 
 
+def _gradient():
+  # The runner jits the client's step once per process: each model,
+  # defense and batch shape compiles once.
+  return jitted(fl.client_gradient, static_argnames=fl.CLIENT_GRADIENT_STATIC)
+
+
+def release_gradient_programs() -> None:
+  """Drops the compiled client gradients and gives their memory back.
+
+  A gradient's program is the one a batch size needs alone (its shapes
+  are the batch's; the searches' programs are shaped by the bag's and the
+  sentences' buckets and are shared across batch sizes). The runner
+  calls this when the batch size changes: the last size's gradient does
+  not run again, and for SmolLM2-135M its programs held most of the
+  memory the attacks of the next size would add to their peak. Nothing
+  else is dropped, so the next size's searches do not trace or load
+  their programs again.
+  """
+  _gradient().clear_cache()
+  runtime.return_freed_memory()
+
+
 def true_tokens(ids: np.ndarray, mask: np.ndarray) -> set[int]:
   return set(ids[mask > 0].tolist())
 
@@ -132,5 +150,6 @@ __all__ = [
   'draw_batch',
   'make_defense',
   'parse_defense',
+  'release_gradient_programs',
   'true_tokens',
 ]

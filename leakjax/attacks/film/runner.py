@@ -372,9 +372,9 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
   counter = io.Progress(len(points) * cfg.num_batches)
   for i, point in enumerate(points):
     if i and point['b'] != points[i - 1]['b']:
-      # The last batch size's programs (its gradient, searches of its
-      # bag sizes) do not run again.
-      runtime.release_programs()
+      # The last batch size's gradient does not run again; the searches'
+      # programs serve the next size too.
+      client.release_gradient_programs()
     for index in range(cfg.first_batch, cfg.first_batch + cfg.num_batches):
       match = {**point['key'], 'batch': index}
       if cfg.mode == 'bag':
