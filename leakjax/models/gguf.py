@@ -1,7 +1,7 @@
 """Llama-architecture models (and Qwen2) from llama.cpp's GGUF files.
 
-Reads the file with the `gguf` package's `GGUFReader` (memory-mapped, no
-pickles), dequantizes every tensor to float32, undoes llama.cpp's layout
+Reads the file with :class:`leakjax.models.gguf_file.GGUFFile` (memory-mapped,
+no pickles), dequantizes every tensor to float32, undoes llama.cpp's layout
 changes and hands HF-named tensors to :mod:`leakjax.models.llama`, which
 checks names and shapes. The config and the tokenizer come from the file's
 metadata, so a GGUF is self-contained. Architectures: `llama` (Llama 1-3.x,
@@ -30,6 +30,7 @@ import numpy as np
 
 from leakjax.errors import LeakjaxError
 from leakjax.models import llama
+from leakjax.models.gguf_file import GGUFFile
 from leakjax.models.protocol import Model, PyTree
 
 # What `gguf.quants.dequantize` handles and our tests check.
@@ -59,14 +60,12 @@ ARCHITECTURES = {'llama': 'none', 'qwen2': 'qkv'}
 _ROPE_FREQS = 'rope_freqs.weight'
 
 
-def _reader(path: Path):
-  import gguf  # pylint: disable=g-import-not-at-top
-
+def _reader(path: Path) -> GGUFFile:
   if not path.is_file():
     raise LeakjaxError(f'GGUF file {path} does not exist', 'check the path')
   try:
-    return gguf.GGUFReader(str(path))
-  except Exception as e:  # the reader raises ValueError, struct errors, ...
+    return GGUFFile(path)
+  except Exception as e:  # LeakjaxError, OSError, ...
     raise LeakjaxError(
       f'{path} is not a readable GGUF file ({e})',
       'the file is corrupt or not GGUF',
@@ -80,7 +79,8 @@ def _meta(reader, key: str, default: Any = None) -> Any:
 
 # ---------------------------------------------------------------- tensors
 def dequantize(tensor, source: str = 'GGUF') -> np.ndarray:
-  """A `GGUFReader` tensor as float32 numpy, in numpy (HF) axis order.
+  """A GGUF tensor (:class:`GGUFFile`'s or `GGUFReader`'s) as float32
+  numpy, in numpy (HF) axis order.
 
   GGUF lists dims fastest-first (`[in, out]` for a weight); the reader's
   `data` and the result are `[out, in]`, like a torch Linear weight.
