@@ -902,12 +902,13 @@ def test_film_utility_report():
   assert f'δ = {cfg["dp_delta"]:.0e}'.replace('e-0', 'e-') in t
 
 
-# The quickstart's profile run with the one-factor clip, and the two runs
-# of the programs kept across batch sizes (the last).
+# The quickstart's profile run with the one-factor clip, and the runs of
+# the programs kept across batch sizes and of the GGUF reader (the last).
 CLIPPED = 'after, one-factor clip'
 KEPT = (
   'before, all programs released when b changes',
   'after, the gradient released when b changes',
+  'after, the GGUF metadata read in one pass',
 )
 
 
@@ -962,7 +963,7 @@ def test_film_quickstart_report():
   last = profile['runs'][-1]
   assert all(r['summary_equal'] for r in same + later)
   assert not by[CLIPPED]['summary_equal'] and names[cut + 1 :] == list(KEPT)
-  words = {2: 'two', 6: 'six'}
+  words = {3: 'three', 6: 'six'}
   assert f'the first {words[len(same)]} runs of `profile.json`, on one' in t
   assert f'and the {words[len(later)]} after it gave this summary' in t
   assert f'with {cfg["num_batches"]} batches per b, one batch' in t
@@ -1042,6 +1043,8 @@ def test_film_quickstart_report():
       f' {r["stages"]["attack_s"][4]} s |'
     )
     assert line in t, line
+  was, now = (by[name]['stages']['model_loaded_s'] for name in KEPT[1:])
+  assert f'loaded {now} s after the start, against {was} s' in t
   warm, cold = by['after, warm XLA cache'], by['after, cold XLA cache']
   assert f'takes {warm["wall_s"]} s once warm, against {cold["wall_s"]} s' in t
   assert profile['command'] in ' '.join(
