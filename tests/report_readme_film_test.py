@@ -912,6 +912,13 @@ KEPT = (
 )
 
 
+def _profile_row(run, *cells):
+  """A profile table's row: the run, its wall, CPU and peak, then `cells`."""
+  cpu = run['user_cpu_s'] + run['system_cpu_s']
+  head = [run['run'], f'{run["wall_s"]} s', f'{cpu:.1f} s']
+  return '| ' + ' | '.join([*head, f'{run["peak_rss_mib"]} MiB', *cells]) + ' |'
+
+
 def test_film_quickstart_report():
   t = text('film_quickstart')
   s, cfg = (
@@ -1002,12 +1009,9 @@ def test_film_quickstart_report():
   )
   # The one-factor clip: before and after, and the key it moved.
   for name in ('before, optax clip', CLIPPED):
-    r = by[name]
-    cpu = r['user_cpu_s'] + r['system_cpu_s']
-    peaks = r['stages']['sampled_rss_peak_mib']
-    line = (
-      f'| {name} | {r["wall_s"]} s | {cpu:.1f} s | {r["peak_rss_mib"]} MiB |'
-      f' {peaks["fine-tuning"]} MiB | {peaks["attacks"]} MiB |'
+    peaks = by[name]['stages']['sampled_rss_peak_mib']
+    line = _profile_row(
+      by[name], f'{peaks["fine-tuning"]} MiB', f'{peaks["attacks"]} MiB'
     )
     assert line in t, line
   assert by['before, optax clip']['summary_equal']
@@ -1034,13 +1038,12 @@ def test_film_quickstart_report():
   assert row['span_valid'] and row['bag_recall'] == 1.0
   # The programs kept across batch sizes: before and after.
   for name in KEPT:
-    r = by[name]
-    cpu = r['user_cpu_s'] + r['system_cpu_s']
-    peaks = r['stages']['sampled_rss_peak_mib']
-    line = (
-      f'| {name} | {r["wall_s"]} s | {cpu:.1f} s | {r["peak_rss_mib"]} MiB |'
-      f' {peaks["attacks"]} MiB | {r["stages"]["attack_s"][2]} s |'
-      f' {r["stages"]["attack_s"][4]} s |'
+    st = by[name]['stages']
+    line = _profile_row(
+      by[name],
+      f'{st["sampled_rss_peak_mib"]["attacks"]} MiB',
+      f'{st["attack_s"][2]} s',
+      f'{st["attack_s"][4]} s',
     )
     assert line in t, line
   was, now = (by[name]['stages']['model_loaded_s'] for name in KEPT[1:])
