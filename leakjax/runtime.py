@@ -123,9 +123,12 @@ def use_compilation_cache(
   same program, shapes, flags and JAX version instead of compiled again,
   which on the 2-core CPU saves most of a run's compile time (tracing
   still happens). The compiled program is the same either way, so results
-  do not change. Only programs that took JAX's
-  `jax_persistent_cache_min_compile_time_secs` (1 s) or more are kept;
-  past `max_bytes` the least recently used are removed.
+  do not change. Every program is kept, the small ones too (JAX's
+  `jax_persistent_cache_min_compile_time_secs`, 1 s by default, is set to
+  0 unless the environment sets it): a run compiles a few hundred small
+  ones (eager operations, the host loops' little kernels) at tens of ms
+  each, and reads each back in a few ms. Past `max_bytes` the least
+  recently used are removed.
 
   A cache already chosen (`JAX_COMPILATION_CACHE_DIR`, or
   `jax.config.jax_compilation_cache_dir` set by the caller) is kept as it
@@ -156,6 +159,8 @@ def use_compilation_cache(
     return None
   jax.config.update('jax_compilation_cache_dir', path)
   jax.config.update('jax_compilation_cache_max_size', int(max_bytes))
+  if 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS' not in os.environ:
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   return path
 
 

@@ -33,6 +33,7 @@ CHILD = textwrap.dedent(
   else:
     print('in_use', runtime.use_compilation_cache(folder or None))
   print('config', jax.config.jax_compilation_cache_dir)
+  print('min_time', jax.config.jax_persistent_cache_min_compile_time_secs)
   f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())
   print('value', float(f(jnp.arange(64.0).reshape(8, 8) / 64)))
   print('hits', len(hits))
@@ -40,11 +41,19 @@ CHILD = textwrap.dedent(
 )
 
 
-def _child(tmp_path, *args):
+def _child(tmp_path, *args, min_time=None):
+  # Without JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS unless `min_time`.
   env = {
-    k: v for k, v in os.environ.items() if k != 'JAX_COMPILATION_CACHE_DIR'
+    k: v
+    for k, v in os.environ.items()
+    if k
+    not in (
+      'JAX_COMPILATION_CACHE_DIR',
+      'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS',
+    )
   }
-  env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  if min_time is not None:
+    env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = min_time
   env['XDG_CACHE_HOME'] = str(tmp_path / 'xdg')
   out = subprocess.run(
     [sys.executable, '-c', CHILD, *map(str, args)],
@@ -63,10 +72,14 @@ def test_cache_is_read_back_by_the_next_run(tmp_path):
   first = _child(tmp_path, 'path', folder)
   assert first['in_use'] == first['config'] == str(folder)
   assert first['hits'] == '0'
+  # The small program is kept too: the run sets JAX's threshold to 0.
+  assert float(first['min_time']) == 0.0
   assert any(folder.iterdir())  # the program was written
   second = _child(tmp_path, 'path', folder)
   assert int(second['hits']) >= 1  # ... and read back, not compiled
   assert second['value'] == first['value']
+  # A threshold the environment sets is the caller's.
+  assert float(_child(tmp_path, 'path', folder, min_time='5')['min_time']) == 5
 
 
 @pytest.mark.slow
