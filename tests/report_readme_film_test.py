@@ -903,12 +903,13 @@ def test_film_utility_report():
 
 
 # The quickstart's profile run with the one-factor clip, and the runs of
-# the programs kept across batch sizes and of the GGUF reader (the last).
+# the programs kept, the GGUF reader and the small programs cached.
 CLIPPED = 'after, one-factor clip'
 KEPT = (
   'before, all programs released when b changes',
   'after, the gradient released when b changes',
   'after, the GGUF metadata read in one pass',
+  'after, every program kept in the cache',
 )
 
 
@@ -970,7 +971,7 @@ def test_film_quickstart_report():
   last = profile['runs'][-1]
   assert all(r['summary_equal'] for r in same + later)
   assert not by[CLIPPED]['summary_equal'] and names[cut + 1 :] == list(KEPT)
-  words = {3: 'three', 6: 'six'}
+  words = {4: 'four', 6: 'six'}
   assert f'the first {words[len(same)]} runs of `profile.json`, on one' in t
   assert f'and the {words[len(later)]} after it gave this summary' in t
   assert f'with {cfg["num_batches"]} batches per b, one batch' in t
@@ -1046,8 +1047,12 @@ def test_film_quickstart_report():
       f'{st["attack_s"][4]} s',
     )
     assert line in t, line
-  was, now = (by[name]['stages']['model_loaded_s'] for name in KEPT[1:])
+  was, now = (by[name]['stages']['model_loaded_s'] for name in KEPT[1:3])
   assert f'loaded {now} s after the start, against {was} s' in t
+  # The cache's run: its second batches (no compilation) moved too.
+  a, b = (by[name]['stages']['attack_s'][1::2] for name in KEPT[2:])
+  less = [x - y for x, y in zip(a, b)]
+  assert f'also took about {min(less):.0f}-{max(less):.0f} s less' in t
   warm, cold = by['after, warm XLA cache'], by['after, cold XLA cache']
   assert f'takes {warm["wall_s"]} s once warm, against {cold["wall_s"]} s' in t
   assert profile['command'] in ' '.join(
