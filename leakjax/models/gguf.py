@@ -1,7 +1,9 @@
 """Llama-architecture models (and Qwen2) from llama.cpp's GGUF files.
 
 Reads the file with :class:`leakjax.models.gguf_file.GGUFFile` (memory-mapped,
-no pickles), dequantizes every tensor to float32, undoes llama.cpp's layout
+no pickles), dequantizes every tensor to float32 (Q4_0, Q4_1 and Q8_0 in
+threads with :mod:`leakjax.models.gguf_blocks`, other types with
+`gguf.quants`), undoes llama.cpp's layout
 changes and hands HF-named tensors to :mod:`leakjax.models.llama`, which
 checks names and shapes. The config and the tokenizer come from the file's
 metadata, so a GGUF is self-contained. Architectures: `llama` (Llama 1-3.x,
@@ -29,11 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from leakjax.errors import LeakjaxError
-from leakjax.models import llama
+from leakjax.models import gguf_blocks, llama
 from leakjax.models.gguf_file import GGUFFile
 from leakjax.models.protocol import Model, PyTree
 
-# What `gguf.quants.dequantize` handles and our tests check.
+# What we dequantize (`gguf_blocks` the legacy block types, `gguf.quants`
+# the others) and our tests check.
 SUPPORTED_TYPES = ('F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q4_K', 'Q6_K')
 
 # GGUF per-layer tensor name -> HF name (N = layer index).
@@ -97,7 +100,10 @@ def dequantize(tensor, source: str = 'GGUF') -> np.ndarray:
       f' cannot dequantize (supported: {", ".join(SUPPORTED_TYPES)})',
       'requantize the model (e.g. llama.cpp llama-quantize to Q8_0 or Q4_K_M)',
     )
-  out = quants.dequantize(tensor.data, tensor.tensor_type)
+  if kind in gguf_blocks.BLOCK_BYTES:  # the same bits, in threads
+    out = gguf_blocks.dequantize(tensor.data, kind)
+  else:
+    out = quants.dequantize(tensor.data, tensor.tensor_type)
   want = tuple(int(d) for d in reversed(tensor.shape))
   return np.asarray(out, np.float32).reshape(want)
 
