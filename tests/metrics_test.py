@@ -143,6 +143,35 @@ def test_named_entities_keeps_appendix_b1_types():
   assert not any('Monday' in e for e in ents[0])  # DATE is not a B.1 type
 
 
+def test_the_pipeline_is_ner_alone_and_finds_the_full_pipelines_entities():
+  import spacy  # pylint: disable=g-import-not-at-top
+
+  from leakjax import quickstart_corpus  # pylint: disable=g-import-not-at-top
+
+  assert entities.load_spacy().pipe_names == ['ner']
+  full = spacy.load(entities.SPACY_MODEL)
+  assert set(entities.NOT_NER) & set(full.pipe_names)  # some were left out
+  texts = list(quickstart_corpus.SENTENCES)
+  spans = lambda nlp: [  # noqa: E731
+    [(e.text, e.label_, e.start_char) for e in doc.ents]
+    for doc in nlp.pipe(texts)
+  ]
+  assert spans(entities.load_spacy()) == spans(full)
+  assert sum(map(len, spans(full))) >= len(texts)
+
+
+def test_a_spacy_model_without_ner_is_a_clear_error(monkeypatch):
+  import spacy  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setattr(spacy, 'load', lambda *a, **k: spacy.blank('en'))
+  entities.load_spacy.cache_clear()
+  try:
+    with pytest.raises(LeakjaxError, match='no named-entity recognizer'):
+      entities.load_spacy('blank_model')
+  finally:
+    entities.load_spacy.cache_clear()
+
+
 def test_missing_spacy_model_is_a_clear_error(monkeypatch):
   import spacy  # pylint: disable=g-import-not-at-top
 
