@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from leakjax import models
-from leakjax.errors import LeakjaxError
 from leakjax.models import gguf_blocks
 from leakjax.models.gguf_file import GGUFFile
+from tests.gguf_file_test import smollm2_path
 
 KINDS = ('Q4_0', 'Q4_1', 'Q8_0')
 
@@ -74,12 +73,8 @@ def test_rows_that_are_not_whole_blocks_are_refused():
 
 @pytest.mark.slow
 def test_smollm2_weights_are_gguf_quants_bits():
-  try:
-    path = models.smollm2_gguf_path()
-  except LeakjaxError as e:
-    pytest.skip(f'SmolLM2 GGUF not installed ({e})')
   kinds = set()
-  for t in GGUFFile(path).tensors:
+  for t in GGUFFile(smollm2_path()).tensors:
     kind = t.tensor_type.name
     if kind in gguf_blocks.BLOCK_BYTES:
       kinds.add(kind)

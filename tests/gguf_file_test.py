@@ -99,11 +99,15 @@ def test_bad_files_raise(tmp_path, tied):
     GGUFFile(path)
 
 
-@pytest.mark.slow
-def test_smollm2_reads_like_gguf_reader():
+def smollm2_path():
+  """SmolLM2's GGUF file; skips the test where it is not installed."""
   try:
-    path = models.smollm2_gguf_path()
+    return models.smollm2_gguf_path()
   except LeakjaxError as e:
     pytest.skip(f'SmolLM2 GGUF not installed ({e})')
-  ours = assert_reads_like_gguf_reader(path)
+
+
+@pytest.mark.slow
+def test_smollm2_reads_like_gguf_reader():
+  ours = assert_reads_like_gguf_reader(smollm2_path())
   assert len(ours.fields['tokenizer.ggml.tokens'].contents()) == 49152

@@ -160,29 +160,25 @@ def test_the_pipeline_is_ner_alone_and_finds_the_full_pipelines_entities():
   assert sum(map(len, spans(full))) >= len(texts)
 
 
-def test_a_spacy_model_without_ner_is_a_clear_error(monkeypatch):
+@pytest.mark.parametrize(
+  'model, match',
+  [('missing', 'pip install'), ('without_ner', 'no named-entity recognizer')],
+)
+def test_a_spacy_model_we_cannot_use_is_a_clear_error(
+  monkeypatch, model, match
+):
   import spacy  # pylint: disable=g-import-not-at-top
 
-  monkeypatch.setattr(spacy, 'load', lambda *a, **k: spacy.blank('en'))
+  def load(*args, **kwargs):
+    if model == 'missing':
+      raise OSError('not found')
+    return spacy.blank('en')  # a pipeline with no components
+
+  monkeypatch.setattr(spacy, 'load', load)
   entities.load_spacy.cache_clear()
   try:
-    with pytest.raises(LeakjaxError, match='no named-entity recognizer'):
-      entities.load_spacy('blank_model')
-  finally:
-    entities.load_spacy.cache_clear()
-
-
-def test_missing_spacy_model_is_a_clear_error(monkeypatch):
-  import spacy  # pylint: disable=g-import-not-at-top
-
-  def fail(*args, **kwargs):
-    raise OSError('not found')
-
-  monkeypatch.setattr(spacy, 'load', fail)
-  entities.load_spacy.cache_clear()
-  try:
-    with pytest.raises(LeakjaxError, match='pip install'):
-      entities.load_spacy('no_such_model')
+    with pytest.raises(LeakjaxError, match=match):
+      entities.load_spacy(model)
   finally:
     entities.load_spacy.cache_clear()
 
