@@ -10,9 +10,9 @@ high ones 16-31.
 
 `gguf.quants` evaluates the same float32 expressions over groups of 16
 rows, one NumPy temporary after another. Here each task takes
-:data:`CHUNK_BLOCKS` blocks, writes the values into the output and scales
-them in place, and the tasks run on a thread pool (NumPy releases the GIL
-inside its loops). Every product and sum is the same float32 operation on
+:data:`CHUNK_BLOCKS` blocks, unpacks their values into one uint8
+temporary and scales them straight into its slice of the output, and the
+tasks run on a thread pool (NumPy releases the GIL inside its loops). Every product and sum is the same float32 operation on
 the same operands, so the weights are the same bits (tests/gguf_blocks_test.py
 compares them for every bit pattern of the scales and on SmolLM2's file;
 the timings against `gguf.quants`: benchmarks/results/gguf_dequantize.json).
