@@ -38,8 +38,8 @@ def copy_bandwidth(mib: int = 256, repeats: int = 5, workers: int = 1):
   over `workers` threads."""
   src = np.ones(mib * 2**20 // 4, np.float32)
   dst = np.empty_like(src)
-  parts = np.array_split(np.arange(src.size), workers)
-  bounds = [(int(p[0]), int(p[-1]) + 1) for p in parts]
+  edges = [src.size * i // workers for i in range(workers + 1)]
+  bounds = list(zip(edges[:-1], edges[1:]))
 
   def copy(bound):
     np.copyto(dst[bound[0] : bound[1]], src[bound[0] : bound[1]])
