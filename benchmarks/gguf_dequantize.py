@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
 import platform
 from pathlib import Path
 
@@ -55,7 +54,7 @@ def bench(path: Path, repeats: int = 5) -> dict:
   """One row per block type: both sides' seconds, bytes/s and equality."""
   from gguf import quants  # pylint: disable=g-import-not-at-top
 
-  workers = min(os.cpu_count() or 1, 8)
+  workers = gguf_blocks.default_workers()
   bandwidth = copy_bandwidth(workers=workers)
   by_kind: dict[str, list] = {}
   for t in GGUFFile(path).tensors:

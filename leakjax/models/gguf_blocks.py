@@ -35,6 +35,11 @@ BLOCK_BYTES = {'Q4_0': 18, 'Q4_1': 20, 'Q8_0': 34}
 CHUNK_BLOCKS = 8192
 
 
+def default_workers() -> int:
+  """Threads :func:`dequantize` uses by default: the CPU count, at most 8."""
+  return min(os.cpu_count() or 1, 8)
+
+
 def _halves(raw: np.ndarray, start: int) -> np.ndarray:
   """The f16 at bytes `start:start+2` of each block, as float32 [n, 1]."""
   pair = np.ascontiguousarray(raw[:, start : start + 2])
@@ -76,7 +81,7 @@ def dequantize(
     data: the tensor's bytes, uint8 `[..., row_bytes]` (as GGUF readers
       give them; rows are whole blocks).
     kind: 'Q4_0', 'Q4_1' or 'Q8_0'.
-    workers: threads (default: the CPU count, at most 8).
+    workers: threads (default: :func:`default_workers`).
 
   Returns:
     float32 `[..., row_bytes // block_bytes * 32]`.
@@ -89,7 +94,7 @@ def dequantize(
   out = np.empty((blocks.shape[0], BLOCK_WEIGHTS), np.float32)
   kernel = _KERNELS[kind]
   starts = range(0, blocks.shape[0], CHUNK_BLOCKS)
-  workers = min(len(starts), workers or min(os.cpu_count() or 1, 8))
+  workers = min(len(starts), workers or default_workers())
 
   def task(i: int) -> None:
     kernel(blocks[i : i + CHUNK_BLOCKS], out[i : i + CHUNK_BLOCKS])
@@ -103,4 +108,10 @@ def dequantize(
   return out.reshape(*raw.shape[:-1], raw.shape[-1] // size * BLOCK_WEIGHTS)
 
 
-__all__ = ['BLOCK_BYTES', 'BLOCK_WEIGHTS', 'CHUNK_BLOCKS', 'dequantize']
+__all__ = [
+  'BLOCK_BYTES',
+  'BLOCK_WEIGHTS',
+  'CHUNK_BLOCKS',
+  'default_workers',
+  'dequantize',
+]
