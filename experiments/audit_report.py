@@ -26,6 +26,7 @@ from experiments import audit_html, audit_plot, audit_words, browser
 from leakjax import io
 from leakjax.audit.config import AuditConfig
 from leakjax.audit.summary import (
+  THREAT_MODELS,
   Cell,
   attack_cells,
   summary_dict,
@@ -178,7 +179,7 @@ def build_page(cfg, run) -> audit_html.Page:
     threats.append(
       (
         _panel(base),
-        told.get(base) or audit_words.THREAT_MODELS.get(base, ''),
+        told.get(base) or THREAT_MODELS.get(base, ''),
         attacks,
       )
     )

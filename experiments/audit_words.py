@@ -41,21 +41,6 @@ ATTACKS = {  # name in words, citation
   ),
 }
 
-THREAT_MODELS = {
-  'gradient': 'The server, or anyone who reads a client message, sees one'
-  " FedSGD gradient of every weight, computed on b of the user's"
-  ' sentences, and knows the model (weights, tokenizer, architecture).',
-  'update': 'The server sees one FedAvg client update: the change of every'
-  " weight after the client's local SGD steps over b sentences; it knows"
-  ' the starting weights, the learning rate and the number of steps.',
-  'snapshot': 'Anyone holding both releases of the model, before and after'
-  " fine-tuning on the user's data, can query both for next-token"
-  " probabilities; they know nothing of the user's text.",
-  'hidden': 'A provider that runs the model past a split layer sees the'
-  " hidden states of the user's sentences at that layer, knows the model"
-  ' and can run it on text of its own.',
-}
-
 PANEL_NAMES = {
   'gradient': 'client gradient',
   'update': 'FedAvg update',

@@ -8,6 +8,7 @@ browser).
 
 import dataclasses
 import doctest
+import html
 import json
 import re
 import types
@@ -17,6 +18,7 @@ import pytest
 from experiments import audit_html, audit_plot, audit_report, audit_words
 from leakjax import io
 from leakjax.audit.config import AuditConfig
+from leakjax.audit.summary import THREAT_MODELS
 
 SENTENCES = [
   'Alice Martin moved to Paris in 2019.',
@@ -370,6 +372,10 @@ def test_the_page_sections():
   assert 'Petrov et al., NeurIPS 2024' in text
   assert 'Zanella-Béguelin et al., CCS 2020' in text
   assert 'Wan et al. 2024' in text
+  # A run whose facts name no threat models gets the audit's own words.
+  assert 'threat_models' not in synthetic_run().extra
+  for artefact in ('gradient', 'snapshot', 'hidden'):
+    assert html.escape(THREAT_MODELS[artefact]) in text
   png = re.search(
     r'id="frontier" alt="leakage-utility frontier"'
     r' src="data:image/png;base64,([A-Za-z0-9+/=]+)"',

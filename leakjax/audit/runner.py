@@ -51,31 +51,9 @@ from leakjax.attacks.dager import presets as dager_presets
 from leakjax.attacks.dager import runner as dager_runner
 from leakjax.audit import client, hidden, scoring, snapshot, utility
 from leakjax.audit.config import AuditConfig, parse_defense
+from leakjax.audit.summary import THREAT_MODELS
 from leakjax.errors import LeakjaxError
 from leakjax.recovery.corpus import load_texts, writer_inputs
-
-# What the attacker sees and knows, per artefact (the report's threat
-# model).
-THREAT_MODELS = {
-  'gradient': (
-    'An honest-but-curious server (or an eavesdropper) reads one'
-    " client's FedSGD gradient of a batch of b sentences; it knows the"
-    ' model and its weights (FILM Sec. 3.3, DAGER Sec. 3).'
-  ),
-  'update': (
-    "The server reads one client's FedAvg update (the weights after"
-    ' local SGD steps minus the weights before) and knows the local'
-    ' learning rate and step count (DAGER Sec. 5, Table 4).'
-  ),
-  'snapshot': (
-    'Anyone with the model before and after fine-tuning on the user'
-    "'s sentences compares the two (Zanella-Beguelin et al., CCS 2020)."
-  ),
-  'hidden': (
-    'A model provider receives the hidden states of one layer (split'
-    ' inference) and holds the model (Wan et al. 2024, Sec. 3).'
-  ),
-}
 
 
 @dataclasses.dataclass

@@ -25,6 +25,29 @@ import numpy as np
 
 from leakjax import io
 
+# What the attacker sees and knows, per artefact (the report's threat
+# model; the audit writes it into its facts).
+THREAT_MODELS = {
+  'gradient': (
+    'An honest-but-curious server (or an eavesdropper) reads one'
+    " client's FedSGD gradient of a batch of b sentences; it knows the"
+    ' model and its weights (FILM Sec. 3.3, DAGER Sec. 3).'
+  ),
+  'update': (
+    "The server reads one client's FedAvg update (the weights after"
+    ' local SGD steps minus the weights before) and knows the local'
+    ' learning rate and step count (DAGER Sec. 5, Table 4).'
+  ),
+  'snapshot': (
+    'Anyone with the model before and after fine-tuning on the user'
+    "'s sentences compares the two (Zanella-Beguelin et al., CCS 2020)."
+  ),
+  'hidden': (
+    'A model provider receives the hidden states of one layer (split'
+    ' inference) and holds the model (Wan et al. 2024, Sec. 3).'
+  ),
+}
+
 
 @dataclasses.dataclass
 class Cell:
@@ -157,4 +180,11 @@ def summary_dict(cells: list[Cell], util: Utility | None) -> dict:
   return summary
 
 
-__all__ = ['Cell', 'Utility', 'attack_cells', 'summary_dict', 'utility']
+__all__ = [
+  'THREAT_MODELS',
+  'Cell',
+  'Utility',
+  'attack_cells',
+  'summary_dict',
+  'utility',
+]
