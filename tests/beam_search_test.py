@@ -348,3 +348,34 @@ def test_best_sequences_deduplicates_and_drops_dead_beams():
   )
   best = bs.best_sequences(result)
   assert best == [(-1.0, [1, 2]), (-3.0, [1, 3])]
+
+
+@pytest.mark.slow
+def test_a_padded_bag_changes_no_result():
+  """The FILM pipeline pads the bag to a multiple of `bag_bucket` with
+  copies of its first id, masked out: the search returns the same beams
+  with the same scores, bit for bit, including searches with fewer bag
+  tokens than beams (dead beams) and a diversity penalty."""
+  model, params = tiny('llama')
+  prompts = jnp.asarray([[[1, 5], [1, 9], [1, 17]]])
+  bag = np.asarray([5, 9, 17, 22, 23, 40, 41, 60], np.int32)
+  padded = np.full((64,), bag[0], np.int32)
+  padded[: len(bag)] = bag
+  mask = np.arange(64) < len(bag)
+  for config in (
+    bs.BeamSearchConfig(num_beams=12, length=3),
+    bs.BeamSearchConfig(
+      num_beams=6, num_groups=3, diversity_penalty=0.7, length=4
+    ),
+  ):
+    exact = SEARCH(model, params, prompts, jnp.asarray(bag), config=config)
+    wide = SEARCH(
+      model,
+      params,
+      prompts,
+      jnp.asarray(padded),
+      bag_mask=jnp.asarray(mask),
+      config=config,
+    )
+    np.testing.assert_array_equal(wide.tokens, exact.tokens)
+    np.testing.assert_array_equal(wide.scores, exact.scores)

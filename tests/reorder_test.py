@@ -253,6 +253,39 @@ def test_a_padded_buffer_changes_no_result():
 
 
 @pytest.mark.slow
+def test_a_padded_bag_changes_no_result():
+  """A bag padded with masked copies of its first id (as the FILM pipeline
+  pads it, to a multiple of `bag_bucket`) reorders exactly as the unpadded
+  one: an insertion draws from the same ids with the same key (the draws of
+  a `[M]` shape agree on their common prefix, and masked ids are never
+  drawn), so sentences and scores are equal bit for bit."""
+  params, _, is_end, fn, bag = _padding_case()
+  padded = jnp.full((256,), bag[0]).at[: bag.shape[0]].set(bag)
+  mask = jnp.arange(256) < bag.shape[0]
+  for seed in range(6):
+    args = dict(key=jax.random.key(seed), is_end=is_end)
+    exact = fn(params, TOKENS, jnp.int32(LENGTH), bag, **args)
+    wide = fn(params, TOKENS, jnp.int32(LENGTH), padded, bag_mask=mask, **args)
+    for a, b in zip(jax.tree.leaves(wide), jax.tree.leaves(exact)):
+      np.testing.assert_array_equal(a, b)
+  # Each move alone: the same candidate for every key, insertions included.
+  edit = jax.jit(
+    jax.vmap(
+      functools.partial(ro.edit_tokens, fixed=2), in_axes=(0,) + (None,) * 4
+    )
+  )
+  keys = jax.random.split(jax.random.key(7), 300)
+  a, a_len = edit(keys, TOKENS, LENGTH, bag, jnp.ones(bag.shape, bool))
+  b, b_len = edit(keys, TOKENS, LENGTH, padded, mask)
+  np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(a_len, b_len)
+  grown = np.asarray(a_len) > LENGTH
+  assert grown.sum() > 50  # about a third of the moves insert
+  # 30 and 31 are bag ids that the sentence lacks: drawn from the bag.
+  assert {30, 31} <= set(np.asarray(a)[grown].ravel().tolist())
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize('length,max_length', [(10, 13), (6, 30)])
 def test_reordering_in_stages_is_the_one_buffer_loop(length, max_length):
   """Stretches in narrow buffers make the moves of one wide buffer.
