@@ -86,6 +86,8 @@ def test_film_recovers_a_memorised_sentence_from_its_gradient():
   assert result.recoveries[0].prior_score <= (
     result.recoveries[0].initial_prior_score
   )
+  assert list(result.seconds) == ['bag', 'search', 'reorder']
+  assert all(s > 0 for s in result.seconds.values())
 
 
 def frozen_gradient(model, params, sentence):
@@ -299,6 +301,11 @@ def test_experiment_smoke_and_resume(tmp_path):
     json.loads(x) for x in (tmp_path / 'results.jsonl').read_text().splitlines()
   ]
   assert len(rows) == 1 and rows[0]['b'] == 2
+  # The attack's stages, timed inside its attack_seconds (the bag was
+  # extracted by the runner and handed to recover).
+  stages = rows[0]['stage_seconds']
+  assert set(stages) == {'bag', 'search', 'reorder'}
+  assert 0 < sum(stages.values()) <= rows[0]['attack_seconds']
   # The summary is the one row's numbers (one batch).
   for name in ('bag_precision', 'bag_recall'):
     assert summary[f'{name}@b=2'] == rows[0][name]

@@ -147,12 +147,17 @@ class FilmResult:
     num_prompts: how many start prompts were searched.
     sentence_ends: token ids searched beside the bag
       (`FilmAttackConfig.sentence_ends`); empty when none were added.
+    seconds: wall seconds of each stage: `bag` (absent when the caller
+      passed the bag), `search` (ranking the prompts and the beam
+      searches) and `reorder` (absent without reordering); compilation
+      included where a stage compiles.
   """
 
   bag: bow.Bag
   recoveries: list[Recovery]
   num_prompts: int
   sentence_ends: tuple[int, ...] = ()
+  seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def sentences(self) -> list[str]:
@@ -323,6 +328,8 @@ def recover(
     attack='FILM',
     tokenizer=('bos_id', 'decode', 'token_strings'),
   )
+  seconds = {}
+  start = time.perf_counter()
   if bag is None:
     bag = bow.extract_bag(
       model,
@@ -332,6 +339,8 @@ def recover(
       noise_std=noise_std,
       config=config.tied,
     )
+    seconds['bag'] = time.perf_counter() - start
+    start = time.perf_counter()
   bag_ids = [int(i) for i in bag.ids if i != tok.bos_id]
   if not bag_ids:
     raise LeakjaxError(
@@ -369,7 +378,6 @@ def recover(
   prior_len = np.zeros((max(1, config.repetitions),), np.int32)
   beam_search = jitted(_beam_search, static_argnames=_BEAM_SEARCH_STATIC)
   recoveries = []
-  start = time.perf_counter()
   logging.info(
     'FILM: bag of %d tokens, %d prompts; beam search of %d beams, %d steps',
     len(bag_ids),
@@ -406,10 +414,12 @@ def recover(
     recoveries.append(
       Recovery(text=text, tokens=tokens, beam_text=text, beam_score=score)
     )
+  seconds['search'] = time.perf_counter() - start
+  start = time.perf_counter()
   if config.reorder is not None:
     logging.info(
       'FILM: beam search done in %.1f s; reordering (%d + %d steps)',
-      time.perf_counter() - start,
+      seconds['search'],
       config.reorder.phrase_steps,
       config.reorder.token_steps,
     )
@@ -457,11 +467,13 @@ def recover(
       rec.text = _decode(tok, new)
       rec.prior_score = float(state.score)
       rec.initial_prior_score = float(state.initial_score)
+    seconds['reorder'] = time.perf_counter() - start
   return FilmResult(
     bag=bag,
     recoveries=recoveries,
     num_prompts=len(prompts),
     sentence_ends=ends,
+    seconds=seconds,
   )
 
 

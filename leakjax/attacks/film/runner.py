@@ -604,6 +604,7 @@ def attack_batch(
     noise_std=noise,
     config=fcfg.tied,
   )
+  bag_s = time.perf_counter() - start
   truth = client.true_tokens(ids, mask)
   if not any(i != model.tokenizer.bos_id for i in bag.ids.tolist()):
     # Nothing to search (e.g. frozen embeddings past the span test's rank
@@ -641,6 +642,7 @@ def attack_batch(
     'num_prompts': result.num_prompts,
     'grad_seconds': grad_s,
     'attack_seconds': attack_s,
+    'stage_seconds': {'bag': bag_s, **result.seconds},
   }
   if result.sentence_ends:  # searched beside a bag from a silent head
     row['sentence_ends_added'] = len(result.sentence_ends)
