@@ -85,17 +85,10 @@ def make_defense(
 _TOKEN_BUCKET = 8
 
 
-def client_gradient(
-  model, params, texts: Sequence[str], defense, key, microbatch=None
-):
-  """The client's FedSGD gradient of `texts`, `microbatch` rows at a time.
-
-  The batch is right-padded (mask 0) to a multiple of _TOKEN_BUCKET tokens
-  within the model's longest sequence. Padding is invisible to the loss:
-  masked positions carry no loss and, the models being causal, feed no
-  valid position, so the gradient equals the unpadded one up to float32
-  rounding of the longer sums over positions.
-  """
+def client_batch(model, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+  """`(ids, mask)` of `texts` as the client computes its gradient on them:
+  BOS first, right-padded (mask 0) to a multiple of _TOKEN_BUCKET tokens
+  within the model's longest sequence."""
   ids, mask = model.tokenizer.encode_batch(list(texts), add_bos=True)
   width = -(-ids.shape[1] // _TOKEN_BUCKET) * _TOKEN_BUCKET
   if model.max_length is not None:
@@ -104,6 +97,20 @@ def client_gradient(
     extra = ((0, 0), (0, width - ids.shape[1]))
     ids = np.pad(ids, extra, constant_values=model.tokenizer.pad_id)
     mask = np.pad(mask, extra)
+  return ids, mask
+
+
+def client_gradient(
+  model, params, texts: Sequence[str], defense, key, microbatch=None
+):
+  """The client's FedSGD gradient of `texts`, `microbatch` rows at a time.
+
+  The batch is :func:`client_batch`'s. Padding is invisible to the loss:
+  masked positions carry no loss and, the models being causal, feed no
+  valid position, so the gradient equals the unpadded one up to float32
+  rounding of the longer sums over positions.
+  """
+  ids, mask = client_batch(model, texts)
   return (
     _gradient()(
       model,
@@ -146,6 +153,7 @@ def true_tokens(ids: np.ndarray, mask: np.ndarray) -> set[int]:
 
 
 __all__ = [
+  'client_batch',
   'client_gradient',
   'draw_batch',
   'make_defense',
