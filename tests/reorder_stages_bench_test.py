@@ -5,6 +5,7 @@ import json
 import pathlib
 
 from benchmarks import reorder_stages
+from leakjax.attacks.film import pipeline
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -87,3 +88,21 @@ def test_quickstart_runs_and_their_readme_sentence():
     f'took {every["wall_s"]} s against {one["wall_s"]} s in one buffer, and'
     f' {final["wall_s"]} s with'
   ) in _text()
+
+
+def test_the_bag_bucket_runs_and_their_readme_sentence():
+  doc = json.loads(
+    (ROOT / 'benchmarks/results/reorder_stages_quickstart.json').read_text()
+  )
+  runs = {r['run']: r for r in doc['runs']}
+  narrow, wide = runs['bag-bucket-64-no-cache'], runs['bag-bucket-256-no-cache']
+  for r in (narrow, wide):
+    assert r['summary_equal'] and r['max_summary_diff'] == 0.0
+    assert r['command'].endswith('--compilation_cache=none')
+  first_b16 = 4  # attacks: b = 1, 1, 4, 4, 16, 16
+  assert (
+    f'took {wide["wall_s"]} s against {narrow["wall_s"]} s (its first b = 16'
+    f' batch {wide["stages"]["attack_s"][first_b16]} s against'
+    f' {narrow["stages"]["attack_s"][first_b16]} s)'
+  ) in _text()
+  assert pipeline.FilmAttackConfig().bag_bucket == 256

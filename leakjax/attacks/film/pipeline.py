@@ -77,6 +77,12 @@ class FilmAttackConfig:
     use_bos: prompts start with the tokenizer's BOS (as the client's
       training data does).
     bag_bucket: pad the bag to a multiple of this (fewer recompilations).
+      The padding is masked and changes no beam, score or reordering
+      (`tests/beam_search_test.py`, `tests/reorder_test.py`); a bucket
+      wide enough for the bags of every batch size an experiment sweeps
+      compiles the search and the reordering once per buffer, not once
+      per batch size (`bag-bucket-*` runs in
+      `benchmarks/results/reorder_stages_quickstart.json`).
     grad_paths: parameter subset of the reordering gradient norm; None:
       :func:`leakjax.attacks.film.reorder.default_grad_paths`.
     sentence_ends: when to search over the bag plus the vocabulary's
@@ -103,7 +109,7 @@ class FilmAttackConfig:
   repetitions: int = 1
   reorder_top: int = 1
   use_bos: bool = True
-  bag_bucket: int = 64
+  bag_bucket: int = 256
   grad_paths: tuple[tuple[str, ...], ...] | None = None
   sentence_ends: str = 'silent'
 
