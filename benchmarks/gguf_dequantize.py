@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import platform
 from pathlib import Path
 
@@ -113,11 +112,7 @@ def main(argv=None) -> dict:
   result['command'] = 'python -m benchmarks.gguf_dequantize' + (
     f' --gguf={args.gguf}' if args.gguf else ''
   )
-  text = json.dumps(result, indent=1)
-  if args.out:
-    Path(args.out).write_text(text + '\n')
-  print(text)
-  return result
+  return peak.write_result(result, args.out)
 
 
 if __name__ == '__main__':

@@ -222,10 +222,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     }
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-  text = json.dumps(result, indent=1)
-  Path(args.out).write_text(text + '\n')
-  print(text)
-  return result
+  return peak.write_result(result, args.out)
 
 
 if __name__ == '__main__':

@@ -14,7 +14,9 @@ roofline: a peer ratio of 1.1x means little if both sides run at
   matmuls (layer norms, softmax and activations are a few percent at these
   widths).
 * :func:`xla_flops` -- XLA's own count of a jitted function (cost analysis),
-  used in the tests to check the analytic counts.
+  used in the tests to check the analytic counts;
+* :func:`write_result` -- prints a benchmark's JSON and writes it to its
+  `--out` file.
 
 >>> peak = measure_peak(n=512, repeats=3)                      # doctest: +SKIP
 >>> peak['peak_flops'] > 1e8                                   # doctest: +SKIP
@@ -24,8 +26,10 @@ True
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -40,6 +44,7 @@ __all__ = [
   'measure_peak',
   'shape_of',
   'time_interleaved',
+  'write_result',
   'xla_flops',
 ]
 
@@ -259,3 +264,14 @@ def xla_flops(fn: Callable, *args) -> float | None:
   if not analysis or 'flops' not in analysis:
     return None
   return float(np.asarray(analysis['flops']))
+
+
+# ------------------------------------------------------------------ output
+def write_result(result: dict, out: str | None) -> dict:
+  """Prints `result` as indented JSON, writes it to `out` unless that is
+  empty or None, and returns it."""
+  text = json.dumps(result, indent=1)
+  if out:
+    Path(out).write_text(text + '\n')
+  print(text)
+  return result

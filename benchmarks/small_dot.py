@@ -23,10 +23,8 @@ read and the fraction of the peak.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-from pathlib import Path
 from typing import Sequence
 
 import jax
@@ -116,11 +114,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   args = parser.parse_args(argv)
   rows = tuple(int(m) for m in args.rows.split(','))
   result = run(rows, args.repeats)
-  text = json.dumps(result, indent=1)
-  if args.out:
-    Path(args.out).write_text(text + '\n')
-  print(text)
-  return result
+  return peak.write_result(result, args.out)
 
 
 if __name__ == '__main__':
