@@ -15,8 +15,8 @@ and the fraction of the peak the stage reached:
   8), forward plus full backward; `grad_seconds` of every batch, the first
   batch of each b included (it compiles);
 * beam searches: the prompts' prefill and one decode step of the k beams
-  per generated token (k rows read every weight once a step: bandwidth,
-  not FLOPs, bounds it); `stage_seconds['search']`;
+  per generated token (k rows read every weight once a step; what bounds
+  such a step: `benchmarks.small_dot`); `stage_seconds['search']`;
 * reordering: 1 + phrase + token steps of C candidates over the whole
   buffer, each a forward pass plus the head's input gradient and the last
   block's weight and input gradients (the scorer's default
@@ -160,7 +160,7 @@ def floors(run: dict, workdir: Path, peak_flops: float) -> dict:
       sum(r['stage_seconds']['search'] for r in rows),
       search,
       peak_flops,
-      f'{beams} beams x {cfg.length} steps a batch; bandwidth-bound',
+      f'{beams} beams x {cfg.length} steps a batch',
     ),
     _stage(
       'reordering',
