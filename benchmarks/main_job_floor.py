@@ -52,7 +52,7 @@ import jax
 
 from benchmarks import main_job, peak
 from leakjax import data as data_lib
-from leakjax import models
+from leakjax import io, models
 from leakjax.attacks.film import client, pipeline, runner
 
 DEFAULT_COMMAND = (
@@ -61,18 +61,6 @@ DEFAULT_COMMAND = (
   'experiments.film',
   '--flagfile=experiments/configs/film_quickstart.flags',
 )
-
-
-def _config(path: Path) -> runner.FilmConfig:
-  fields = json.loads(path.read_text())
-  known = set(runner.FilmConfig.__dataclass_fields__)
-  return runner.FilmConfig(
-    **{
-      k: tuple(v) if isinstance(v, list) else v
-      for k, v in fields.items()
-      if k in known
-    }
-  )
 
 
 def _train_width(cfg: runner.FilmConfig, tokenizer) -> int:
@@ -104,7 +92,9 @@ def _stage(name, seconds, flops, peak_flops, note) -> dict:
 
 def floors(run: dict, workdir: Path, peak_flops: float) -> dict:
   """The stages of the run in `workdir` against `peak_flops`."""
-  cfg = _config(workdir / 'config.json')
+  cfg = io.config_from_json(
+    runner.FilmConfig, json.loads((workdir / 'config.json').read_text())
+  )
   rows = [json.loads(x) for x in (workdir / 'results.jsonl').open()]
   model, _ = models.load_model(cfg.model)
   tok, shape = model.tokenizer, peak.shape_of(model)

@@ -17,7 +17,6 @@ results.jsonl and facts.json (and report.png with `--screenshot`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import types
 from typing import Any
@@ -237,14 +236,7 @@ def load_run(workdir) -> tuple[AuditConfig, Any]:
     if not (workdir / name).exists():
       raise LeakjaxError(f'{workdir / name} does not exist', 'name a workdir')
   stored = json.loads((workdir / 'config.json').read_text())
-  names = {f.name for f in dataclasses.fields(AuditConfig)}
-  cfg = AuditConfig(
-    **{
-      k: tuple(v) if isinstance(v, list) else v
-      for k, v in stored.items()
-      if k in names
-    }
-  )
+  cfg = io.config_from_json(AuditConfig, stored)
   rows = [
     json.loads(line)
     for line in (workdir / 'results.jsonl').read_text().splitlines()

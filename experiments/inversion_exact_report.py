@@ -12,7 +12,6 @@ a few recovered texts.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from typing import Any
@@ -214,14 +213,7 @@ def rerender(workdir, device: str | None = None) -> dict[str, float]:
         f'{folder.workdir / name} does not exist', 'name a workdir'
       )
   stored = json.loads((folder.workdir / 'config.json').read_text())
-  names = {f.name for f in dataclasses.fields(exact_runner.ExactRunConfig)}
-  cfg = exact_runner.ExactRunConfig(
-    **{
-      k: tuple(v) if isinstance(v, list) else v
-      for k, v in stored.items()
-      if k in names
-    }
-  )
+  cfg = io.config_from_json(exact_runner.ExactRunConfig, stored)
   rows = [
     json.loads(line)
     for line in (folder.workdir / 'results.jsonl').read_text().splitlines()

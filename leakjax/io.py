@@ -140,6 +140,15 @@ def jsonable(x: Any) -> Any:
   return x
 
 
+def config_from_json(cls: type, stored: Mapping[str, Any]) -> Any:
+  """`cls` from config.json values; lists as tuples, unknown keys dropped."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  tuples = {
+    k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()
+  }
+  return cls(**{k: v for k, v in tuples.items() if k in names})
+
+
 def summary_key(metric: str, **params: Any) -> str:
   """`summary_key('rougeL', b=16)` -> `'rougeL@b=16'` (params sorted)."""
   if not params:

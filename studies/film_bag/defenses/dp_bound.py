@@ -44,7 +44,6 @@ writes `reports/film_bag/defenses/dp_bound.json`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -55,7 +54,7 @@ from absl import app, flags
 from scipy import stats
 
 from leakjax import data as data_lib
-from leakjax import fl, models
+from leakjax import fl, io, models
 from leakjax.attacks.film import client, runner
 from studies import report_dir
 
@@ -68,12 +67,7 @@ PAPER = {15.0: (0.97, 0.49), 10.0: (0.88, 0.17), 5.0: (0.29, 0.01)}
 def load_config() -> runner.FilmConfig:
   """The committed run's config (`reports/film_bag/defenses/config.json`)."""
   raw = json.loads((REPORT / 'config.json').read_text())
-  fields = {f.name: f for f in dataclasses.fields(runner.FilmConfig)}
-  kwargs = {}
-  for k, v in raw.items():
-    if k in fields:
-      kwargs[k] = tuple(v) if isinstance(v, list) else v
-  return runner.FilmConfig(**kwargs)
+  return io.config_from_json(runner.FilmConfig, raw)
 
 
 def run_fields(cfg) -> dict:
