@@ -15,6 +15,10 @@ Usage (repository root; about 18 minutes on the idle 2-core CPU):
 
 Run it on an otherwise idle machine: the suite is CPU-bound, and a job
 beside it stretches every figure.
+
+With `--compile_share` each tier also records how much of its workers'
+time JAX spent tracing, lowering and compiling programs
+(`benchmarks/compile_listener.py`).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import re
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
 
+from benchmarks import compile_listener
 from leakjax import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,16 +66,25 @@ def parse(output: str) -> dict:
   return {'counts': counts, 'slowest': slowest}
 
 
-def run_tier(args: Sequence[str], durations: int) -> dict:
-  """Runs pytest with `args`; its wall seconds, peak memory and parse."""
+def run_tier(
+  args: Sequence[str], durations: int, compile_share: bool = False
+) -> dict:
+  """Runs pytest with `args`; its wall seconds, peak memory and parse, and
+  with `compile_share` what JAX's compilations took of it."""
   command = [sys.executable, '-m', 'pytest', *args, f'--durations={durations}']
-  start = time.monotonic()
-  proc = subprocess.run(
-    command, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ)
-  )
-  wall = time.monotonic() - start
+  env = dict(os.environ)
+  with tempfile.TemporaryDirectory(prefix='leakjax-compile-share-') as folder:
+    if compile_share:
+      command[3:3] = ['-p', 'benchmarks.compile_listener']
+      env[compile_listener.ENV] = folder
+    start = time.monotonic()
+    proc = subprocess.run(
+      command, cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    wall = time.monotonic() - start
+    share = compile_listener.summarise(folder, wall) if compile_share else None
   out = parse(proc.stdout)
-  return {
+  got = {
     'command': ' '.join(['python3', *command[1:-1]]),
     'wall_s': round(wall, 1),
     'exit_code': proc.returncode,
@@ -80,6 +95,9 @@ def run_tier(args: Sequence[str], durations: int) -> dict:
     ),
     **out,
   }
+  if share is not None:
+    got['compile_share'] = share
+  return got
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -91,6 +109,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     '--tiers', default='full,fast', help=f'of {", ".join(TIERS)}'
   )
   parser.add_argument('--durations', type=int, default=10)
+  parser.add_argument(
+    '--compile_share',
+    action='store_true',
+    help="record JAX's trace/lower/compile seconds (compile_listener.py)",
+  )
   args = parser.parse_args(argv)
   tiers = args.tiers.split(',')
   unknown = set(tiers) - set(TIERS)
@@ -100,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   record['cpu'] = provenance.environment()['cpu']
   for tier in tiers:
     print(f'{tier}: running', flush=True)
-    got = run_tier(TIERS[tier], args.durations)
+    got = run_tier(TIERS[tier], args.durations, args.compile_share)
     got['status'] = 'met' if got['wall_s'] <= BARS[tier] else 'not met'
     record[tier] = got
     print(f'{tier}: {got["wall_s"]} s, {got["counts"]}', flush=True)

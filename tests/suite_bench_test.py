@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks import suite
+from benchmarks import compile_listener, suite
 
 STAND_IN = """
 import time
@@ -103,3 +103,60 @@ def test_kept_cache_runs_and_their_readme_sentence():
     ' the full suite {} s after {} s'.format(*pairs['fast'], *pairs['full'])
     in readme
   )
+
+
+JAX_STAND_IN = """
+import jax
+import jax.numpy as jnp
+
+def test_jit():
+  assert float(jax.jit(lambda x: jnp.sin(x) * 2)(1.0)) > 0
+"""
+
+
+@pytest.mark.slow
+def test_compile_share_counts_the_runs_compilations(tmp_path, monkeypatch):
+  tests = tmp_path / 'jax_stand_in_test.py'
+  tests.write_text(JAX_STAND_IN)
+  args = ['-q', '-p', 'no:cacheprovider', str(tests)]
+  monkeypatch.setattr(suite, 'TIERS', {'full': args})
+  out = tmp_path / 'loop.json'
+  suite.main(
+    ['--label=here', f'--out={out}', '--tiers=full', '--compile_share']
+  )
+  (run,) = json.loads(out.read_text())['runs']
+  got = run['full']
+  assert got['exit_code'] == 0 and got['counts'] == {'passed': 1}
+  assert '-p benchmarks.compile_listener' in got['command']
+  share = got['compile_share']
+  # One process ran the test: its jit traced, lowered and compiled.
+  assert share['workers'] == 1
+  assert share['worker_s'] == got['wall_s']
+  for stage in ('trace', 'lower', 'compile'):
+    assert share['counts'][stage] >= 1 and share['seconds'][stage] >= 0
+  assert share['seconds']['compile'] > 0
+  assert 0 < share['share'] < 1
+
+
+def test_compile_share_sums_the_workers_files(tmp_path):
+  for pid, (t, c) in enumerate(((1.0, 3.0), (2.0, 5.0))):
+    (tmp_path / f'{pid}.json').write_text(
+      json.dumps(
+        {
+          'pid': pid,
+          'seconds': {'trace': t, 'lower': 0.5, 'compile': c, 'cache_read': 0},
+          'counts': {'trace': 2, 'lower': 1, 'compile': 1, 'cache_read': 0},
+        }
+      )
+    )
+  got = compile_listener.summarise(tmp_path, wall_s=10.0)
+  assert got['workers'] == 2 and got['worker_s'] == 20.0
+  assert got['seconds'] == {
+    'trace': 3.0,
+    'lower': 1.0,
+    'compile': 8.0,
+    'cache_read': 0,
+  }
+  assert got['counts']['trace'] == 4
+  assert got['share'] == pytest.approx(12.0 / 20.0)
+  assert compile_listener.summarise(tmp_path / 'none', 5.0)['share'] is None
