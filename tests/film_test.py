@@ -54,7 +54,8 @@ def memorising_model():
     return optax.apply_updates(params, updates), state, loss
 
   state = opt.init(params)
-  for _ in range(150):
+  # The loss is below 0.15 from about step 90 at this rate (0.127 at 100).
+  for _ in range(100):
     params, state, loss = step(params, state)
   assert float(loss) < 0.15  # the first word after BOS: log(3) per sentence
   return model, params
