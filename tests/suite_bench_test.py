@@ -83,6 +83,16 @@ def test_committed_run_and_its_readme_paragraph():
   assert f'peak {full["peak_rss_mib"]:,} MiB' in text
   for s in full['slowest'][:5]:
     assert f'({s["seconds"]:.1f} s)' in text
+  # The full tier's compile share, where the run recorded it.
+  share = full['compile_share']
+  sec = share['seconds']
+  assert (
+    f"{share['share']:.1%} of the workers' {share['worker_s']:,.1f} s:"
+    f' compiling {sec["compile"]:.1f} s ({share["counts"]["compile"]:,}'
+    f' programs), lowering {sec["lower"]:.1f} s, tracing {sec["trace"]:.1f} s'
+    f' and reading {share["counts"]["cache_read"]:,} programs back from the'
+    f' persistent cache {sec["cache_read"]:.1f} s'
+  ) in text
 
 
 def test_kept_cache_runs_and_their_readme_sentence():
