@@ -71,12 +71,11 @@ def run_tier(
 ) -> dict:
   """Runs pytest with `args`; its wall seconds, peak memory and parse, and
   with `compile_share` what JAX's compilations took of it."""
-  command = [sys.executable, '-m', 'pytest', *args, f'--durations={durations}']
-  env = dict(os.environ)
+  plugin = ['-p', 'benchmarks.compile_listener'] if compile_share else []
+  command = [sys.executable, '-m', 'pytest', *plugin, *args]
+  command.append(f'--durations={durations}')
   with tempfile.TemporaryDirectory(prefix='leakjax-compile-share-') as folder:
-    if compile_share:
-      command[3:3] = ['-p', 'benchmarks.compile_listener']
-      env[compile_listener.ENV] = folder
+    env = {**os.environ, compile_listener.ENV: folder} if plugin else None
     start = time.monotonic()
     proc = subprocess.run(
       command, cwd=ROOT, capture_output=True, text=True, env=env
