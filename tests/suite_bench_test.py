@@ -83,7 +83,7 @@ def test_committed_run_and_its_readme_paragraph():
   assert f'peak {full["peak_rss_mib"]:,} MiB' in text
   for s in full['slowest'][:5]:
     assert f'({s["seconds"]:.1f} s)' in text
-  # The full tier's compile share, where the run recorded it.
+  # The full tier's compile share (the run was made with --compile_share).
   share = full['compile_share']
   sec = share['seconds']
   assert (
