@@ -95,6 +95,46 @@ def test_committed_run_and_its_readme_paragraph():
   ) in text
 
 
+def test_committed_runs_name_their_cpu():
+  # The lent machine changes: each quoted run's vector extensions, as its
+  # record has them, are named beside it.
+  root = suite.ROOT
+  doc = json.loads((root / 'benchmarks/results/suite.json').read_text())
+  text = ' '.join((root / 'benchmarks/README.md').read_text('utf-8').split())
+  runs = {r['run']: r for r in doc['runs']}
+  for name in ('amd-epyc-2core-5', 'amd-epyc-2core-6a'):
+    avx512 = any(v.startswith('avx512') for v in runs[name]['cpu']['vector'])
+    want = 'with AVX-512' if avx512 else 'AVX2, no AVX-512'
+    assert f'EPYC {want} (`results/suite.json`, run `{name}`' in text
+  older = runs['amd-epyc-2core-4']['cpu']['vector']
+  assert not any(v.startswith('avx512') for v in older)
+  assert 'run `amd-epyc-2core-4` ran on an EPYC without AVX-512' in text
+
+
+def test_eager_model_try_and_its_sentence():
+  # The try left out: the committed code, then the change, one after the
+  # other; the sentence quotes both records and the failures.
+  root = suite.ROOT
+  doc = json.loads((root / 'benchmarks/results/suite.json').read_text())
+  text = ' '.join((root / 'benchmarks/README.md').read_text('utf-8').split())
+  runs = {r['run']: r['full'] for r in doc['runs'] if 'full' in r}
+  before, after = runs['amd-epyc-2core-6a'], runs['amd-epyc-2core-6b']
+  assert before['exit_code'] == 0 and 'failed' not in before['counts']
+  assert f'and {after["counts"]["failed"]} tests failed' in text
+  for r in (before, after):
+    share = r['compile_share']
+    assert (
+      f'{r["wall_s"]} s ({r["counts"]["passed"]:,} passed),'
+      f' {share["counts"]["compile"]:,} programs compiled in'
+      f' {share["seconds"]["compile"]:.1f} s'
+    ) in text
+  fewer = 1 - (
+    after['compile_share']['counts']['compile']
+    / before['compile_share']['counts']['compile']
+  )
+  assert f'{fewer:.0%} fewer programs' in text
+
+
 def test_kept_cache_runs_and_their_readme_sentence():
   root = suite.ROOT
   doc = json.loads((root / 'benchmarks/results/suite.json').read_text())
