@@ -66,11 +66,17 @@ def test_main_times_each_tier_and_judges_its_bar(tmp_path, monkeypatch):
     suite.main(['--label=x', f'--out={out}', '--tiers=all'])
 
 
-def test_committed_run_and_its_readme_paragraph():
+def committed() -> tuple[dict, str]:
+  """The committed `suite.json` and benchmarks/README.md, spaces collapsed."""
   root = suite.ROOT
   doc = json.loads((root / 'benchmarks/results/suite.json').read_text())
+  text = (root / 'benchmarks/README.md').read_text('utf-8')
+  return doc, ' '.join(text.split())
+
+
+def test_committed_run_and_its_readme_paragraph():
+  doc, text = committed()
   r = [r for r in doc['runs'] if {'full', 'fast'} <= set(r)][-1]
-  text = ' '.join((root / 'benchmarks/README.md').read_text('utf-8').split())
   full, fast = r['full'], r['fast']
   assert f'run `{r["run"]}`)' in text
   for name, got in (('the full suite', full), ('the fast tier', fast)):
@@ -98,9 +104,7 @@ def test_committed_run_and_its_readme_paragraph():
 def test_committed_runs_name_their_cpu():
   # The lent machine changes: each quoted run's vector extensions, as its
   # record has them, are named beside it.
-  root = suite.ROOT
-  doc = json.loads((root / 'benchmarks/results/suite.json').read_text())
-  text = ' '.join((root / 'benchmarks/README.md').read_text('utf-8').split())
+  doc, text = committed()
   runs = {r['run']: r for r in doc['runs']}
   for name in ('amd-epyc-2core-5', 'amd-epyc-2core-6a'):
     avx512 = any(v.startswith('avx512') for v in runs[name]['cpu']['vector'])
@@ -114,9 +118,7 @@ def test_committed_runs_name_their_cpu():
 def test_eager_model_try_and_its_sentence():
   # The try left out: the committed code, then the change, one after the
   # other; the sentence quotes both records and the failures.
-  root = suite.ROOT
-  doc = json.loads((root / 'benchmarks/results/suite.json').read_text())
-  text = ' '.join((root / 'benchmarks/README.md').read_text('utf-8').split())
+  doc, text = committed()
   runs = {r['run']: r['full'] for r in doc['runs'] if 'full' in r}
   before, after = runs['amd-epyc-2core-6a'], runs['amd-epyc-2core-6b']
   assert before['exit_code'] == 0 and 'failed' not in before['counts']
@@ -137,7 +139,7 @@ def test_eager_model_try_and_its_sentence():
 
 def test_kept_cache_runs_and_their_readme_sentence():
   root = suite.ROOT
-  doc = json.loads((root / 'benchmarks/results/suite.json').read_text())
+  doc, _ = committed()
   pairs = {}
   for tier in ('fast', 'full'):
     runs = {r['run']: r[tier] for r in doc['runs'] if r['run'].startswith(tier)}
