@@ -271,10 +271,16 @@ def sentence_end_mask(tokenizer, vocab_size: int | None = None) -> np.ndarray:
   strings = tokenizer.token_strings()
   size = vocab_size or len(strings)
   out = np.zeros((size,), bool)
-  for i, s in enumerate(strings[:size]):
-    s = s.strip()
-    out[i] = bool(s) and all(ch in SENTENCE_END for ch in s)
+  # A stripped token ends a sentence when it is not empty and stripping the
+  # end characters empties it: one C-level pass per token, not a Python
+  # loop over its characters.
+  ends = [i for i, s in enumerate(strings[:size]) if _only_ends(s.strip())]
+  out[ends] = True
   return out
+
+
+def _only_ends(s: str) -> bool:
+  return bool(s) and not s.strip(SENTENCE_END)
 
 
 # ----------------------------------------------------------------- words

@@ -132,3 +132,16 @@ def test_sentence_end_mask():
   # A model with more rows than tokens: the extra ids end nothing.
   padded = tokenization.sentence_end_mask(Tok(), vocab_size=10)
   assert padded.shape == (10,) and not padded[8:].any()
+
+
+def test_sentence_end_mask_of_gpt2_is_its_definition(gpt2):
+  # Every GPT-2 token whose stripped text is made of '.', '!' and '?' only,
+  # checked character by character.
+  strings = gpt2.token_strings()
+  want = [
+    bool(s.strip()) and all(ch in '.!?' for ch in s.strip()) for s in strings
+  ]
+  got = tokenization.sentence_end_mask(gpt2)
+  assert got.tolist() == want
+  assert sum(want) == 46  # '!', '.', '?', '..', ' .', '...', '!!', ...
+  assert got[gpt2.token_to_id('.')] and not got[gpt2.token_to_id(',')]
