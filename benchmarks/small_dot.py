@@ -17,12 +17,24 @@ could reach) and the fp32 matmul peak, both measured in the same process.
 Each row reports seconds (median of interleaved repetitions), GB/s of W
 read and the fraction of the peak.
 
+One wide matrix is not what a decode step multiplies by, so `layers` does
+the same on the matrices of SmolLM2-135M's 30 decoder blocks at their own
+shapes (`SMOLLM2_135M`): each block's seven products (q, k, v, o, gate,
+up, down) chained on m rows as a step runs them, attention and norms left
+out (no weights). Sides: `jax` (`[in, out]`, leakjax's layout),
+`jax_out_in` (every matrix stored `[out, in]`) and `torch`
+(`torch.nn.functional.linear` on `[out, in]` weights: how transformers
+runs them); the read floor is one pass over all of them. The LM head is
+not in it: leakjax already multiplies by the embedding as stored,
+`[vocab, D]`, i.e. `[out, in]`.
+
   python -m benchmarks.small_dot [--out=benchmarks/results/small_dot.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 from typing import Sequence
@@ -35,12 +47,30 @@ from benchmarks import peak
 
 K, N = 576, 2 * 49_152
 ROWS = (1, 2, 4, 8, 16, 32, 64)
+LAYER_ROWS = (1, 8, 16, 32, 64)
+# SmolLM2-135M (its config.json: hidden_size 576, intermediate_size 1536,
+# 30 layers, 9 query and 3 key/value heads of 64, vocabulary 49,152); a
+# test checks it against the metadata of the installed GGUF.
+SMOLLM2_135M = peak.TransformerShape(
+  num_layers=30,
+  d_model=576,
+  q_dim=576,
+  kv_dim=192,
+  mlp_dim=1536,
+  mlp_matrices=3,
+  vocab_size=49_152,
+)
 
 
 def run(
-  rows: Sequence[int] = ROWS, repeats: int = 5, k: int = K, n: int = N
+  rows: Sequence[int] = ROWS,
+  repeats: int = 5,
+  k: int = K,
+  n: int = N,
+  peak_flops: float | None = None,
 ) -> dict:
-  """Times every side at every row count on a `[k, n]` matrix."""
+  """Times every side at every row count on a `[k, n]` matrix; measures
+  the peak first unless `peak_flops` is given."""
   import torch  # the peer, imported where it runs
 
   torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -54,7 +84,10 @@ def run(
     lambda a, b: jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())))
   )
   read = jax.jit(jnp.sum)
-  measured = peak.measure_peak(n=2048 if k == K else 256, repeats=repeats)
+  if peak_flops is None:
+    peak_flops = peak.measure_peak(n=2048 if k == K else 256, repeats=repeats)[
+      'peak_flops'
+    ]
   thunks = {'read': lambda: jax.block_until_ready(read(w))}
   for m in rows:
     xm, tm = x[:m], x_torch[:m]
@@ -87,7 +120,7 @@ def run(
         'seconds': s,
         'weight_gb_per_s': nbytes / s / 1e9,
         'gflops': flops / s / 1e9,
-        'fraction_of_peak': flops / s / measured['peak_flops'],
+        'fraction_of_peak': flops / s / peak_flops,
       }
     )
   return {
@@ -98,7 +131,122 @@ def run(
     'jax_version': jax.__version__,
     'torch_version': torch.__version__,
     'shape': {'K': k, 'N': n, 'weight_bytes': nbytes},
-    'matmul_peak_flops_per_second': measured['peak_flops'],
+    'matmul_peak_flops_per_second': peak_flops,
+    'read_gb_per_s': nbytes / peak.median(seconds['read']) / 1e9,
+    'rows': out,
+  }
+
+
+def block_matrices(shape: peak.TransformerShape) -> list[tuple[int, int]]:
+  """`(in, out)` of one Llama block's products: q, k, v, o, gate, up, down."""
+  d = shape.d_model
+  return [
+    (d, shape.q_dim),
+    (d, shape.kv_dim),
+    (d, shape.kv_dim),
+    (shape.q_dim, d),
+    (d, shape.mlp_dim),
+    (d, shape.mlp_dim),
+    (shape.mlp_dim, d),
+  ]
+
+
+def _decoder(x, blocks, matmul, silu):
+  """The blocks' products on rows `x` (a JAX or a torch array), chained:
+  each query group is scaled by k + v (standing in for attention, so no
+  product is dead code), o and down add to the residual, the MLP is
+  SwiGLU."""
+  for q, k, v, o, gate, up, down in blocks:
+    kv = matmul(x, k) + matmul(x, v)
+    a = matmul(x, q)
+    a = (a.reshape(a.shape[0], -1, kv.shape[-1]) * kv[:, None, :]).reshape(
+      a.shape
+    )
+    h = x + matmul(a, o)
+    x = h + matmul(silu(matmul(h, gate)) * matmul(h, up), down)
+  return x
+
+
+def run_layers(
+  rows: Sequence[int] = LAYER_ROWS,
+  repeats: int = 5,
+  shape: peak.TransformerShape = SMOLLM2_135M,
+  peak_flops: float | None = None,
+) -> dict:
+  """Times the decoder's products (`_decoder`) at every row count."""
+  import torch  # the peer, imported where it runs
+  import torch.nn.functional as F  # pylint: disable=invalid-name
+
+  if shape.q_dim % shape.kv_dim:
+    raise ValueError(f'q_dim {shape.q_dim} is not a multiple of {shape.kv_dim}')
+  torch.set_num_threads(len(os.sched_getaffinity(0)))
+  rng = np.random.default_rng(0)
+  in_out = [
+    [
+      (rng.standard_normal((i, o), np.float32) / np.sqrt(i)).astype(np.float32)
+      for i, o in block_matrices(shape)
+    ]
+    for _ in range(shape.num_layers)
+  ]
+  out_in = [[np.ascontiguousarray(w.T) for w in ws] for ws in in_out]
+  w_jax = jax.tree.map(jnp.asarray, in_out)
+  w_jax_out_in = jax.tree.map(jnp.asarray, out_in)
+  w_torch = [[torch.from_numpy(w) for w in ws] for ws in out_in]
+  x = rng.standard_normal((max(rows), shape.d_model), np.float32)
+  x_torch = torch.from_numpy(x)
+  contract_minor = lambda a, w: jax.lax.dot_general(  # noqa: E731
+    a, w, (((1,), (1,)), ((), ()))
+  )
+  step = jax.jit(lambda a, ws: _decoder(a, ws, jnp.matmul, jax.nn.silu))
+  step_out_in = jax.jit(
+    lambda a, ws: _decoder(a, ws, contract_minor, jax.nn.silu)
+  )
+
+  def step_torch(a):
+    with torch.inference_mode():
+      return _decoder(a, w_torch, F.linear, F.silu)
+
+  read = jax.jit(lambda ws: sum(w.sum() for w in jax.tree.leaves(ws)))
+  if peak_flops is None:
+    peak_flops = peak.measure_peak(n=2048, repeats=repeats)['peak_flops']
+  thunks = {'read': lambda: jax.block_until_ready(read(w_jax))}
+  for m in rows:
+    xm, tm = jnp.asarray(x[:m]), x_torch[:m]
+    want = np.asarray(step(xm, w_jax))
+    np.testing.assert_allclose(
+      np.asarray(step_out_in(xm, w_jax_out_in)), want, rtol=1e-3, atol=1e-3
+    )
+    np.testing.assert_allclose(
+      step_torch(tm).numpy(), want, rtol=1e-3, atol=1e-3
+    )
+    thunks[f'jax/{m}'] = lambda xm=xm: jax.block_until_ready(step(xm, w_jax))
+    thunks[f'jax_out_in/{m}'] = lambda xm=xm: jax.block_until_ready(
+      step_out_in(xm, w_jax_out_in)
+    )
+    thunks[f'torch/{m}'] = lambda tm=tm: step_torch(tm)
+  seconds = peak.time_interleaved(thunks, repeats=repeats)
+  nbytes = 4 * shape.num_layers * shape.block_params
+  out = []
+  for name, ts in seconds.items():
+    if name == 'read':
+      continue
+    side, m = name.split('/')
+    s = peak.median(ts)
+    flops = 2.0 * int(m) * shape.num_layers * shape.block_params
+    out.append(
+      {
+        'side': side,
+        'rows': int(m),
+        'seconds': s,
+        'weight_gb_per_s': nbytes / s / 1e9,
+        'gflops': flops / s / 1e9,
+        'fraction_of_peak': flops / s / peak_flops,
+      }
+    )
+  return {
+    'shape': dataclasses.asdict(shape),
+    'matrices_per_block': block_matrices(shape),
+    'weight_bytes': nbytes,
     'read_gb_per_s': nbytes / peak.median(seconds['read']) / 1e9,
     'rows': out,
   }
@@ -107,13 +255,30 @@ def run(
 def main(argv: Sequence[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--out', default='benchmarks/results/small_dot.json')
-  parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--repeats', type=int, default=9)
   parser.add_argument(
     '--rows', default=','.join(map(str, ROWS)), help='comma-separated m'
   )
+  parser.add_argument(
+    '--layer_rows',
+    default=','.join(map(str, LAYER_ROWS)),
+    help='comma-separated m of the decoder case (empty: skip it)',
+  )
   args = parser.parse_args(argv)
   rows = tuple(int(m) for m in args.rows.split(','))
-  result = run(rows, args.repeats)
+  # The peak before and after the timings, the better one kept: on a shared
+  # machine one measurement can come out low.
+  peaks = [peak.measure_peak(n=2048, repeats=args.repeats)['peak_flops']]
+  result = run(rows, args.repeats, peak_flops=peaks[0])
+  if args.layer_rows:
+    layer_rows = tuple(int(m) for m in args.layer_rows.split(','))
+    result['layers'] = run_layers(layer_rows, args.repeats, peak_flops=peaks[0])
+  peaks.append(peak.measure_peak(n=2048, repeats=args.repeats)['peak_flops'])
+  best = max(peaks)
+  result['matmul_peak_flops_per_second'] = best
+  result['matmul_peaks_measured'] = peaks
+  for r in result['rows'] + result.get('layers', {}).get('rows', []):
+    r['fraction_of_peak'] = r['gflops'] * 1e9 / best
   return peak.write_result(result, args.out)
 
 
