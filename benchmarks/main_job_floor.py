@@ -17,14 +17,15 @@ and the fraction of the peak the stage reached:
 * beam searches: the prompts' prefill and one decode step of the k beams
   per generated token (k rows read every weight once a step; what bounds
   such a step: `benchmarks.small_dot`); `stage_seconds['search']`;
-* reordering: 1 + phrase + token steps of C candidates over the whole
-  buffer, each a forward pass plus the head's input gradient and the last
-  block's weight and input gradients (the scorer's default
-  `reorder.default_grad_paths`); `stage_seconds['reorder']`. Beside it,
-  the same steps at each sentence's final length: what the reordering
-  would cost with no padding at all (the sentences change length by at
-  most one token a step, so this approximates their lengths along the
-  way).
+* reordering: 1 + phrase + token steps of C candidates, each a forward
+  pass plus the head's input gradient and the last block's weight and
+  input gradients (the scorer's default `reorder.default_grad_paths`);
+  step 0 over the whole buffer, each later stretch of
+  `reorder.reorder_in_stages` over the buffer it runs in, taken from the
+  sentence's final length (the sentences change length by at most one
+  token a step, so this approximates their lengths along the way);
+  `stage_seconds['reorder']`. Beside it, the same steps at each sentence's
+  final length: what the reordering would cost with no padding at all.
 
 The job's floor is the sum of the stages at the peak: what the run's
 matmuls take on this machine before any overhead (model load, tracing,
@@ -54,6 +55,7 @@ from benchmarks import main_job, peak
 from leakjax import data as data_lib
 from leakjax import io, models
 from leakjax.attacks.film import client, pipeline, runner
+from leakjax.attacks.film import reorder as ro
 
 DEFAULT_COMMAND = (
   sys.executable,
@@ -77,6 +79,22 @@ def _reorder_width(cfg: runner.FilmConfig) -> int:
   rounded up to the length bucket)."""
   bucket = pipeline._LENGTH_BUCKET  # pylint: disable=protected-access
   return -(-(2 + cfg.length + 8) // bucket) * bucket
+
+
+def _stretch_widths(cfg: runner.FilmConfig, length: int) -> list[tuple]:
+  """`(steps, width)` of each stretch `reorder.reorder_in_stages` runs for
+  a sentence of `length` tokens (its length along the way)."""
+  bucket = pipeline._LENGTH_BUCKET  # pylint: disable=protected-access
+  limit, full = 2 + cfg.length + 8, _reorder_width(cfg)
+  config = ro.ReorderConfig(
+    phrase_steps=cfg.phrase_steps, token_steps=cfg.token_steps
+  )
+  out = []
+  for start, stop, growth, narrow in ro.stretches(config, bucket):
+    reach = min(limit, length + growth)
+    width = max(bucket, -(-reach // bucket) * bucket) if narrow else full
+    out.append((stop - start, width))
+  return out
 
 
 def _stage(name, seconds, flops, peak_flops, note) -> dict:
@@ -123,13 +141,15 @@ def floors(run: dict, workdir: Path, peak_flops: float) -> dict:
   steps = 1 + cfg.phrase_steps + cfg.token_steps
   c, buffer = cfg.reorder_candidates, _reorder_width(cfg)
 
-  def reorder_flops(w: int) -> float:
-    step = peak.forward_flops(shape, w) + peak.backward_flops(
-      shape, w, last_layers=1
+  def step_flops(w: int) -> float:
+    return c * (
+      peak.forward_flops(shape, w)
+      + peak.backward_flops(shape, w, last_layers=1)
     )
-    return steps * c * step
 
   finals = [len(tok.encode(r['recovered'][0])) + 1 for r in rows]
+  stretches = [_stretch_widths(cfg, n) for n in finals]
+  narrow = [w for st in stretches for _, w in st[1:]]
   out = [
     _stage(
       'fine-tuning',
@@ -155,12 +175,13 @@ def floors(run: dict, workdir: Path, peak_flops: float) -> dict:
     _stage(
       'reordering',
       sum(r['stage_seconds']['reorder'] for r in rows),
-      len(rows) * reorder_flops(buffer),
+      sum(n * step_flops(w) for st in stretches for n, w in st),
       peak_flops,
-      f'{steps} steps of {c} candidates x {buffer} tokens a batch',
+      f'{steps} steps of {c} candidates a batch, step 0 x {buffer} tokens,'
+      f' the rest x {min(narrow, default=buffer)}-{max(narrow, default=buffer)}',
     ),
   ]
-  unpadded = sum(reorder_flops(n) for n in finals)
+  unpadded = sum(steps * step_flops(n) for n in finals)
   at_peak = sum(s['seconds_at_peak'] for s in out)
   return {
     'stages': out,
@@ -207,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
       'matmul_peak_flops_per_second': measured['peak_flops'],
       'wall_s': run['wall_s'],
       'summary_equal': run.get('summary_equal'),
+      'reference': args.reference or None,
       'run_stages': run['stages'],
       **floors(run, tmp / 'work', measured['peak_flops']),
     }

@@ -77,12 +77,25 @@ def test_floors_count_each_stage_at_the_runs_shapes(tmp_path):
     fwd_bwd(widths[0]) + 2 * fwd_bwd(widths[1])
   )
   assert by['client gradients']['seconds'] == 4.0
-  # ... and the reordering's buffer: BOS, start word, 6 tokens, 8 more
-  # for insertions, rounded up to 8: 16 tokens, 1 + 2 + 3 steps of 4.
-  step = peak.forward_flops(shape, 16) + peak.backward_flops(
-    shape, 16, last_layers=1
+
+  # ... and the reordering's buffers: step 0 in the one buffer (BOS, start
+  # word, 6 tokens, 8 more for insertions, rounded up to 8: 16 tokens),
+  # the 2 phrase-wise steps in the sentence's width rounded up to 8, the
+  # 3 token-wise ones in that of the sentence plus 3 insertions; 4
+  # candidates a step.
+  def step(w):
+    return peak.forward_flops(shape, w) + peak.backward_flops(
+      shape, w, last_layers=1
+    )
+
+  final = 1 + len(tok.encode(rows[0]['recovered'][0]))
+  assert final <= 8 < final + 3 <= 16  # the widths below
+  assert by['reordering']['flops'] == pytest.approx(
+    2 * 4 * (step(16) + 2 * step(8) + 3 * step(16))
   )
-  assert by['reordering']['flops'] == pytest.approx(2 * 6 * 4 * step)
+  assert by['reordering']['note'] == (
+    '6 steps of 4 candidates a batch, step 0 x 16 tokens, the rest x 8-16'
+  )
   assert by['reordering']['seconds'] == 10.0
   assert by['beam searches']['seconds'] == 2.0
   for s in got['stages']:
@@ -118,23 +131,25 @@ def test_the_quickstart_report_quotes_the_committed_run():
       f' | {100 * s["fraction_of_peak"]:.0f} % | {s["note"]} |'
     )
     assert row in text, row
-  by = {s['stage']: s for s in got['stages']}
-  reorder, train = by['reordering'], by['fine-tuning']
-  lengths = got['reorder_unpadded']['final_lengths']
+  st = {s['stage']: s for s in got['stages']}
+  unpadded = got['reorder_unpadded']
+  memory = got['run_stages']['sampled_rss_peak_mib']
   flat = ' '.join(text.split())
-  quoted = [
-    f'runs the main job once ({got["wall_s"]:.1f} s wall, this summary)',
+  for phrase in (
+    f'--reference={got["reference"]}',
+    f'runs the main job once ({got["wall_s"]} s wall, that summary)',
     f'({got["matmul_peak_flops_per_second"] / 1e9:.1f} GFLOP/s)',
-    f"the run's matmuls alone take {got['job_seconds_at_peak']:.1f} s",
-    f'are {reorder["seconds_at_peak"]:.1f} s of it, and the reordering already'
-    f' runs at {100 * reorder["fraction_of_peak"]:.0f} % of the peak',
-    f'end with {min(lengths)}-{max(lengths)} tokens (BOS included)',
-    f'its FLOPs take {got["reorder_unpadded"]["seconds_at_peak"]:.1f} s at'
-    f" the peak and the whole job's {got['job_seconds_at_peak_unpadded']:.1f}"
-    ' s',
+    f"the run's matmuls alone take {got['job_seconds_at_peak']} s",
+    f'its FLOPs take {st["reordering"]["seconds_at_peak"]:.1f} s at the peak,'
+    f' and {unpadded["seconds_at_peak"]:.1f} s with no padding at all (its'
+    f' sentences end with {min(unpadded["final_lengths"])}-'
+    f'{max(unpadded["final_lengths"])} tokens',
+    f"the whole job's {got['job_seconds_at_peak_unpadded']} s",
     f"the fine-tuning's {8 * 19}-row products run at"
-    f' {100 * train["fraction_of_peak"]:.0f} % of the peak',
-  ]
-  for phrase in quoted:
+    f' {100 * st["fine-tuning"]["fraction_of_peak"]:.0f} % of the peak',
+    f"The attacks' peak memory was {memory['attacks']} MiB in this run, above"
+    f" the fine-tuning's ({memory['fine-tuning']} MiB)",
+  ):
     assert phrase in flat, phrase
-  assert train['note'] == '30 steps of 8 x 19 tokens'
+  assert memory['attacks'] > memory['fine-tuning']
+  assert st['fine-tuning']['note'] == '30 steps of 8 x 19 tokens'

@@ -88,6 +88,29 @@ def test_quickstart_runs_and_their_readme_sentence():
     f'took {every["wall_s"]} s against {one["wall_s"]} s in one buffer, and'
     f' {final["wall_s"]} s with'
   ) in _text()
+  # The runs that made every stage narrow by default.
+  cold = [
+    runs[f'{n}-fresh-cache'] for n in ('every-stage-narrowed', 'one-buffer')
+  ]
+  warm = [
+    [runs[f'{n}-filled-cache{k}'] for k in ('', '-2')]
+    for n in ('every-stage-narrowed', 'one-buffer')
+  ]
+  for r in (*cold, *warm[0], *warm[1]):
+    assert r['summary_equal'] and r['max_summary_diff'] == 0.0
+  assert cold[0]['wall_s'] < cold[1]['wall_s']
+  assert max(r['wall_s'] for r in warm[0]) < min(r['wall_s'] for r in warm[1])
+  rss = [sorted(r['peak_rss_mib'] for r in (cold[i], *warm[i])) for i in (1, 0)]
+  assert (
+    f'{cold[0]["wall_s"]} s against {cold[1]["wall_s"]} s with an empty cache'
+    f' folder, {warm[0][0]["wall_s"]} s and {warm[0][1]["wall_s"]} s against'
+    f' {warm[1][0]["wall_s"]} s and {warm[1][1]["wall_s"]} s with the folder'
+    f' filled'
+  ) in _text()
+  assert (
+    f'the peak memory rose from {rss[0][0]}-{rss[0][-1]} MiB to'
+    f' {rss[1][0]}-{rss[1][-1]} MiB'
+  ) in _text()
 
 
 def test_the_bag_bucket_runs_and_their_readme_sentence():

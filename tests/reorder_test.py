@@ -373,10 +373,36 @@ def test_short_stages_run_in_the_one_buffer():
     return state.replace(step=jnp.int32(stop))
 
   out = ro.reorder_in_stages(
-    run, TOKENS[:LENGTH].tolist(), config=config, max_length=18
+    run, TOKENS[:LENGTH].tolist(), config=config, max_length=18, min_steps=11
   )
   assert calls == [(24, 24, 1), (24, 24, 11), (24, 24, 21)]
   assert int(out.step) == 21 and int(out.length) == LENGTH
+
+
+def test_every_stage_is_narrowed_by_default():
+  """The quickstart's stages of 10 steps: after step 0, each stretch in the
+  narrowest buffer its sentence fits (benchmarks/README.md, FILM's
+  reordering in stages, has the runs that chose this)."""
+  assert ro.MIN_STAGE_STEPS == 1
+  config = ro.ReorderConfig(phrase_steps=10, token_steps=10)
+  assert ro.stretches(config, 8) == [
+    (0, 1, 0, False),
+    (1, 11, 0, True),
+    (11, 19, 8, True),
+    (19, 21, 2, True),
+  ]
+  calls = []
+
+  def run(toks, n, state, stop):
+    calls.append((toks.shape[0], state.tokens.shape[0], stop))
+    return state.replace(step=jnp.int32(stop))
+
+  ro.reorder_in_stages(
+    run, TOKENS[:LENGTH].tolist(), config=config, max_length=18
+  )
+  # Step 0 in the one buffer (18 -> 24), then each stretch's reach (LENGTH
+  # = 10 plus its growth, at most 18) rounded up to a multiple of 8.
+  assert calls == [(24, 24, 1), (16, 16, 11), (24, 24, 19), (16, 16, 21)]
 
 
 def test_a_state_in_another_buffer_is_refused():

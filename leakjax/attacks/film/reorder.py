@@ -29,9 +29,10 @@ A step's cost is a forward pass over the whole buffer, padding included.
 :func:`reorder_in_stages` (a host loop) therefore runs the loop in
 stretches (step 0, the phrase-wise steps, the token-wise steps 8 at a
 time), each in the narrowest buffer the sentence can need in it: after
-step 0 cuts a beam-search sentence at its first sentence end, a long
-stage runs in a buffer of about the sentence's length instead of the beam
-buffer plus room for insertions; the moves are those of one buffer.
+step 0 cuts a beam-search sentence at its first sentence end, each stage
+of :data:`MIN_STAGE_STEPS` steps or more (by default every stage) runs in
+a buffer of about the sentence's length instead of the beam buffer plus
+room for insertions; the moves are those of one buffer.
 
 Scale-out: with `mesh=` the C candidates of every step are split
 over the mesh's `'data'` axis and the parameters replicated, so each device
@@ -512,13 +513,15 @@ def initial_state(tokens, length) -> ReorderState:
   )
 
 
-# A stage (phrase- or token-wise) of fewer steps runs in the one buffer:
-# each narrower buffer is one more compilation of the whole scorer, and on
-# the FILM quickstart's 10 + 10 steps those compilations cost more than the
-# narrower steps saved (benchmarks/results/reorder_stages_quickstart.json;
+# A stage (phrase- or token-wise) of fewer steps runs in the one buffer.
+# Each narrower buffer is one more compilation of the whole scorer, but
+# with the bag padded to `FilmAttackConfig.bag_bucket` every batch size
+# shares those programs, and every stage narrowed made the FILM quickstart
+# (10 + 10 steps) faster with a fresh compilation cache and with a filled
+# one, the same summary.json (benchmarks/results/reorder_stages_quickstart.json;
 # the step times per width: reorder_stages.json). Our decision, not the
 # paper's (its code has no buffers to size).
-MIN_STAGE_STEPS = 32
+MIN_STAGE_STEPS = 1
 
 
 def stretches(
