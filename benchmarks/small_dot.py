@@ -62,6 +62,29 @@ SMOLLM2_135M = peak.TransformerShape(
 )
 
 
+def _rows(seconds: dict, nbytes: int, peak_flops: float) -> list[dict]:
+  """One record per `side/m` timing: m rows by float32 weights of `nbytes`
+  (a multiply-add per weight and row)."""
+  out = []
+  for name, ts in seconds.items():
+    if name == 'read':
+      continue
+    side, m = name.split('/')
+    s = peak.median(ts)
+    flops = 2.0 * int(m) * nbytes / 4
+    out.append(
+      {
+        'side': side,
+        'rows': int(m),
+        'seconds': s,
+        'weight_gb_per_s': nbytes / s / 1e9,
+        'gflops': flops / s / 1e9,
+        'fraction_of_peak': flops / s / peak_flops,
+      }
+    )
+  return out
+
+
 def run(
   rows: Sequence[int] = ROWS,
   repeats: int = 5,
@@ -106,23 +129,7 @@ def run(
     f()  # compile / warm up
   seconds = peak.time_interleaved(thunks, repeats=repeats)
   nbytes = k * n * 4
-  out = []
-  for name, ts in seconds.items():
-    if name == 'read':
-      continue
-    side, m = name.split('/')
-    s = peak.median(ts)
-    flops = 2.0 * int(m) * k * n
-    out.append(
-      {
-        'side': side,
-        'rows': int(m),
-        'seconds': s,
-        'weight_gb_per_s': nbytes / s / 1e9,
-        'gflops': flops / s / 1e9,
-        'fraction_of_peak': flops / s / peak_flops,
-      }
-    )
+  out = _rows(seconds, nbytes, peak_flops)
   return {
     'benchmark': 'small_dot',
     'command': 'python -m benchmarks.small_dot',
@@ -226,23 +233,7 @@ def run_layers(
     thunks[f'torch/{m}'] = lambda tm=tm: step_torch(tm)
   seconds = peak.time_interleaved(thunks, repeats=repeats)
   nbytes = 4 * shape.num_layers * shape.block_params
-  out = []
-  for name, ts in seconds.items():
-    if name == 'read':
-      continue
-    side, m = name.split('/')
-    s = peak.median(ts)
-    flops = 2.0 * int(m) * shape.num_layers * shape.block_params
-    out.append(
-      {
-        'side': side,
-        'rows': int(m),
-        'seconds': s,
-        'weight_gb_per_s': nbytes / s / 1e9,
-        'gflops': flops / s / 1e9,
-        'fraction_of_peak': flops / s / peak_flops,
-      }
-    )
+  out = _rows(seconds, nbytes, peak_flops)
   return {
     'shape': dataclasses.asdict(shape),
     'matrices_per_block': block_matrices(shape),
