@@ -137,7 +137,7 @@ def test_the_quickstart_report_quotes_the_committed_run():
   flat = ' '.join(text.split())
   for phrase in (
     f'--reference={got["reference"]}',
-    f'runs the main job once ({got["wall_s"]} s wall, that summary)',
+    f'runs the main job once ({got["wall_s"]} s wall, that summary;',
     f'({got["matmul_peak_flops_per_second"] / 1e9:.1f} GFLOP/s)',
     f"the run's matmuls alone take {got['job_seconds_at_peak']} s",
     f'its FLOPs take {st["reordering"]["seconds_at_peak"]:.1f} s at the peak,'
