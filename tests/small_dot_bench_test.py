@@ -122,7 +122,7 @@ def test_the_readme_quotes_the_committed_run():
     f' {lms("jax_out_in", 16)} for 16',
     f'`F.linear` on its own `[out, in]` weights {lms("torch", 8)} and'
     f' {lms("torch", 16)}',
-    f'costs {ratio:.1f}x one read of the block weights',
+    f"take {ratio:.1f}x the time of one row's",
   ]
   for phrase in quoted:
     assert phrase in text, phrase
