@@ -911,6 +911,8 @@ KEPT = (
   'after, the GGUF metadata read in one pass',
   'after, every program kept in the cache',
 )
+# The last run, on another CPU kind (AVX-512): compared with other_cpu/.
+NARROWED = 'after, every reordering stage narrowed'
 
 
 def _profile_row(run, *cells):
@@ -967,10 +969,17 @@ def test_film_quickstart_report():
   by = {r['run']: r for r in profile['runs']}
   names = [r['run'] for r in profile['runs']]
   cut = names.index(CLIPPED)
-  same, later = profile['runs'][:cut], profile['runs'][cut + 1 :]
+  same, later = profile['runs'][:cut], profile['runs'][cut + 1 : -1]
   last = profile['runs'][-1]
   assert all(r['summary_equal'] for r in same + later)
-  assert not by[CLIPPED]['summary_equal'] and names[cut + 1 :] == list(KEPT)
+  assert not by[CLIPPED]['summary_equal']
+  assert names[cut + 1 :] == [*KEPT, NARROWED]
+  # Its summary_equal is against other_cpu/'s summary, as its note says.
+  assert last['summary_equal'] and last['max_summary_diff'] == 0.0
+  assert 'AVX-512' in last['note'] and 'other_cpu/summary.json' in last['note']
+  assert (
+    "The last, on an AMD EPYC with AVX-512, gave `other_cpu/`'s summary" in t
+  )
   words = {4: 'four', 6: 'six'}
   assert f'the first {words[len(same)]} runs of `profile.json`, on one' in t
   assert f'and the {words[len(later)]} after it gave this summary' in t
