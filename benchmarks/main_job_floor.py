@@ -85,16 +85,18 @@ def _stretch_widths(cfg: runner.FilmConfig, length: int) -> list[tuple]:
   """`(steps, width)` of each stretch `reorder.reorder_in_stages` runs for
   a sentence of `length` tokens (its length along the way)."""
   bucket = pipeline._LENGTH_BUCKET  # pylint: disable=protected-access
-  limit, full = 2 + cfg.length + 8, _reorder_width(cfg)
   config = ro.ReorderConfig(
     phrase_steps=cfg.phrase_steps, token_steps=cfg.token_steps
   )
-  out = []
-  for start, stop, growth, narrow in ro.stretches(config, bucket):
-    reach = min(limit, length + growth)
-    width = max(bucket, -(-reach // bucket) * bucket) if narrow else full
-    out.append((stop - start, width))
-  return out
+  return [
+    (
+      stop - start,
+      ro.stretch_width(
+        length, growth, narrow, max_length=2 + cfg.length + 8, bucket=bucket
+      ),
+    )
+    for start, stop, growth, narrow in ro.stretches(config, bucket)
+  ]
 
 
 def _stage(name, seconds, flops, peak_flops, note) -> dict:

@@ -550,6 +550,19 @@ def stretches(
   return out
 
 
+def stretch_width(
+  length: int, growth: int, narrow: bool, *, max_length: int, bucket: int
+) -> int:
+  """The buffer :func:`reorder_in_stages` runs a stretch in: a narrow one
+  in the least multiple of `bucket` that holds `length + growth` tokens
+  (at most `max_length`), any other in the one buffer that holds
+  `max_length`."""
+  if not narrow:
+    return -(-max_length // bucket) * bucket
+  reach = min(max_length, length + growth)
+  return max(bucket, -(-reach // bucket) * bucket)
+
+
 RunStretch = Callable[[np.ndarray, int, ReorderState, int], ReorderState]
 
 
@@ -599,11 +612,11 @@ def reorder_in_stages(
       f'a sentence of {length} tokens with max_length={max_length}',
       'pass max_length >= the sentence length',
     )
-  full = -(-max_length // bucket) * bucket
   state = None
   for _, stop, growth, narrow in stretches(config, bucket, min_steps):
-    reach = min(max_length, length + growth)
-    width = max(bucket, -(-reach // bucket) * bucket) if narrow else full
+    width = stretch_width(
+      length, growth, narrow, max_length=max_length, bucket=bucket
+    )
     buffer, _ = pad_sequences([tokens], width)
     if state is None:
       state = initial_state(buffer[0], length)
@@ -635,6 +648,7 @@ __all__ = [
   'permute_phrases',
   'reorder',
   'reorder_in_stages',
+  'stretch_width',
   'split_params',
   'stretches',
   'truncate_at_punctuation',
