@@ -73,29 +73,37 @@ def _train_width(cfg: runner.FilmConfig, tokenizer) -> int:
   return int(ids.shape[1])
 
 
+_BUCKET = pipeline._LENGTH_BUCKET  # pylint: disable=protected-access
+
+
+def _reorder_limit(cfg: runner.FilmConfig) -> int:
+  """How long a beam sentence of BOS + a capitalised start word + `length`
+  tokens may grow in the reordering (`pipeline.recover`: 8 insertions)."""
+  return 2 + cfg.length + 8
+
+
 def _reorder_width(cfg: runner.FilmConfig) -> int:
-  """The reordering buffer of a beam sentence of BOS + a capitalised
-  start word + `length` tokens (`pipeline.recover`: 8 more for insertions,
-  rounded up to the length bucket)."""
-  bucket = pipeline._LENGTH_BUCKET  # pylint: disable=protected-access
-  return -(-(2 + cfg.length + 8) // bucket) * bucket
+  """The reordering's one buffer: the limit rounded up to the bucket."""
+  return ro.stretch_width(
+    0, 0, False, max_length=_reorder_limit(cfg), bucket=_BUCKET
+  )
 
 
 def _stretch_widths(cfg: runner.FilmConfig, length: int) -> list[tuple]:
   """`(steps, width)` of each stretch `reorder.reorder_in_stages` runs for
   a sentence of `length` tokens (its length along the way)."""
-  bucket = pipeline._LENGTH_BUCKET  # pylint: disable=protected-access
   config = ro.ReorderConfig(
     phrase_steps=cfg.phrase_steps, token_steps=cfg.token_steps
   )
+  limit = _reorder_limit(cfg)
   return [
     (
       stop - start,
       ro.stretch_width(
-        length, growth, narrow, max_length=2 + cfg.length + 8, bucket=bucket
+        length, growth, narrow, max_length=limit, bucket=_BUCKET
       ),
     )
-    for start, stop, growth, narrow in ro.stretches(config, bucket)
+    for start, stop, growth, narrow in ro.stretches(config, _BUCKET)
   ]
 
 
