@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from benchmarks import peak
+
 DEFAULT_FLAGFILE = (
   'experiments/configs/dager_hybrid_evidence_oversample_heldout.flags'
 )
@@ -165,8 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ),
   }
   Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-  Path(args.out).write_text(json.dumps(out, indent=2) + '\n')
-  print(f'wrote {args.out}')
+  peak.write_result(out, args.out)
 
 
 if __name__ == '__main__':
