@@ -21,7 +21,8 @@ measurement of this run's machine.
       [--flagfile=experiments/configs/dager_hybrid_evidence_oversample_heldout.flags] \
       [--out=benchmarks/results/hybrid_batch.json]
 
-Each b = 64 batch takes 12-14 minutes on the 2-core CPU.
+A b = 64 batch takes minutes on the 2-core CPU (benchmarks/README.md gives
+the seconds of each stage).
 """
 
 from __future__ import annotations
