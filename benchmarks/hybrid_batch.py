@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks import peak
+from leakjax import provenance
 
 DEFAULT_FLAGFILE = (
   'experiments/configs/dager_hybrid_evidence_oversample_heldout.flags'
@@ -124,21 +124,14 @@ def run_batch(flagfile: str, batch: int) -> tuple[dict, dict]:
 
 
 def cpu() -> dict:
-  """The CPU's model name, core count and widest vector extension."""
-  model, flags = platform.processor() or platform.machine(), set()
-  try:
-    for line in Path('/proc/cpuinfo').read_text().splitlines():
-      key, _, value = line.partition(':')
-      if key.strip() == 'model name':
-        model = value.strip()
-      elif key.strip() == 'flags':
-        flags = set(value.split())
-  except OSError:
-    pass
+  """The CPU's model name (:mod:`leakjax.provenance`'s reading of it),
+  core count and widest vector extension."""
+  info = provenance._cpu()  # pylint: disable=protected-access
+  flags = set(info.get('vector', ()))
   vector = next(
     (v for v in ('avx512f', 'avx2', 'avx') if v in flags), 'unknown'
   )
-  return {'model': model, 'cores': os.cpu_count(), 'vector': vector}
+  return {'model': info['model'], 'cores': os.cpu_count(), 'vector': vector}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
