@@ -276,11 +276,11 @@ def test_experiment_frozen_embeddings_past_the_span_rank(tmp_path, monkeypatch):
       module, name, lambda: released.append(name) or release()
     )
 
-  counted(stages, 'release_programs')
+  counted(train_lib, 'release_programs')
   counted(client, 'release_gradient_programs')
   summary = film_exp.run_experiment(cfg, tmp_path, progress=False)
-  # Every program goes after the fine-tuning, the gradient's when b
-  # changes: b = 1's beam search (b = 8 has no bag to search) is kept.
+  # The training's programs go after the fine-tuning, the gradient's when
+  # b changes: b = 1's beam search (b = 8 has no bag to search) is kept.
   assert released == ['release_programs', 'release_gradient_programs']
   search = pipeline.jitted(
     pipeline._beam_search, static_argnames=pipeline._BEAM_SEARCH_STATIC

@@ -407,6 +407,32 @@ def test_donated_params_train_the_same_and_are_deleted():
   assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(params))
 
 
+def test_release_programs_drops_the_training_steps_and_nothing_else():
+  from leakjax._jit import jitted
+
+  model, params = tiny_model()
+  config = train_lib.TrainConfig(learning_rate=1e-2, batch_size=5, num_steps=2)
+  before = train_lib.train(
+    model, params, CORPUS, CORPUS[:4], config, progress=False
+  )
+  fit_step = jitted(train_steps._settings_fit_step, **train_steps._FIT_STEP_JIT)
+  eval_step = jitted(
+    train_language_model._model_eval_step, **train_language_model._EVAL_JIT
+  )
+  others = jax.jit(lambda x: x * 2)
+  others(jnp.ones(3))
+  assert fit_step._cache_size() >= 1 and eval_step._cache_size() >= 1
+  train_lib.release_programs()
+  assert fit_step._cache_size() == eval_step._cache_size() == 0
+  assert others._cache_size() == 1  # a caller's program stays compiled
+  # Training again compiles the steps again, to the same parameters.
+  again = train_lib.train(
+    model, params, CORPUS, CORPUS[:4], config, progress=False
+  )
+  assert fit_step._cache_size() >= 1
+  assert_trees_equal(again.params, before.params)
+
+
 def test_the_compilers_freed_memory_goes_back_once_per_run(monkeypatch):
   # fit returns the heap's freed pages right after the step's compile (the
   # compiler's memory would stay resident while the step's buffers peak),

@@ -56,6 +56,7 @@ from leakjax.train.language_model import (
   TrainResult,
   eval_step,
   evaluate,
+  release_programs,
   train,
   train_step,
 )
@@ -79,6 +80,7 @@ __all__ = [
   'train_step',
   'eval_step',
   'evaluate',
+  'release_programs',
   'train',
   'OPTIMIZERS',
   'SCHEDULES',

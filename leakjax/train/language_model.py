@@ -22,6 +22,7 @@ import optax
 
 from leakjax import data as data_lib
 from leakjax import io as io_lib
+from leakjax import runtime
 from leakjax._jit import jitted
 from leakjax.errors import LeakjaxError, check_token_ids
 from leakjax.models.protocol import Model, PyTree, lm_loss
@@ -32,7 +33,12 @@ from leakjax.train.checkpoint import (
 )
 from leakjax.train.config import TrainConfig
 from leakjax.train.loop import FitResult, fit
-from leakjax.train.steps import Batch, fit_step
+from leakjax.train.steps import (
+  _FIT_STEP_JIT,
+  Batch,
+  _settings_fit_step,
+  fit_step,
+)
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +313,24 @@ _EVAL_JIT = dict(static_argnames=('model',))
 def _model_eval_step(model: Model, params: PyTree, batch: Batch):
   # `eval_step` is looked up when tracing, so tests can wrap it.
   return eval_step(model, params, batch)
+
+
+def release_programs() -> None:
+  """Drops the compiled training and evaluation steps, nothing else.
+
+  :func:`fit`'s step and :func:`evaluate`'s hold a model's gradient and
+  optimizer programs (tens of MB of host memory for a 135M-parameter
+  model). A runner calls this when training is over and those programs
+  will not run again, so that they do not add up under the next stage's
+  peak. Unlike :func:`leakjax.runtime.release_programs` it leaves every
+  other jitted function's programs in place: a caller's own, and the
+  attacks' of an earlier run in the same process, which would otherwise
+  be traced again (and compiled again, or read back from the persistent
+  cache).
+  """
+  jitted(_settings_fit_step, **_FIT_STEP_JIT).clear_cache()
+  jitted(_model_eval_step, **_EVAL_JIT).clear_cache()
+  runtime.return_freed_memory()
 
 
 def _evaluate(step, params, batches) -> dict[str, float]:

@@ -52,6 +52,7 @@ from absl import logging
 from leakjax import data as data_lib
 from leakjax import io, metrics, models, runtime
 from leakjax import presets as presets_lib
+from leakjax import train as train_lib
 from leakjax._jit import jitted
 from leakjax.attacks.film import bag_only, client, pipeline, training
 from leakjax.attacks.film import beam_search as bs
@@ -356,7 +357,7 @@ def _run(config, writer, beat, *, texts, progress, mesh, microbatch):
     )
     extra.update(trained)
     # The fine-tuning's programs do not run again.
-    runtime.release_programs()
+    train_lib.release_programs()
   model, params = models.cast(model, params, cfg.dtype)
   if len(train_texts) < max(cfg.batch_sizes):
     raise LeakjaxError(
