@@ -13,9 +13,16 @@ os.environ['XLA_FLAGS'] = (
 # rounding, which every test tolerates. LEAKJAX_TEST_XLA_OPTIMIZED=1 keeps
 # XLA's defaults (what users' runs get). The experiments that tests start
 # as subprocesses inherit the flags.
+#
+# XLA's CPU compiler also splits each program's LLVM module into parts that
+# it compiles on a thread pool. The suite's programs are small and its two
+# workers already use both cores, so the split costs more than it saves:
+# one part per program (benchmarks/README.md, the test loop). Results
+# change at most by float rounding here too.
 if os.environ.get('LEAKJAX_TEST_XLA_OPTIMIZED') != '1':
   os.environ['XLA_FLAGS'] += (
     ' --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
+    ' --xla_cpu_parallel_codegen_split_count=1'
   )
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')

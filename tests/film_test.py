@@ -54,9 +54,14 @@ def memorising_model():
     return optax.apply_updates(params, updates), state, loss
 
   state = opt.init(params)
-  # The loss is below 0.15 from about step 90 at this rate (0.127 at 100).
-  for _ in range(100):
-    params, state, loss = step(params, state)
+  # At this rate the loss falls below 0.15 between about step 90 and 150,
+  # depending on the CPU and XLA's flags (the steps are chaotic enough for
+  # rounding to move it): train in tens of steps until it has.
+  for _ in range(30):
+    for _ in range(10):
+      params, state, loss = step(params, state)
+    if float(loss) < 0.15:
+      break
   assert float(loss) < 0.15  # the first word after BOS: log(3) per sentence
   return model, params
 
