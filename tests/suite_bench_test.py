@@ -106,13 +106,45 @@ def test_committed_runs_name_their_cpu():
   # record has them, are named beside it.
   doc, text = committed()
   runs = {r['run']: r for r in doc['runs']}
-  for name in ('amd-epyc-2core-5', 'amd-epyc-2core-6a'):
+  for name in ('amd-epyc-2core-7b', 'amd-epyc-2core-6a'):
     avx512 = any(v.startswith('avx512') for v in runs[name]['cpu']['vector'])
     want = 'with AVX-512' if avx512 else 'AVX2, no AVX-512'
     assert f'EPYC {want} (`results/suite.json`, run `{name}`' in text
+  earlier, now = (
+    runs['amd-epyc-2core-5']['full'],
+    runs['amd-epyc-2core-7b']['full'],
+  )
+  fewer = now['counts']['passed'] - earlier['counts']['passed']
+  assert (
+    f'run `amd-epyc-2core-5`, on this EPYC with {fewer} tests fewer,'
+    f' {earlier["wall_s"]} s on another'
+  ) in text
   older = runs['amd-epyc-2core-4']['cpu']['vector']
   assert not any(v.startswith('avx512') for v in older)
   assert 'run `amd-epyc-2core-4` ran on an EPYC without AVX-512' in text
+
+
+def test_one_module_per_program_and_its_paragraph():
+  # The code before, then the split flag and the narrower release, one
+  # after the other; the paragraph quotes both records.
+  doc, text = committed()
+  runs = {r['run']: r['full'] for r in doc['runs'] if 'full' in r}
+  before, after = runs['amd-epyc-2core-7a'], runs['amd-epyc-2core-7b']
+  for r in (before, after):
+    assert r['exit_code'] == 0 and 'failed' not in r['counts']
+  assert (
+    f'The full suite took {before["wall_s"]} s before and'
+    f' {after["wall_s"]} s after'
+  ) in text
+  b, a = before['compile_share'], after['compile_share']
+  assert (
+    f'XLA compiled {b["counts"]["compile"]:,} programs in'
+    f' {b["seconds"]["compile"]:.1f} s before and {a["counts"]["compile"]:,}'
+    f" in {a['seconds']['compile']:.1f} s after, and the workers' time went"
+    f' from {b["worker_s"]:,.1f} s to {a["worker_s"]:,.1f} s'
+  ) in text
+  assert a['counts']['compile'] < b['counts']['compile']
+  assert after['wall_s'] < before['wall_s']
 
 
 def test_eager_model_try_and_its_sentence():
