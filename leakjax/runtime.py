@@ -88,10 +88,11 @@ def release_programs() -> None:
 
   A jitted program of a 135M-parameter model holds tens of MB of host
   memory (its HLO, buffer assignment and code) for as long as it stays in
-  JAX's caches. A runner calls this when a stage's programs will not run
-  again (after fine-tuning), so that they do not add up under the next
-  stage's peak. A program needed later compiles
-  again, or comes from the persistent cache (:func:`use_compilation_cache`).
+  JAX's caches. Call this when no program compiled so far will run again;
+  it drops a caller's own programs too. The runners drop only the stage
+  they finished (:func:`leakjax.train.release_programs` after
+  fine-tuning). A program needed later compiles again, or comes from the
+  persistent cache (:func:`use_compilation_cache`).
   """
   import jax  # pylint: disable=g-import-not-at-top
 
